@@ -1,0 +1,38 @@
+"""Settings of a training step, shared by the PyTorch and JAX steps."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+ComputeDType = Literal["float32", "bfloat16"]
+COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """One training step's data and optimizer settings."""
+
+    batch_size: int = 1
+    """Sequences per step."""
+    seq_len: int = 256
+    """Global tokens per sequence (split across chips under CP)."""
+    dtype: ComputeDType = "float32"
+    """Compute dtype; master weights and optimizer state stay float32, GDN state stays float32."""
+    learning_rate: float = 3e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    seed: int = 0
+    """Seeds both the weights and the synthetic data."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig.{name}={value!r} must be a positive integer")
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"TrainConfig.dtype={self.dtype!r} is not one of: "
+                             f"{', '.join(COMPUTE_DTYPES)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"TrainConfig.learning_rate={self.learning_rate!r} must be > 0")

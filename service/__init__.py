@@ -1,0 +1,1 @@
+"""service: the FastAPI app, database, scheduler, dashboard and the `gdn-sweep` CLI."""
