@@ -36,3 +36,24 @@ class TrainConfig:
                              f"{', '.join(COMPUTE_DTYPES)}")
         if not self.learning_rate > 0:
             raise ValueError(f"TrainConfig.learning_rate={self.learning_rate!r} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainReport:
+    """What a run of training steps measured on this process."""
+
+    losses: list[float]
+    """Loss of every step, warm-up included."""
+    step_times_s: list[float]
+    """Wall time of each measured step (after warm-up), device synchronised."""
+    peak_memory_bytes: int | None = None
+    """Peak memory of this process's chip(s), if known."""
+    memory_source: str = "unknown"
+    """Where peak_memory_bytes came from (cuda_max_allocated, xla_memory_analysis, rss, …)."""
+
+    @property
+    def step_time_s(self) -> float:
+        """Median of the measured step times."""
+        times = sorted(self.step_times_s)
+        mid = len(times) // 2
+        return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
