@@ -1,10 +1,29 @@
 """JAX Gated DeltaNet: the chunked rule, its token-by-token reference, layer, model, CP.
 
 Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallelism over a
-mesh axis, `chunk_gated_delta_rule_cp`.
+mesh axis, `chunk_gated_delta_rule_cp`; `gdn_layer`, `model_forward` and `make_train_step` /
+`run_training` for the layer, the language model and its training step (parameters are
+nested dicts in PyTorch state_dict layout, see params.py).
 """
 
 from .chunk import chunk_gated_delta_rule
+from .layer import gdn_layer
+from .model import model_forward, model_loss, token_loss_sum
 from .naive import recurrent_gated_delta_rule
+from .params import from_state_dict, init_layer_params, init_model_params, to_state_dict
+from .train import make_train_step, run_training
 
-__all__ = ["chunk_gated_delta_rule", "recurrent_gated_delta_rule"]
+__all__ = [
+    "chunk_gated_delta_rule",
+    "from_state_dict",
+    "gdn_layer",
+    "init_layer_params",
+    "init_model_params",
+    "make_train_step",
+    "model_forward",
+    "model_loss",
+    "recurrent_gated_delta_rule",
+    "run_training",
+    "to_state_dict",
+    "token_loss_sum",
+]

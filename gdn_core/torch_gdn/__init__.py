@@ -1,10 +1,23 @@
 """PyTorch Gated DeltaNet: the chunked rule, its token-by-token reference, layer, model, CP.
 
 Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallelism,
-`chunk_gated_delta_rule_cp` and `context_parallel`.
+`chunk_gated_delta_rule_cp` and `context_parallel`; `GatedDeltaNet` (the Qwen3.5 layer),
+`GDNLanguageModel`, and the training step `train_step` / `run_training`.
 """
 
 from .chunk import chunk_gated_delta_rule
+from .layer import GatedDeltaNet, causal_conv1d
+from .model import GDNLanguageModel
 from .naive import recurrent_gated_delta_rule
+from .train import build_training, run_training, train_step
 
-__all__ = ["chunk_gated_delta_rule", "recurrent_gated_delta_rule"]
+__all__ = [
+    "GDNLanguageModel",
+    "GatedDeltaNet",
+    "build_training",
+    "causal_conv1d",
+    "chunk_gated_delta_rule",
+    "recurrent_gated_delta_rule",
+    "run_training",
+    "train_step",
+]

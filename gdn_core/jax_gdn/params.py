@@ -1,0 +1,138 @@
+"""JAX parameter pytrees for the GDN layer and language model, in PyTorch state_dict layout.
+
+A pytree mirrors the dotted state_dict names of gdn_core.torch_gdn (and of transformers'
+Qwen3_5GatedDeltaNet): "layers.0.gdn.in_proj_qkv.weight" lives at
+params["layers"][0]["gdn"]["in_proj_qkv"]["weight"]. Numeric name parts become list indices
+(`layers` is a Python list, one dict per decoder layer). Arrays keep the torch layout (Linear
+weights [out, in], conv1d.weight [conv_dim, 1, K]), so conversion is a pure re-nesting.
+
+Layer tree:  in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj  -> {"weight": [out, in]}
+             conv1d -> {"weight": [conv_dim, 1, K]};  norm -> {"weight": [Dv]};  dt_bias, A_log [Hv]
+Model tree:  embed_tokens {"weight": [V, D]},
+             layers [ {gdn_norm, gdn, mlp_norm, mlp {gate_proj, up_proj, down_proj}} ],
+             norm {"weight": [D]}, lm_head {"weight": [V, D]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..config import GDNConfig, ModelConfig
+
+INIT_STD = 0.02  # transformers' initializer_range: Linear and Embedding weights
+A_INIT_RANGE = (1.0, 16.0)  # A = exp(A_log) ~ U(1, 16)
+
+Params = dict[str, Any]
+
+
+def _to_float32(value) -> jax.Array:
+    if hasattr(value, "detach"):  # torch tensor; bf16 has no numpy dtype, so go through float32
+        value = value.detach().cpu().float().numpy()
+    return jnp.asarray(np.asarray(value, dtype=np.float32))
+
+
+def _listify(node):
+    """Turn dicts whose keys are all decimal strings into lists (checked contiguous from 0)."""
+    if not isinstance(node, dict):
+        return node
+    node = {k: _listify(v) for k, v in node.items()}
+    if node and all(k.isdigit() for k in node):
+        indices = sorted(int(k) for k in node)
+        if indices != list(range(len(indices))):
+            raise ValueError(f"state_dict list indices {indices} must run 0..{len(indices) - 1}")
+        return [node[str(i)] for i in indices]
+    return node
+
+
+def from_state_dict(state_dict: Mapping[str, Any]) -> Params:
+    """Nest a flat {dotted name: array (numpy or torch)} mapping into a float32 pytree."""
+    root: dict = {}
+    for name, value in state_dict.items():
+        *parents, leaf = name.split(".")
+        node = root
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"state_dict name {name!r} nests under an array")
+        if leaf in node:
+            raise ValueError(f"state_dict name {name!r} collides with another entry")
+        node[leaf] = _to_float32(value)
+    return _listify(root)
+
+
+def to_state_dict(params: Params) -> dict[str, np.ndarray]:
+    """Flatten a pytree back to {dotted name: numpy array} (the inverse of from_state_dict)."""
+    flat: dict[str, np.ndarray] = {}
+
+    def walk(node, prefix):
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            name = f"{prefix}{key}"
+            if isinstance(child, (dict, list, tuple)):
+                walk(child, name + ".")
+            else:
+                flat[name] = np.asarray(child)
+
+    walk(params, "")
+    return flat
+
+
+def cast_floating(tree, dtype):
+    """Cast every floating-point leaf of a pytree to dtype (other leaves untouched)."""
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _normal(key, shape):
+    return INIT_STD * jax.random.normal(key, shape, jnp.float32)
+
+
+def init_layer_params(cfg: GDNConfig, key: jax.Array) -> Params:
+    """Fresh float32 GDN layer parameters (transformers' Qwen3.5 init)."""
+    k_qkv, k_z, k_b, k_a, k_conv, k_out, k_A = jax.random.split(key, 7)
+    D, Hv = cfg.hidden_size, cfg.num_v_heads
+    A_H = jax.random.uniform(k_A, (Hv,), jnp.float32, *A_INIT_RANGE)
+    bound = cfg.conv_kernel_size ** -0.5
+    return {
+        "in_proj_qkv": {"weight": _normal(k_qkv, (cfg.conv_dim, D))},
+        "in_proj_z": {"weight": _normal(k_z, (cfg.value_dim, D))},
+        "in_proj_b": {"weight": _normal(k_b, (Hv, D))},
+        "in_proj_a": {"weight": _normal(k_a, (Hv, D))},
+        # torch's Conv1d default U(±1/√K), as torch_gdn: N(0, 0.02) would shrink v fifty-fold.
+        "conv1d": {"weight": jax.random.uniform(
+            k_conv, (cfg.conv_dim, 1, cfg.conv_kernel_size), jnp.float32, -bound, bound)},
+        "dt_bias": jnp.ones((Hv,), jnp.float32),
+        "A_log": jnp.log(A_H),
+        "norm": {"weight": jnp.ones((cfg.head_v_dim,), jnp.float32)},
+        "out_proj": {"weight": _normal(k_out, (D, cfg.value_dim))},
+    }
+
+
+def init_model_params(model_cfg: ModelConfig, key: jax.Array) -> Params:
+    """Fresh float32 language-model parameters; layers is a list of per-layer dicts."""
+    D, F, V = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
+    k_embed, k_head, *k_layers = jax.random.split(key, 2 + model_cfg.num_layers)
+    layers = []
+    for k_layer in k_layers:
+        k_gdn, k_gate, k_up, k_down = jax.random.split(k_layer, 4)
+        layers.append({
+            "gdn_norm": {"weight": jnp.ones((D,), jnp.float32)},
+            "gdn": init_layer_params(model_cfg.gdn, k_gdn),
+            "mlp_norm": {"weight": jnp.ones((D,), jnp.float32)},
+            "mlp": {
+                "gate_proj": {"weight": _normal(k_gate, (F, D))},
+                "up_proj": {"weight": _normal(k_up, (F, D))},
+                "down_proj": {"weight": _normal(k_down, (D, F))},
+            },
+        })
+    return {
+        "embed_tokens": {"weight": _normal(k_embed, (V, D))},
+        "layers": layers,
+        "norm": {"weight": jnp.ones((D,), jnp.float32)},
+        "lm_head": {"weight": _normal(k_head, (V, D))},
+    }

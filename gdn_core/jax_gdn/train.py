@@ -1,0 +1,115 @@
+"""JAX training step for the GDN language model: AdamW on float32 master weights.
+
+With dtype "bfloat16" the loss function casts the parameters (hence activations) to bf16; the
+gradients come back float32 through the cast, and the rule keeps its state in float32.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ..config import ModelConfig
+from ..data import synthetic_tokens
+from ..train_config import TrainConfig, TrainReport
+from .model import GDNLayerFn, model_loss
+from .params import Params, init_model_params
+
+GradTransform = Callable[[Params], Params]
+StepFn = Callable[..., tuple[Params, optax.OptState, jax.Array]]
+
+MEMORY_SOURCE = "xla_memory_analysis"
+
+
+def make_optimizer(train_cfg: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with the config's learning rate and decoupled weight decay."""
+    return optax.adamw(learning_rate=train_cfg.learning_rate,
+                       weight_decay=train_cfg.weight_decay)
+
+
+def build_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_tokens: int,
+                  grad_transform: GradTransform | None = None,
+                  gdn_layer_fn: GDNLayerFn | None = None) -> StepFn:
+    """Return the un-jitted step; see make_train_step for its signature.
+
+    Un-jitted so CP can wrap it in shard_map before jit. grad_transform runs on the float32
+    gradients before the update (CP: sum over shards); the returned loss is this shard's
+    loss_sum / global_tokens (single chip: the mean loss).
+    """
+    dtype = jnp.dtype(train_cfg.dtype)
+    optimizer = make_optimizer(train_cfg)
+
+    def loss_fn(params, inputs_BT, targets_BT):
+        return model_loss(params, inputs_BT, targets_BT, model_cfg, global_tokens=global_tokens,
+                          dtype=dtype, gdn_layer_fn=gdn_layer_fn)
+
+    def step(params, opt_state, inputs_BT, targets_BT):
+        loss, grads = jax.value_and_grad(loss_fn)(params, inputs_BT, targets_BT)
+        if grad_transform is not None:
+            grads = grad_transform(grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_tokens: int,
+                    grad_transform: GradTransform | None = None,
+                    gdn_layer_fn: GDNLayerFn | None = None) -> StepFn:
+    """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
+
+    params and opt_state are donated (do not reuse the passed-in ones); loss is float32.
+    """
+    step = build_step_fn(model_cfg, train_cfg, global_tokens=global_tokens,
+                         grad_transform=grad_transform, gdn_layer_fn=gdn_layer_fn)
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def compiled_peak_bytes(compiled) -> int | None:
+    """Peak bytes of a compiled step from XLA: arguments + outputs + temporaries − aliased.
+
+    Donated params/opt_state alias their outputs, so the aliased bytes are counted once.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+               + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
+
+
+def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
+                 warmup_steps: int = 1) -> TrainReport:
+    """Train on one fixed synthetic batch: warmup_steps untimed steps, then `steps` timed ones.
+
+    As torch_gdn.train: losses cover every step (warm-up included), step_times_s the `steps`
+    timed ones (outputs blocked on). Peak memory is XLA's memory analysis of the compiled step.
+    """
+    if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
+            or warmup_steps < 0:
+        raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
+    tokens = synthetic_tokens(batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
+                              vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
+    inputs_BT, targets_BT = jnp.asarray(tokens[:, :-1]), jnp.asarray(tokens[:, 1:])
+    params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
+    opt_state = make_optimizer(train_cfg).init(params)
+    step = make_train_step(model_cfg, train_cfg, global_tokens=int(np.prod(inputs_BT.shape)))
+    compiled = step.lower(params, opt_state, inputs_BT, targets_BT).compile()
+    peak_bytes = compiled_peak_bytes(compiled)
+
+    losses: list[float] = []
+    step_times_s: list[float] = []
+    for i in range(warmup_steps + steps):
+        start = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, inputs_BT, targets_BT)
+        jax.block_until_ready((params, opt_state, loss))
+        elapsed = time.perf_counter() - start
+        losses.append(float(loss))
+        if i >= warmup_steps:
+            step_times_s.append(elapsed)
+    return TrainReport(losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
+                       memory_source=MEMORY_SOURCE if peak_bytes is not None else "unknown")

@@ -1,0 +1,106 @@
+"""A GDN-only language model: embedding, N × (GDN block, SwiGLU block), norm, untied LM head.
+
+Parameter names (shared with the JAX twin, do not rename):
+    embed_tokens.weight, layers.{i}.gdn_norm.weight, layers.{i}.gdn.<transformers GDN names>,
+    layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.weight,
+    norm.weight, lm_head.weight.
+Shape legend: B batch, T tokens, D hidden, F MLP width, V vocabulary (logits only).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .layer import GatedDeltaNet
+
+INIT_STD = 0.02
+
+
+class RMSNorm(nn.Module):
+    """y = x · rsqrt(mean(x²) + eps) · weight, computed in fp32, returned in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """Normalise [..., D] over its last dim."""
+        x32 = x_BTD.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return y.to(x_BTD.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) · up(x)), no biases."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """Map [B, T, D] to [B, T, D] through width F."""
+        return self.down_proj(F.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+
+
+class GDNBlock(nn.Module):
+    """Pre-norm residual pair: x + gdn(gdn_norm(x)), then + mlp(mlp_norm(·))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        eps = cfg.gdn.rms_norm_eps
+        self.gdn_norm = RMSNorm(cfg.hidden_size, eps)
+        self.gdn = GatedDeltaNet(cfg.gdn)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """Map the residual stream [B, T, D] to [B, T, D]."""
+        x_BTD = x_BTD + self.gdn(self.gdn_norm(x_BTD))
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+
+
+class GDNLanguageModel(nn.Module):
+    """tokens [B, T] → logits [B, T, V] (fp32). Every token-mixing op is a GDN layer.
+
+    A context-parallel wrapper swaps the token mixer of each block, e.g.
+    `for block in model.layers: block.gdn = context_parallel(block.gdn, ...)`; everything
+    else in the model works per token and runs unchanged on a sequence shard.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(GDNBlock(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.gdn.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.reset_parameters(seed)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Draw all weights from a generator seeded with `seed` (same seed, same model)."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        # Modules in registration order, so the draw order (hence the weights) is fixed.
+        for module in self.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.reset_parameters(gen, std=INIT_STD)
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+            elif isinstance(module, SwiGLU):
+                for lin in (module.gate_proj, module.up_proj, module.down_proj):
+                    nn.init.normal_(lin.weight, 0.0, INIT_STD, generator=gen)
+        for weight in (self.embed_tokens.weight, self.lm_head.weight):
+            nn.init.normal_(weight, 0.0, INIT_STD, generator=gen)
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """Return float32 logits [B, T, V] for integer tokens [B, T]."""
+        x_BTD = self.embed_tokens(tokens_BT.long())
+        for block in self.layers:
+            x_BTD = block(x_BTD)
+        return self.lm_head(self.norm(x_BTD)).float()
