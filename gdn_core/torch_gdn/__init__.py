@@ -6,6 +6,7 @@ Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallel
 """
 
 from .chunk import chunk_gated_delta_rule
+from .cp import chunk_gated_delta_rule_cp
 from .layer import GatedDeltaNet, causal_conv1d
 from .model import GDNLanguageModel
 from .naive import recurrent_gated_delta_rule
@@ -17,6 +18,7 @@ __all__ = [
     "build_training",
     "causal_conv1d",
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_cp",
     "recurrent_gated_delta_rule",
     "run_training",
     "train_step",

@@ -1,0 +1,72 @@
+"""CP mode `p2p`: a rank-ordered wavefront of the state, reversed in backward.
+
+Forward, rank r (one autograd Function, `_Wavefront`):
+    h_in  = h0 on rank 0, else received from r−1
+    h_out = A_r h_in + b_r, sent to r+1
+Backward, rank r: dh_out = (received from r+1, 0 on the last rank) + local grad of h_out,
+    dA = dh_out h_inᵀ,  db = dh_out,  dh_in = grad(h_in) + A_rᵀ dh_out → sent to r−1
+    (on rank 0 it is the gradient of h0).
+D−1 dependent hops each way; received per non-first rank (forward) / non-last rank (backward):
+one state, B·H·K·V·4 bytes. The final state is the last rank's h_out, broadcast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .comm import broadcast, rank_size, send_recv
+from .common import shard_pair, replay_from
+
+_TAG = 20
+
+
+class _Wavefront(torch.autograd.Function):
+    """(A [B,H,K,K], b [B,H,K,V], h0 [B,H,K,V]) → (h_in, h_out), float32, both [B,H,K,V]."""
+
+    @staticmethod
+    def forward(ctx, A_BHKK, b_BHKV, h0_BHKV, group):
+        rank, D = rank_size(group)
+        if rank == 0:
+            h_in = h0_BHKV.detach().clone(memory_format=torch.contiguous_format)
+        else:
+            h_in = torch.empty_like(b_BHKV, memory_format=torch.contiguous_format)
+            send_recv(None, None, h_in, rank - 1, group=group, tag=_TAG, op="p2p", backward=False)
+        h_out = torch.baddbmm(b_BHKV.flatten(0, 1), A_BHKK.flatten(0, 1),
+                              h_in.flatten(0, 1)).view_as(b_BHKV)
+        if rank < D - 1:
+            send_recv(h_out, rank + 1, None, None, group=group, tag=_TAG, op="p2p", backward=False)
+        ctx.save_for_backward(A_BHKK, h_in)
+        ctx.group = group
+        return h_in, h_out
+
+    @staticmethod
+    def backward(ctx, dh_in_local, dh_out_local):
+        A_BHKK, h_in = ctx.saved_tensors
+        rank, D = rank_size(ctx.group)
+        dh_out = dh_out_local.contiguous()
+        if rank < D - 1:
+            received = torch.empty_like(dh_out)
+            send_recv(None, None, received, rank + 1, group=ctx.group, tag=_TAG + 1, op="p2p",
+                      backward=True)
+            dh_out = dh_out + received
+        dA = dh_out @ h_in.transpose(-1, -2)
+        dh_in = dh_in_local + A_BHKK.transpose(-1, -2) @ dh_out
+        if rank > 0:
+            send_recv(dh_in, rank - 1, None, None, group=ctx.group, tag=_TAG + 1, op="p2p",
+                      backward=True)
+            return dA, dh_out, None, None
+        return dA, dh_out, dh_in, None
+
+
+def chunk_gated_delta_rule_p2p(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor,
+                               output_final_state: bool, use_qk_l2norm: bool, chunk_size: int):
+    """This rank's shard of o (float32 [B, T/D, Hv, Dv]) and the global final state (or None)."""
+    _, D = rank_size(group)
+    pair = shard_pair(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+    K = pair.Dk
+    h_in, h_out = _Wavefront.apply(pair.P_BHKW[..., :K], pair.P_BHKW[..., K:], h0_BHKV, group)
+    o = replay_from(pair, h_in)
+    if not output_final_state:
+        return o, None
+    # Every rank passes its own h_out so the broadcast's backward precedes the wavefront's.
+    return o, broadcast(h_out, src=D - 1, group=group, op="p2p_final_state")

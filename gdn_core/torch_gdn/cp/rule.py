@@ -1,0 +1,55 @@
+"""`chunk_gated_delta_rule_cp`: validate at the boundary, then run the mode from `CP_RULES`."""
+
+from __future__ import annotations
+
+from ...cp_modes import CPMode, check_cp_shape, check_mode
+from ...shapes import check_rule_args
+from ..chunk import initial_state_or_zeros
+from .all_gather import chunk_gated_delta_rule_all_gather
+from .comm import rank_size
+from .common import CPRule
+from .log_scan import chunk_gated_delta_rule_log_scan
+from .p2p import chunk_gated_delta_rule_p2p
+from .ulysses import chunk_gated_delta_rule_ulysses
+
+CP_RULES: dict[str, CPRule] = {
+    "ulysses": chunk_gated_delta_rule_ulysses,
+    "p2p": chunk_gated_delta_rule_p2p,
+    "all_gather": chunk_gated_delta_rule_all_gather,
+    "log_scan": chunk_gated_delta_rule_log_scan,
+}
+
+
+def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode, initial_state=None,
+                              output_final_state=False, use_qk_l2norm=False, chunk_size=64):
+    """Gated delta rule over a sequence split across the ranks of `group` (context parallel).
+
+    Args:
+        q, k: this rank's shard [B, T/D, Hk, Dk]; v [B, T/D, Hv, Dv]; g (log decay ≤ 0) and
+            beta [B, T/D, Hv]. Rank r of `group` holds tokens [r·T/D, (r+1)·T/D).
+        group: the CP process group (gloo or NCCL); None means the default group.
+        mode: one of CP_MODES ('ulysses', 'p2p', 'all_gather', 'log_scan').
+        initial_state: [B, Hv, Dk, Dv], the same on every rank: the state before token 0.
+        use_qk_l2norm, chunk_size: as in chunk_gated_delta_rule.
+    Returns:
+        o: this rank's shard [B, T/D, Hv, Dv] in q's dtype, and, if asked, the float32 state
+        after the whole global sequence [B, Hv, Dk, Dv], identical on every rank.
+    Raises:
+        ValueError naming the numbers: unknown mode, bad shapes, ulysses with heads not
+        divisible by D.
+
+    Backward exchanges too (the forward's exchange in reverse). Every rank must backpropagate
+    through o, and through final_state on all ranks or on none: a rank whose loss skips it
+    would skip a collective its peers wait for.
+    """
+    check_mode(mode)
+    B, T_local, Hk, Hv, Dk, Dv = check_rule_args(
+        q.shape, k.shape, v.shape, g.shape, beta.shape,
+        None if initial_state is None else initial_state.shape, chunk_size)
+    _, D = rank_size(group)
+    check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
+    h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)
+    o, final_BHKV = CP_RULES[mode](
+        q, k, v, g, beta, group=group, h0_BHKV=h0_BHKV, output_final_state=output_final_state,
+        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+    return o.to(q.dtype), final_BHKV
