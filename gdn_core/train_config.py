@@ -57,3 +57,28 @@ class TrainReport:
         times = sorted(self.step_times_s)
         mid = len(times) // 2
         return times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CPTrainReport(TrainReport):
+    """A TrainReport from one CP run (one rank in PyTorch, one process's chips in JAX)."""
+
+    mode: str
+    """CP mode (gdn_core.cp_modes.CP_MODES)."""
+    chips: int
+    """Chips in the CP group."""
+    cp_comm_bytes_per_step: int
+    """Bytes this chip received per step in the mode's exchanges (forward + backward, halo
+    included; ARCHITECTURE.md's table)."""
+    grad_sync_bytes_per_step: int
+    """Bytes this chip received per step summing gradients over the CP group (ring all-reduce
+    convention: 2·(D−1)/D × gradient bytes)."""
+    comm_source: str = "unknown"
+    """How the bytes were found: counted collectives (torch) or the compiled HLO (jax)."""
+    max_rel_err: float | None = None
+    """verify=True: max relative error of the CP loss and gradients against one chip."""
+
+    @property
+    def comm_bytes_per_step(self) -> int:
+        """Everything this chip received per step (ARCHITECTURE.md comm_bytes_per_step_per_chip)."""
+        return self.cp_comm_bytes_per_step + self.grad_sync_bytes_per_step
