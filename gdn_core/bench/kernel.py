@@ -1,0 +1,288 @@
+"""Kernel benchmark: forward + backward of the chunked rule, ours (torch, JAX) vs transformers'.
+
+    python -m gdn_core.bench kernel [--seq-len 8192] [--batch 1] [--repeats 5]
+                                    [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+
+The three implementations get the same inputs (q, k, v, g, beta; l2norm on; no initial state)
+and the same output cotangent. Before timing, each runs once in float32 and our outputs and
+gradients are compared with transformers' `torch_chunk_gated_delta_rule`; the benchmark stops
+if one of our outputs is off by more than 1e-4 (relative; gradients 1e-3), so it never times
+a wrong kernel.
+Timed runs alternate between implementations (ABCABC…) after warm-up; medians are reported.
+
+Achieved FLOP/s uses gdn_core.flops.gdn_rule_flops × 3 (forward + backward) for every
+implementation: the useful work of the problem, not what each implementation executes
+(transformers' solve and our JAX product-form inverse do more). Fractions are of float32 GEMM
+peaks (the dtype all three compute in) measured on the same device: once up front, and by a
+GEMM probe timed inside the same alternation (on a shared host it sees the same contention).
+On CUDA, a bf16 GEMM and the datasheet bf16 peak of a known GPU are added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..flops import gdn_rule_flops
+from ..hardware import (accelerator_type_from_device_name, measure_gemm_flops_per_s,
+                        peak_flops_per_chip)
+from ..testing import rel_err
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OUTPUT_TOLERANCE = 1e-4
+"""Largest relative (Frobenius) error of our outputs vs transformers' that may be timed."""
+GRAD_TOLERANCE = 1e-3
+"""Largest relative error of any of our input gradients vs transformers' that may be timed."""
+IMPLS = ("ours_torch", "ours_jax", "transformers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gdn_core.bench kernel", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq-len", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--num-k-heads", type=int, default=2)
+    p.add_argument("--num-v-heads", type=int, default=4)
+    p.add_argument("--head-k-dim", type=int, default=128)
+    p.add_argument("--head-v-dim", type=int, default=128)
+    p.add_argument("--chunk-size", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per implementation")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs per implementation")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=tuple(TORCH_DTYPES), default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: torch's choice); JAX/XLA is not affected")
+    return p
+
+
+def make_inputs(*, batch, seq_len, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                seed=0) -> dict[str, np.ndarray]:
+    """q, k, v standard normal; g = log U(0.8, 1) ≤ 0; beta U(0, 1); cotangent do (float32)."""
+    rng = np.random.default_rng(seed)
+    B, T = batch, seq_len
+    arrays = dict(
+        q=rng.standard_normal((B, T, num_k_heads, head_k_dim)),
+        k=rng.standard_normal((B, T, num_k_heads, head_k_dim)),
+        v=rng.standard_normal((B, T, num_v_heads, head_v_dim)),
+        g=np.log(rng.uniform(0.8, 1.0, (B, T, num_v_heads))),
+        beta=rng.uniform(0.0, 1.0, (B, T, num_v_heads)),
+        do=rng.standard_normal((B, T, num_v_heads, head_v_dim)),
+    )
+    return {name: a.astype(np.float32) for name, a in arrays.items()}
+
+
+def _load_transformers_rule():
+    try:
+        from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+    except ImportError as err:
+        raise SystemExit(
+            "the kernel benchmark compares against transformers' torch_chunk_gated_delta_rule "
+            "(transformers.models.qwen3_5.modeling_qwen3_5), which could not be imported "
+            f"({err}); install transformers>=5 (pip install -e '.[test]')") from err
+    return torch_chunk_gated_delta_rule
+
+
+def _torch_runner(rule: Callable, arrays, *, device, dtype, chunk_size, transformers_api):
+    """A callable running fwd + bwd once (device synchronised); returns (o, grads)."""
+    inputs = [torch.from_numpy(arrays[n]).to(device=device, dtype=dtype)
+              for n in ("q", "k", "v", "g", "beta")]
+    do = torch.from_numpy(arrays["do"]).to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def run():
+        leaves = [x.detach().requires_grad_() for x in inputs]
+        if transformers_api:
+            o, _ = rule(*leaves, chunk_size=chunk_size, use_qk_l2norm_in_kernel=True)
+        else:
+            o, _ = rule(*leaves, chunk_size=chunk_size, use_qk_l2norm=True)
+        (o.float() * do).sum().backward()
+        sync()
+        return o, [x.grad for x in leaves]
+
+    return run
+
+
+def _jax_runner(arrays, *, device, dtype, chunk_size):
+    """jit(value_and_grad) over all five inputs; None (with a reason) if JAX lacks the device."""
+    import jax
+    import jax.numpy as jnp
+
+    from ..jax_gdn.chunk import chunk_gated_delta_rule
+
+    platform = "gpu" if device == "cuda" else "cpu"
+    try:
+        jax_device = jax.devices(platform)[0]
+    except RuntimeError:
+        return None, f"JAX has no {platform} device here"
+    jdtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[dtype]
+    inputs = [jax.device_put(jnp.asarray(arrays[n], dtype=jdtype), jax_device)
+              for n in ("q", "k", "v", "g", "beta")]
+    do = jax.device_put(jnp.asarray(arrays["do"]), jax_device)
+
+    def loss(q, k, v, g, beta, do):
+        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, chunk_size=chunk_size)
+        return jnp.sum(o.astype(jnp.float32) * do), o
+
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
+
+    def run():
+        (_, o), grads = jax.block_until_ready(step(*inputs, do))
+        return o, list(grads)
+
+    return run, str(jax_device)
+
+
+def _runners(args, arrays, dtype_name):
+    torch_dtype = TORCH_DTYPES[dtype_name]
+    hf_rule = _load_transformers_rule()
+    from ..torch_gdn.chunk import chunk_gated_delta_rule
+
+    common = dict(device=args.device, dtype=torch_dtype, chunk_size=args.chunk_size)
+    runners = {
+        "ours_torch": _torch_runner(chunk_gated_delta_rule, arrays, transformers_api=False,
+                                    **common),
+        "transformers": _torch_runner(hf_rule, arrays, transformers_api=True, **common),
+    }
+    jax_run, jax_note = _jax_runner(arrays, device=args.device, dtype=dtype_name,
+                                    chunk_size=args.chunk_size)
+    if jax_run is not None:
+        runners["ours_jax"] = jax_run
+    return {name: runners[name] for name in IMPLS if name in runners}, jax_note
+
+
+def verify(runners) -> dict[str, tuple[float, float]]:
+    """Run each implementation once; return {name: (output rel err, worst grad rel err)} vs HF."""
+    results = {name: run() for name, run in runners.items()}
+    ref_o, ref_grads = results["transformers"]
+    errors = {}
+    for name, (o, grads) in results.items():
+        if name != "transformers":
+            errors[name] = (rel_err(ref_o, o),
+                            max(rel_err(r, g) for r, g in zip(ref_grads, grads)))
+    return errors
+
+
+def time_alternating(runners, *, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Warm up each implementation, then time ABCABC…; return the seconds of each timed run."""
+    for _ in range(warmup):
+        for run in runners.values():
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+GEMM_SIZE = {"cpu": 1024, "cuda": 8192}
+"""Side of the square float32 GEMMs of the peak measurements, per device."""
+
+
+def _gemm_probe(device: str, reps: int) -> Callable[[], None]:
+    """A runner doing `reps` float32 GEMMs, timed in the same alternation as the kernels."""
+    n = GEMM_SIZE[device]
+    a, b = (torch.randn(n, n, device=device) for _ in range(2))
+    out = torch.empty(n, n, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def run():
+        for _ in range(reps):
+            torch.matmul(a, b, out=out)
+        sync()
+
+    return run
+
+
+def _peaks(device: str) -> list[tuple[str, float, str]]:
+    """Up-front (label, FLOP/s, source) peaks: a float32 GEMM, and on CUDA bf16 and the table."""
+    n = GEMM_SIZE[device]
+    fp32 = measure_gemm_flops_per_s(device=device, size=n, seconds=2.0)
+    peaks = [("fp32 GEMM, up front", fp32.flops_per_s, fp32.source)]
+    if device == "cuda":
+        peaks[0] = ("fp32 GEMM, up front", fp32.flops_per_s, fp32.source + ":allow_tf32="
+                    f"{torch.backends.cuda.matmul.allow_tf32}")
+        bf16 = measure_gemm_flops_per_s(device=device, size=n, seconds=2.0, dtype=torch.bfloat16)
+        peaks.append(("bf16 GEMM", bf16.flops_per_s, bf16.source))
+        kind = accelerator_type_from_device_name(torch.cuda.get_device_name())
+        if kind is not None:
+            peaks.append((f"{kind} bf16 table", peak_flops_per_chip(kind), f"datasheet {kind}"))
+    return peaks
+
+
+def _print_table(times, flops, peaks) -> None:
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    ref = medians["transformers"]
+    labels = [f"of {label}" for label, _, _ in peaks]
+    widths = [len(label) + 3 for label in labels]
+    print(f"{'impl':<13}{'median s':>10}{'min s':>9}{'max s':>9}{'/ HF time':>11}{'GFLOP/s':>10}"
+          + "".join(f"{label:>{w}}" for label, w in zip(labels, widths)))
+    for name, med in medians.items():
+        achieved = flops / med
+        print(f"{name:<13}{med:>10.4f}{min(times[name]):>9.4f}{max(times[name]):>9.4f}"
+              f"{med / ref:>11.3f}{achieved / 1e9:>10.2f}"
+              + "".join(f"{achieved / value:>{w}.2%}" for (_, value, _), w in zip(peaks, widths)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    shape = dict(batch=args.batch, seq_len=args.seq_len, num_k_heads=args.num_k_heads,
+                 num_v_heads=args.num_v_heads, head_k_dim=args.head_k_dim,
+                 head_v_dim=args.head_v_dim)
+    flops = 3 * gdn_rule_flops(**shape, chunk_size=args.chunk_size).total
+    print(f"kernel benchmark: B={args.batch} T={args.seq_len} Hk={args.num_k_heads} "
+          f"Hv={args.num_v_heads} Dk={args.head_k_dim} Dv={args.head_v_dim} "
+          f"C={args.chunk_size} dtype={args.dtype} l2norm=on device={args.device} "
+          f"torch.get_num_threads()={torch.get_num_threads()}")
+    print(f"rule FLOPs fwd+bwd (gdn_rule_flops x 3): {flops:.4e}")
+    peaks = _peaks(args.device)
+    for label, value, source in peaks:
+        print(f"peak {label}: {value / 1e9:.1f} GFLOP/s ({source})")
+
+    arrays = make_inputs(**shape, seed=args.seed)
+    if args.dtype != "float32":  # round once, so the float32 check sees the timed values
+        arrays = {n: torch.from_numpy(a).to(TORCH_DTYPES[args.dtype]).float().numpy()
+                  for n, a in arrays.items()}
+    check_runners, jax_note = _runners(args, arrays, "float32")
+    print(f"JAX device: {jax_note}")
+    errors = verify(check_runners)
+    for name, (o_err, g_err) in errors.items():
+        print(f"check vs transformers (float32): {name:<11} output rel err {o_err:.2e}, "
+              f"worst input-grad rel err {g_err:.2e}")
+    wrong = [name for name, (o_err, g_err) in errors.items()
+             if not (o_err <= OUTPUT_TOLERANCE and g_err <= GRAD_TOLERANCE)]
+    if wrong:
+        print(f"FAILED: {', '.join(wrong)} off transformers by more than {OUTPUT_TOLERANCE:.0e} "
+              f"(output) or {GRAD_TOLERANCE:.0e} (gradients); not timing a wrong kernel")
+        return 1
+    runners = check_runners if args.dtype == "float32" else _runners(args, arrays, args.dtype)[0]
+
+    # A float32 GEMM probe of about 0.25 s runs in the same alternation: on a shared, noisy
+    # host it sees the same contention as the kernels, so the fractions compare like with like.
+    n = GEMM_SIZE[args.device]
+    reps = max(1, round(0.25 * peaks[0][1] / (2 * n ** 3)))
+    times = time_alternating({**runners, "gemm": _gemm_probe(args.device, reps)},
+                             warmup=args.warmup, repeats=args.repeats)
+    gemm_flops_per_s = reps * 2 * n ** 3 / statistics.median(times.pop("gemm"))
+    peaks.insert(0, ("fp32 GEMM, interleaved", gemm_flops_per_s,
+                     f"median of {args.repeats} x {reps} {n}^3 GEMMs between the kernel runs"))
+    print(f"peak fp32 GEMM, interleaved: {gemm_flops_per_s / 1e9:.1f} GFLOP/s "
+          f"({peaks[0][2]})")
+    print(f"\nfwd+bwd, {args.repeats} timed runs each, alternating after {args.warmup} warm-up")
+    _print_table(times, flops, peaks)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""FLOP accounting: hand counts, the torch rule's own matmuls, MaxText's formula, CP overhead."""
+
+import math
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from gdn_core import flops as F
+from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.presets import get_preset
+from gdn_core.torch_gdn.chunk import chunk_gated_delta_rule
+
+REL = 1e-9
+TINY_RULE = dict(batch=2, seq_len=40, num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=4,
+                 chunk_size=16)
+
+
+def close(a, b, rel=REL):
+    return math.isclose(a, b, rel_tol=rel, abs_tol=0)
+
+
+def tiny_model() -> ModelConfig:
+    gdn = GDNConfig(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=4,
+                    conv_kernel_size=4, chunk_size=16)
+    return ModelConfig(name="custom", gdn=gdn, num_layers=3, intermediate_size=48, vocab_size=100)
+
+
+def test_rule_hand_count():
+    # B=2, T=40 → padded to 48 = 3 chunks of C=16; Hv=2 heads (Hk=1 repeated); Dk=8, Dv=4.
+    blocks = 2 * 2 * 3
+    macs_per_block = {
+        "gram": 16 * 16 * 8,                    # (βk) kᵀ
+        "intra_chunk_attn": 16 * 16 * 8,        # q kᵀ
+        "triangular_solve": 16 * 16 * (4 + 8),  # (I+L)⁻¹ [βv | βk e^G]
+        "chunk_a": 8 * 16 * 8,                  # k̃ᵀ w
+        "chunk_b": 8 * 16 * 4,                  # k̃ᵀ u
+        "state_scan": 8 * 8 * 4,                # A_n S_n
+        "outputs": 2 * 16 * 8 * 4 + 16 * 16 * 4,  # w S, q̃ S, attn v_new
+    }
+    got = F.gdn_rule_flops(**TINY_RULE)
+    for name, macs in macs_per_block.items():
+        assert close(getattr(got, name), 2 * blocks * macs), name
+    assert close(got.total, 2 * 12 * 11008)  # 11008 MACs per block, written out: 264192 FLOPs
+    assert got.total == 264192
+
+
+def test_rule_count_matches_torch_rule_matmuls():
+    # FlopCounterMode counts bmm/baddbmm (2 FLOPs per MAC) but not linalg.solve_triangular:
+    # everything else of our count must be exactly what the torch rule runs.
+    B, T, Hk, Hv, Dk, Dv, C = (TINY_RULE[n] for n in (
+        "batch", "seq_len", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim",
+        "chunk_size"))
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(B, T, Hk, Dk, generator=gen) for _ in range(2))
+    v = torch.randn(B, T, Hv, Dv, generator=gen)
+    g, beta = -torch.rand(B, T, Hv, generator=gen), torch.rand(B, T, Hv, generator=gen)
+    with FlopCounterMode(display=False) as counter:
+        chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, chunk_size=C)
+    counted = F.gdn_rule_flops(**TINY_RULE)
+    assert counter.get_total_flops() == counted.total - counted.triangular_solve
+
+
+def test_rule_linear_in_chunks_and_padded_like_the_code():
+    base = dict(TINY_RULE, seq_len=16)
+    one = F.gdn_rule_flops(**base).total
+    for chunks in (2, 5, 64):
+        assert F.gdn_rule_flops(**dict(base, seq_len=16 * chunks)).total == chunks * one
+    assert F.gdn_rule_flops(**dict(base, seq_len=17)).total == 2 * one
+    assert F.gdn_rule_flops(**dict(base, seq_len=1)).total == one
+    assert F.gdn_rule_flops(**dict(base, num_k_heads=2)).total == one  # q, k repeated to Hv
+
+
+def test_rule_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"chunk_size=48 is not one of \(16, 32, 64, 128\)"):
+        F.gdn_rule_flops(**dict(TINY_RULE, chunk_size=48))
+    with pytest.raises(ValueError, match="seq_len=0 must be a positive integer"):
+        F.gdn_rule_flops(**dict(TINY_RULE, seq_len=0))
+    with pytest.raises(ValueError, match="num_v_heads=3 must be a multiple of num_k_heads=2"):
+        F.gdn_rule_flops(**dict(TINY_RULE, num_k_heads=2, num_v_heads=3))
+
+
+def test_jax_inverse_product_extra():
+    # C=16: log2(16) − 1 = 3 rounds of two 16³ matmuls per block; 12 blocks.
+    got = F.unit_lower_inverse_product_flops(batch=2, seq_len=40, num_v_heads=2, chunk_size=16)
+    assert got == 2 * 12 * 2 * 3 * 16 ** 3
+
+
+def test_model_forward_hand_count():
+    cfg = tiny_model()  # E=32, Hk=2, Hv=4, Dk=8, Dv=4, K=4, C=16, L=3, I=48, vocab=100
+    B, T = 2, 40
+    tokens = B * T
+    key_dim, value_dim = 2 * 8, 4 * 4
+    proj = (2 * tokens * 32 * (2 * key_dim + value_dim)  # in_proj_qkv
+            + 2 * tokens * 32 * value_dim                # in_proj_z
+            + 2 * 2 * tokens * 32 * 4                    # in_proj_b, in_proj_a
+            + 2 * tokens * value_dim * 32)               # out_proj
+    conv = 2 * tokens * (2 * key_dim + value_dim) * 4
+    mlp = 3 * 2 * tokens * 32 * 48
+    per_block = 16 * 16 * (3 * 8 + 2 * 4) + 16 * 8 * 8 + 3 * 16 * 8 * 4 + 8 * 8 * 4
+    rule = 2 * (2 * 4 * 3) * per_block  # B · Hv · 3 padded chunks
+    lm_head = 2 * tokens * 32 * 100
+    fwd = F.model_forward_flops(cfg, batch=B, seq_len=T)
+    assert fwd.gdn_projections == 3 * proj
+    assert fwd.conv == 3 * conv
+    assert fwd.mlp == 3 * mlp
+    assert fwd.gdn_rule == 3 * rule
+    assert fwd.lm_head == lm_head
+    assert fwd.embedding == 0
+    assert close(fwd.total, 3 * (proj + conv + mlp + rule) + lm_head)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3.5-0.8b", "qwen3.5-27b"])
+def test_step_is_three_forwards(name):
+    cfg = get_preset(name)
+    fwd = F.model_forward_flops(cfg, batch=2, seq_len=4096)
+    step = F.model_flops_per_step(cfg, batch=2, seq_len=4096)
+    for field in ("gdn_rule", "gdn_projections", "conv", "mlp", "lm_head", "embedding"):
+        assert getattr(step, field) == 3 * getattr(fwd, field), field
+    assert step.total == 3 * fwd.total
+    assert F.model_flops_per_step(cfg, batch=4, seq_len=4096).total == 2 * step.total
+
+
+def test_mfu_and_tokens_formulas():
+    assert close(F.mfu(1e15, 2.0, 4, 1e14), 1e15 / (2.0 * 4 * 1e14))  # 1.25
+    assert close(F.mfu(3 * 10 ** 12, 0.5, 8, 459e12), 3e12 / (0.5 * 8 * 459e12))
+    assert close(F.tokens_per_s_per_chip(2, 1024, 0.5, 4), 1024.0)
+    assert close(F.tokens_per_s_per_chip(1, 1_048_576, 31.94, 64), 1_048_576 / 31.94 / 64)
+    with pytest.raises(ValueError, match="step_time_s=0"):
+        F.mfu(1e15, 0, 4, 1e14)
+    with pytest.raises(ValueError, match="chips=0 must be a positive integer"):
+        F.tokens_per_s_per_chip(1, 1024, 1.0, 0)
+
+
+def test_maxtext_gdn_reproduces_their_formula():
+    # qwen3.5-0.8b shapes, B=1, S=4096: E=1024, Hk=Hv=16, Dk=Dv=128, K_conv=4,
+    # K_dim = V_dim = 2048. MaxText: in_proj_qkvz+ba, out_proj, conv; core 8·Hv·Dk·Dv per token.
+    qkvz_ba = 2 * 1 * 4096 * 1024 * (2 * 2048 + 2 * 2048 + 2 * 16)
+    out = 2 * 1 * 4096 * 1024 * 2048
+    conv = 2 * 1 * 4096 * 4 * (2 * 2048 + 2048)
+    core = 1 * 4096 * 16 * (128 * 128) * 8
+    got = F.maxtext_gdn_flops(batch=1, seq_len=4096, hidden_size=1024, num_k_heads=16,
+                              num_v_heads=16, head_k_dim=128, head_v_dim=128, conv_kernel_size=4)
+    assert got.weight == qkvz_ba + out + conv
+    assert got.attention == core
+    assert got.total == qkvz_ba + out + conv + core
+
+
+def test_maxtext_model_hand_count():
+    cfg = tiny_model()
+    B, S = 2, 40
+    gdn_weight = (2 * B * S * 32 * (2 * 16 + 2 * 16 + 2 * 4) + 2 * B * S * 32 * 16
+                  + 2 * B * S * 4 * (2 * 16 + 16))
+    gdn_attn = 8 * B * S * 4 * 8 * 4
+    ffn = 2 * B * S * 48 * 32 * 2 + 2 * B * S * 48 * 32  # mlp_activations = (silu, linear)
+    embedding = 2 * B * S * 32 * 100
+    got = F.maxtext_model_flops_per_step(cfg, batch=B, seq_len=S)
+    assert got.learnable_weight == 3 * ((ffn + gdn_weight) * 3 + embedding)
+    assert got.attention == 3 * gdn_attn * 3
+    # Same projections, conv, MLP and LM head as ours: only the rule is counted differently.
+    ours = F.model_flops_per_step(cfg, batch=B, seq_len=S)
+    assert got.learnable_weight == ours.gdn_projections + ours.conv + ours.mlp + ours.lm_head
+
+
+CP_SHAPE = dict(batch=1, num_v_heads=16, head_k_dim=128, head_v_dim=128, chunk_size=64,
+                num_layers=24)
+
+
+@pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather", "log_scan"])
+def test_cp_overhead_zero_on_one_chip(mode):
+    assert F.cp_overhead_flops(mode, chips=1, seq_len=8192, **CP_SHAPE).total == 0
+
+
+def test_cp_overhead_per_mode():
+    for chips in (2, 4, 8, 16):
+        assert F.cp_overhead_flops("ulysses", chips=chips, seq_len=4096 * chips,
+                                   **CP_SHAPE).total == 0
+        assert F.cp_overhead_flops("p2p", chips=chips, seq_len=4096 * chips, **CP_SHAPE).total > 0
+    for mode in ("all_gather", "log_scan"):
+        fixed_global = [F.cp_overhead_flops(mode, chips=d, seq_len=65536, **CP_SHAPE).total
+                        for d in (2, 4, 8, 16, 32)]
+        fixed_local = [F.cp_overhead_flops(mode, chips=d, seq_len=4096 * d, **CP_SHAPE).total
+                       for d in (2, 4, 8, 16, 32)]
+        assert 0 < fixed_global[0]
+        assert all(a < b for a, b in zip(fixed_global, fixed_global[1:])), (mode, fixed_global)
+        assert all(a < b for a, b in zip(fixed_local, fixed_local[1:])), (mode, fixed_local)
+
+
+def test_cp_overhead_hand_count():
+    # all_gather, D=4, T=800, C=64: local shard 200 tokens → n=4 chunks; 13 chunks unsharded.
+    B, Hv, K, V, L = 2, 3, 16, 8, 5
+    got = F.cp_overhead_flops("all_gather", chips=4, batch=B, seq_len=800, num_v_heads=Hv,
+                              head_k_dim=K, head_v_dim=V, chunk_size=64, num_layers=L)
+    scale = 3 * 2 * B * Hv * L  # fwd+bwd × FLOPs per MAC × rows × heads × layers
+    compose = K ** 3 + K * K * V
+    per_block = 64 * 64 * (3 * K + 2 * V) + 64 * K * K + 3 * 64 * K * V + K * K * V
+    assert got.fold == scale * 4 * (4 - 1) * compose
+    assert got.prefix == scale * 4 * 3 * K * K * V  # each chip runs 3 more pairs over h
+    assert got.state_apply == scale * 4 * K * K * V
+    assert got.shard_padding == scale * (16 - 13) * per_block
+    rest = dict(batch=B, seq_len=800, num_v_heads=Hv, head_k_dim=K, head_v_dim=V,
+                chunk_size=64, num_layers=L)
+    log_scan = F.cp_overhead_flops("log_scan", chips=4, **rest)
+    assert log_scan.prefix == scale * 4 * 2 * compose  # rounds d=1, 2: one round after the first
+    assert log_scan.fold == got.fold and log_scan.state_apply == got.state_apply
+    assert F.cp_overhead_flops("log_scan", chips=2, **rest).prefix == 0  # one round: no compose
+    p2p = F.cp_overhead_flops("p2p", chips=4, **rest)
+    assert p2p.prefix == 0 and p2p.total == got.total - got.prefix
+
+
+def test_cp_overhead_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mode='ring' is not one of: ulysses, p2p, all_gather"):
+        F.cp_overhead_flops("ring", chips=2, seq_len=1024, **CP_SHAPE)
+    with pytest.raises(ValueError, match="seq_len=1000 is not divisible by chips=3"):
+        F.cp_overhead_flops("p2p", chips=3, seq_len=1000, **CP_SHAPE)
+    with pytest.raises(ValueError, match="ulysses"):
+        F.hardware_flops_per_step(get_preset("qwen3.5-0.8b"), mode="ulysses", chips=32,
+                                  batch=1, seq_len=32 * 1024)
+
+
+@pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather", "log_scan"])
+def test_cp_overhead_design_target(mode):
+    # Design target: at qwen3.5-0.8b, a 4096-token local shard and D=8, the CP summary work is
+    # below 10% of the model FLOPs.
+    cfg = get_preset("qwen3.5-0.8b")
+    hardware = F.hardware_flops_per_step(cfg, mode=mode, chips=8, batch=1, seq_len=8 * 4096)
+    model = F.model_flops_per_step(cfg, batch=1, seq_len=8 * 4096)
+    assert hardware.model == model
+    assert hardware.total == model.total + hardware.cp_overhead.total
+    assert hardware.cp_overhead.total < 0.10 * model.total
