@@ -7,6 +7,7 @@ nested dicts in PyTorch state_dict layout, see params.py).
 """
 
 from .chunk import chunk_gated_delta_rule
+from .cp import chunk_gated_delta_rule_cp
 from .layer import gdn_layer
 from .model import model_forward, model_loss, token_loss_sum
 from .naive import recurrent_gated_delta_rule
@@ -15,6 +16,7 @@ from .train import make_train_step, run_training
 
 __all__ = [
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_cp",
     "from_state_dict",
     "gdn_layer",
     "init_layer_params",

@@ -1,0 +1,13 @@
+"""Context parallelism for the JAX gated delta rule: the sequence split over a mesh axis.
+
+Main entry point: `chunk_gated_delta_rule_cp` (global arrays, wraps a shard_map). Inside a
+model-wide shard_map use `chunk_gated_delta_rule_cp_shard` (this chip's shard, the axis bound by
+the caller) and `conv_halo` for the causal conv. One module per mode — ulysses, p2p,
+all_gather, log_scan — and `CP_RULES` maps each mode name to its per-shard rule.
+"""
+
+from .halo import conv_halo
+from .rule import CP_RULES, chunk_gated_delta_rule_cp, chunk_gated_delta_rule_cp_shard
+
+__all__ = ["CP_RULES", "chunk_gated_delta_rule_cp", "chunk_gated_delta_rule_cp_shard",
+           "conv_halo"]

@@ -1,0 +1,119 @@
+"""Entry points of the context-parallel rule: the registry, the per-shard rule and the global one.
+
+`chunk_gated_delta_rule_cp_shard` runs inside an enclosing shard_map (the CP layer and model run
+the whole model in one); `chunk_gated_delta_rule_cp` wraps it in a shard_map over `mesh` for
+global arrays. Both validate with gdn_core.cp_modes.check_cp_shape.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from ...cp_modes import CP_MODES, check_cp_shape, check_mode
+from ...shapes import check_rule_args
+from ..chunk import initial_state_or_zeros
+from .all_gather import all_gather_rule
+from .common import AxisName, chip_count
+from .log_scan import log_scan_rule
+from .p2p import p2p_rule
+from .ulysses import ulysses_rule
+
+# mode → per-shard rule(q, k, v, g, beta, h0_BHKV, *, axis, output_final_state, use_qk_l2norm,
+# chunk_size) -> (o, final_state | None)
+CP_RULES: dict[str, Callable] = {
+    "ulysses": ulysses_rule,
+    "p2p": p2p_rule,
+    "all_gather": all_gather_rule,
+    "log_scan": log_scan_rule,
+}
+assert tuple(sorted(CP_RULES)) == tuple(sorted(CP_MODES)), "CP_RULES must cover CPMode exactly"
+
+
+def _state_shape(initial_state):
+    return None if initial_state is None else initial_state.shape
+
+
+def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: str,
+                                    initial_state=None, output_final_state=False,
+                                    use_qk_l2norm=False, chunk_size=64):
+    """Gated delta rule on this chip's sequence shard; call inside a shard_map binding `axis`.
+
+    Args:
+        q, k: [B, T/D, Hk, Dk]; v: [B, T/D, Hv, Dv]; g, beta: [B, T/D, Hv] — this chip's
+            contiguous shard; chip order along `axis` (a name, or a tuple flattened
+            major-to-minor) is position order.
+        initial_state: [B, Hv, Dk, Dv] replicated, or None (zeros).
+        mode: one of ulysses, p2p, all_gather, log_scan.
+    Returns:
+        o [B, T/D, Hv, Dv] in q's dtype, and the float32 state after the global sequence
+        [B, Hv, Dk, Dv] (replicated) if asked.
+    """
+    check_mode(mode)
+    B, T_local, Hk, Hv, Dk, Dv = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
+                                                 _state_shape(initial_state), chunk_size)
+    D = chip_count(axis)
+    check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
+    h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)
+    return CP_RULES[mode](q, k, v, g, beta, h0_BHKV, axis=axis,
+                          output_final_state=output_final_state,
+                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+
+
+def _mesh_chips(mesh, axis: AxisName) -> int:
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    missing = [name for name in names if name not in mesh.axis_names]
+    if not names or missing:
+        raise ValueError(f"axis={axis!r} must name axes of the mesh {tuple(mesh.axis_names)}; "
+                         f"not found: {missing}")
+    return math.prod(mesh.shape[name] for name in names)
+
+
+def _placed(x, mesh, spec, axis: AxisName):
+    """Reshard onto `spec` when the CP axes are Explicit (shard_map then demands the match)."""
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    if all(types[name] == AxisType.Explicit for name in names):
+        return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+    return x
+
+
+def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: str,
+                              initial_state=None, output_final_state=False, use_qk_l2norm=False,
+                              chunk_size=64):
+    """Gated delta rule on global arrays whose sequence (dim 1) is split over mesh axis `axis`.
+
+    Args: as chunk_gated_delta_rule with global shapes (q, k [B, T, Hk, Dk], v [B, T, Hv, Dv],
+        g, beta [B, T, Hv], initial_state [B, Hv, Dk, Dv] replicated), plus `mesh`, `axis` (a
+        name or a tuple of names; chip count D = product of their sizes) and `mode`.
+    Returns: o [B, T, Hv, Dv] (sequence-sharded over `axis`, q's dtype) and, if asked, the
+        float32 final state [B, Hv, Dk, Dv] replicated. jit- and grad-able.
+    Raises ValueError naming the numbers: unknown mode or axis, T not divisible by D, ulysses
+        heads not divisible by D, bad rule shapes.
+    """
+    check_mode(mode)
+    D = _mesh_chips(mesh, axis)
+    axis = axis if isinstance(axis, str) else tuple(axis)
+    _, T, Hk, Hv, _, _ = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
+                                         _state_shape(initial_state), chunk_size)
+    check_cp_shape(mode=mode, chips=D, seq_len=T, num_k_heads=Hk, num_v_heads=Hv)
+    seq_spec = P(None, axis)
+    kwargs = dict(axis=axis, mode=mode, output_final_state=output_final_state,
+                  use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+    args = [_placed(x, mesh, seq_spec, axis) for x in (q, k, v, g, beta)]
+    in_specs = [seq_spec] * 5
+    if initial_state is not None:
+        args.append(_placed(initial_state, mesh, P(), axis))
+        in_specs.append(P())
+
+    def shard(q, k, v, g, beta, *maybe_h0):
+        o, final = chunk_gated_delta_rule_cp_shard(
+            q, k, v, g, beta, initial_state=maybe_h0[0] if maybe_h0 else None, **kwargs)
+        return (o, final) if output_final_state else o
+
+    out_specs = (seq_spec, P()) if output_final_state else seq_spec
+    out = jax.shard_map(shard, mesh=mesh, in_specs=tuple(in_specs), out_specs=out_specs)(*args)
+    return out if output_final_state else (out, None)
