@@ -2,6 +2,8 @@
 
     gdn-sweep train --preset tiny --framework torch   train on one chip, print the metrics
     gdn-sweep bench kernel|cp [options]               benchmarks (python -m gdn_core.bench)
+    gdn-sweep bench scheduling [options]              Ray's per-trial overhead (workers)
+    gdn-sweep run sweep.yaml [--jsonl out.jsonl]      run a sweep on Ray (local or a cluster)
 """
 
 from __future__ import annotations
@@ -41,6 +43,68 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_sweep(args: argparse.Namespace) -> int:
+    import yaml
+
+    from workers.cluster import connect_ray
+    from workers.driver import run_sweep
+    from workers.options import DriverOptions
+    from workers.progress import format_event
+    from workers.spec import SweepSpec
+
+    with open(args.sweep, encoding="utf-8") as f:
+        spec = SweepSpec.model_validate(yaml.safe_load(f))
+    sink = _make_sink(args, spec)
+    options = DriverOptions(placement_timeout_s=args.placement_timeout_s,
+                            worker_start_timeout_s=args.worker_start_timeout_s,
+                            max_trial_retries=args.max_trial_retries,
+                            reuse_workers=not args.no_reuse_workers)
+    connect_ray(args.address, cpu_chips=args.cpu_chips)
+
+    def show(event) -> None:
+        line = format_event(event)
+        if line:
+            print(line, flush=True)
+
+    results = run_sweep(spec, sink, max_concurrent_trials=args.max_concurrent_trials,
+                        on_event=show, options=options)
+    return 0 if all(r.status in ("succeeded", "skipped") for r in results) else 1
+
+
+def _make_sink(args: argparse.Namespace, spec):
+    """The ResultSink for `run`: JSON lines now; the service plugs its database sink in here."""
+    if args.db:
+        try:
+            from service.sink import open_database_sink  # provided by the service, when wired
+        except ImportError:
+            raise SystemExit("--db: the database sink is not wired into the CLI yet "
+                             "(service.sink.open_database_sink); use --jsonl PATH") from None
+        return open_database_sink(args.db, spec)
+    from workers.sink import JsonLinesSink
+
+    return JsonLinesSink(args.jsonl or f"{spec.name}.jsonl")
+
+
+def _add_run_parser(sub) -> None:
+    run = sub.add_parser("run", help="run a sweep YAML on Ray (resumes from its sink)")
+    run.add_argument("sweep", help="sweep YAML (the SweepSpec schema of the REST API)")
+    run.add_argument("--jsonl", default=None,
+                     help="JSON-lines results file, also read to resume (default <name>.jsonl)")
+    run.add_argument("--db", default=None, help="database URL (the service's sink)")
+    run.add_argument("--address", default=None,
+                     help="Ray address (default $RAY_ADDRESS, as under `ray job submit`; "
+                          "empty: start a local Ray)")
+    run.add_argument("--cpu-chips", type=int, default=None,
+                     help="virtual CPU chips of a local Ray (default $GDN_SWEEP_CPU_CHIPS or 8)")
+    run.add_argument("--max-concurrent-trials", type=int, default=1)
+    run.add_argument("--placement-timeout-s", type=float, default=300.0)
+    run.add_argument("--worker-start-timeout-s", type=float, default=180.0)
+    run.add_argument("--max-trial-retries", type=int, default=2)
+    run.add_argument("--no-reuse-workers", action="store_true",
+                     help="fresh actors for every trial (no warm pool)")
+    run.set_defaults(run=_run_sweep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,14 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-steps", type=int, default=2)
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(run=_train)
-    bench = sub.add_parser("bench", help="benchmarks: kernel, cp (see python -m gdn_core.bench)",
-                           add_help=False)
+    bench = sub.add_parser("bench", help="benchmarks: kernel, cp (see python -m gdn_core.bench), "
+                           "scheduling (Ray's per-trial overhead)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda args: _bench(args.bench_args))
+    _add_run_parser(sub)
     return parser
 
 
 def _bench(argv: list[str]) -> int:
+    if argv[:1] == ["scheduling"]:
+        from workers.bench_scheduling import main as scheduling_main
+
+        return scheduling_main(argv[1:]) or 0
     from gdn_core.bench import main as bench_main
 
     return bench_main(argv) or 0

@@ -1,1 +1,33 @@
-"""workers: Ray placement and execution of sweep trials (see ARCHITECTURE.md). Not built yet."""
+"""workers: Ray placement and execution of sweep trials (see ARCHITECTURE.md, workers/README.md).
+
+Main entry point: `run_sweep(spec, sink, ...)` / `SweepDriver` (driver.py). One concern per
+module: placement (placement groups), torch_ranks (one actor per rank), jax_hosts (one actor per
+host), worker_group (starting them all-or-nothing), warm_pool (reuse between trials),
+trial_runner (one trial to a result), failures (status from an error), metrics (reports to
+TrialMetrics), events, cluster (connecting to Ray), bench_scheduling (`gdn-sweep bench
+scheduling`). spec / result / sink are the contracts shared with the service.
+
+Names are imported lazily so `from workers.spec import SweepSpec` does not import Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "run_sweep": "driver", "SweepDriver": "driver", "DriverOptions": "options",
+    "connect_ray": "cluster", "JsonLinesSink": "sink", "ResultSink": "sink",
+    "SweepSpec": "spec", "TrialSpec": "spec", "expand_trials": "spec",
+    "TrialResult": "result", "TrialMetrics": "result",
+    "TrialStarted": "events", "TrialRetrying": "events", "TrialFinished": "events",
+    "SweepFinished": "events",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'workers' has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

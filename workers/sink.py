@@ -16,10 +16,14 @@ from .spec import TrialSpec
 
 class ResultSink(Protocol):
     def finished_keys(self) -> set[str]:
-        """Keys (TrialSpec.key) of trials that already ended; the driver runs only the rest."""
+        """Keys (TrialSpec.key) of trials that already ended; the driver runs only the rest.
+
+        A cancelled trial never ran to an outcome: leave it out so a resumed sweep runs it.
+        """
 
     def trial_started(self, trial: TrialSpec) -> None:
-        """A trial is about to run (its chips are being placed)."""
+        """A trial is about to run (its chips are being placed); not called for trials that
+        end skipped or cancelled without running."""
 
     def trial_finished(self, result: TrialResult) -> None:
         """A trial ended with any final status; called exactly once per trial run."""
@@ -42,7 +46,8 @@ class JsonLinesSink:
         keys = set()
         for line in self.path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
-            if record.get("event") == "finished" and record["status"] in FINAL_STATUSES:
+            if (record.get("event") == "finished" and record["status"] in FINAL_STATUSES
+                    and record["status"] != "cancelled"):
                 keys.add(TrialSpec.model_validate(record["result"]["trial"]).key)
         return keys
 

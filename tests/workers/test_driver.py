@@ -1,0 +1,143 @@
+"""The sweep driver on a local Ray: real trials, resume, cancel, skipped points, the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from workers.driver import run_sweep
+from workers.events import SweepFinished, TrialFinished, TrialStarted
+from workers.sink import JsonLinesSink
+
+from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
+
+ALL_MODES = ["ulysses", "p2p", "all_gather", "log_scan"]
+
+
+def _same_losses(results):
+    """CP is exact: every mode and chip count starts from the same weights and data."""
+    firsts = [r.metrics.loss_first for r in results]
+    assert max(firsts) - min(firsts) <= 1e-4 * abs(firsts[0]), firsts
+
+
+@pytest.mark.timeout(240)
+def test_torch_every_mode_on_2_and_4_chips(local_ray):
+    events, sink = [], MemorySink()
+    results = run_sweep(tiny_spec(modes=ALL_MODES, chips=[2, 4], verify=True), sink,
+                        on_event=events.append)
+    by_key = sink.by_key()
+    assert len(results) == len(by_key) == 8
+    skipped = by_key["torch/ulysses/chips=4/seq_len=64"]
+    assert skipped.status == "skipped" and "heads" in skipped.error  # Hk=2 over 4 chips
+    ran = [r for r in results if r.status != "skipped"]
+    for result in ran:
+        assert_consistent_metrics(result)
+        assert result.metrics.memory_source == "process_rss_hwm"
+        assert result.metrics.max_rel_err < 1e-3  # CP against one chip on the same data
+    _same_losses(ran)
+    started = [e for e in events if isinstance(e, TrialStarted)]
+    assert len(started) == 7 and sum(e.reused_workers for e in started) == 5  # 2 shapes cold
+    assert all(len(e.workers) == e.trial.chips for e in started)
+    assert isinstance(events[-1], SweepFinished) and events[-1].counts == {"succeeded": 7,
+                                                                           "skipped": 1}
+    assert_no_leaks()
+
+
+@pytest.mark.timeout(300)
+def test_jax_every_mode_on_4_chips(local_ray):
+    pytest.importorskip("gdn_core.jax_gdn.cp.train")
+    events, sink = [], MemorySink()
+    results = run_sweep(tiny_spec(frameworks=["jax"], modes=ALL_MODES, chips=[4]), sink,
+                        on_event=events.append)
+    by_key = {r.trial.key: r for r in results}
+    assert by_key["jax/ulysses/chips=4/seq_len=64"].status == "skipped"
+    ran = [r for r in results if r.status != "skipped"]
+    assert len(ran) == 3
+    for result in ran:
+        assert_consistent_metrics(result)
+    _same_losses(ran)
+    started = [e for e in events if isinstance(e, TrialStarted)]
+    # One process drives the host's 4 virtual chips.
+    assert all(len(e.workers) == 1 and e.workers[0].bundles == (0, 1, 2, 3) for e in started)
+    assert_no_leaks()
+
+
+@pytest.mark.timeout(120)
+def test_skipped_points_are_reported_with_reasons():
+    sink = MemorySink()
+    results = run_sweep(tiny_spec(modes=["ulysses"], chips=[4], seq_lens=[64, 128]), sink)
+    assert [r.status for r in results] == ["skipped", "skipped"]
+    assert all("ulysses" in r.error and "chips=4" in r.error for r in results)
+    assert sink.started == []  # never placed
+
+
+@pytest.mark.timeout(120)
+def test_more_chips_than_a_local_ray_has_fails_at_once(local_ray):
+    (result,) = run_sweep(tiny_spec(chips=[16], seq_lens=[256]), MemorySink())
+    assert result.status == "failed" and "chips=16" in result.error
+    assert "cpu_chip" in result.error and "GDN_SWEEP_CPU_CHIPS" in result.error
+
+
+@pytest.mark.timeout(180)
+def test_resume_runs_only_missing_trials(local_ray, tmp_path):
+    sink = JsonLinesSink(tmp_path / "sweep.jsonl")
+    first = run_sweep(tiny_spec(seq_lens=[64]), sink)
+    assert [r.status for r in first] == ["succeeded"]
+    second = run_sweep(tiny_spec(seq_lens=[64, 128]), sink)
+    assert [r.trial.key for r in second] == ["torch/all_gather/chips=1/seq_len=128"]
+    records = [json.loads(line) for line in sink.path.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["started", "finished", "started", "finished"]
+    assert sink.finished_keys() == {"torch/all_gather/chips=1/seq_len=64",
+                                    "torch/all_gather/chips=1/seq_len=128"}
+    assert run_sweep(tiny_spec(seq_lens=[64, 128]), sink) == []
+    assert_no_leaks()
+
+
+@pytest.mark.timeout(180)
+def test_cancel_stops_the_running_trial_and_cancels_the_rest(local_ray, tmp_path):
+    cancel = threading.Event()
+    sink = JsonLinesSink(tmp_path / "sweep.jsonl")
+
+    def on_event(event):
+        if isinstance(event, TrialStarted):
+            cancel.set()
+
+    spec = tiny_spec(modes=["all_gather", "p2p", "log_scan"], steps=5000)
+    results = run_sweep(spec, sink, on_event=on_event, cancel_event=cancel)
+    assert [r.status for r in results] == ["cancelled"] * 3
+    assert "while the trial ran" in results[0].error
+    assert all("before the trial started" in r.error for r in results[1:])
+    assert sink.finished_keys() == set()  # a resumed sweep runs all three again
+    assert_no_leaks()
+
+
+@pytest.mark.timeout(180)
+def test_two_trials_at_once(local_ray):
+    sink, events = MemorySink(), []
+    results = run_sweep(tiny_spec(modes=["all_gather", "p2p"], steps=20), sink,
+                        max_concurrent_trials=2, on_event=events.append)
+    assert sorted(r.status for r in results) == ["succeeded", "succeeded"]
+    a, b = results
+    assert a.started_at < b.finished_at and b.started_at < a.finished_at  # they overlapped
+    finished = [e for e in events if isinstance(e, TrialFinished)]
+    assert [(e.done, e.total) for e in finished] == [(1, 2), (2, 2)]
+    assert_no_leaks()
+
+
+@pytest.mark.timeout(180)
+def test_cli_run_prints_a_line_per_trial(local_ray, tmp_path, capsys):
+    from service.cli import main
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("name: cli-test\nframeworks: [torch]\nmodes: [p2p, ulysses]\nchips: [2]\n"
+                     "seq_lens: [64]\nmodel: {preset: tiny, num_layers: 1}\nsteps: 2\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run", str(sweep), "--jsonl", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("[1/2] torch/p2p/chips=2/seq_len=64 succeeded") or
+               line.startswith("[2/2] torch/p2p/chips=2/seq_len=64 succeeded") for line in lines)
+    assert any("sweep 'cli-test' done" in line for line in lines)
+    assert len(JsonLinesSink(out).finished_keys()) == 2
+    assert_no_leaks()

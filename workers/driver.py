@@ -1,0 +1,165 @@
+"""The sweep driver: a SweepSpec in, one TrialResult per grid point out, handed to a sink.
+
+Used in-process by the REST service (a local or connected Ray) and by `gdn-sweep run` under
+`ray job submit` on a cluster head. Resumable: trials whose keys the sink already finished are
+not run again. Trials of one shape run back to back so warm workers are reused; several
+trials run at once when `max_concurrent_trials` and the cluster's chips allow (a trial is
+admitted only when its chips are free, so placement groups do not queue behind each other).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import logging
+import threading
+from collections.abc import Callable
+
+import ray
+
+from .cluster import connect_ray
+from .errors import ChipCapacityError
+from .events import SweepEvent, SweepFinished, TrialFinished
+from .options import DriverOptions
+from .placement import ChipRequest, chip_resource
+from .result import TrialResult
+from .sink import ResultSink
+from .spec import SweepSpec, TrialSpec, expand_trials
+from .trial_runner import TrialRunner, now
+from .warm_pool import WarmPool
+
+log = logging.getLogger(__name__)
+
+
+def _shape(trial: TrialSpec) -> tuple:
+    return (trial.framework, trial.chips, trial.accelerator_kind, trial.accelerator_type)
+
+
+class SweepDriver:
+    """Runs one sweep; `run()` once, `cancel()` from any thread (or set cancel_event)."""
+
+    def __init__(self, spec: SweepSpec, sink: ResultSink, *, options: DriverOptions | None = None,
+                 max_concurrent_trials: int = 1,
+                 on_event: Callable[[SweepEvent], None] | None = None,
+                 cancel_event: threading.Event | None = None) -> None:
+        if not isinstance(max_concurrent_trials, int) or max_concurrent_trials < 1:
+            raise ValueError(f"max_concurrent_trials={max_concurrent_trials!r} must be an "
+                             f"integer >= 1")
+        self.spec, self.sink = spec, sink
+        self.options = options or DriverOptions()
+        self.max_concurrent_trials = max_concurrent_trials
+        self.cancel_event = cancel_event or threading.Event()
+        self._on_event = on_event
+        self._event_lock = threading.Lock()
+        self._results: list[TrialResult] = []
+        self._total = 0
+
+    def cancel(self) -> None:
+        """Stop running trials (status 'cancelled') and report the rest cancelled."""
+        self.cancel_event.set()
+
+    def emit(self, event: SweepEvent) -> None:
+        if self._on_event is None:
+            return
+        with self._event_lock:  # callbacks come one at a time, whatever thread ran the trial
+            try:
+                self._on_event(event)
+            except Exception:  # noqa: BLE001 - a broken listener must not break the sweep
+                log.exception("on_event callback raised; continuing the sweep")
+
+    def _finish(self, result: TrialResult) -> None:
+        self.sink.trial_finished(result)
+        self._results.append(result)
+        self.emit(TrialFinished(result, len(self._results), self._total))
+
+    def run(self) -> list[TrialResult]:
+        """Run every trial the sink has not finished; results in the order they ended."""
+        finished = self.sink.finished_keys()
+        trials = [t for t in expand_trials(self.spec) if t.key not in finished]
+        self._total = len(trials)
+        runnable = [t for t in trials if t.skip_reason is None]
+        for trial in trials:  # skipped points never touch Ray
+            if trial.skip_reason is not None:
+                self._finish(TrialResult(trial=trial, status="skipped", error=trial.skip_reason,
+                                         started_at=now(), finished_at=now()))
+        if runnable:
+            static = connect_ray().started_locally
+            runnable.sort(key=_shape)  # stable: same-shape trials adjacent → warm reuse
+            self._run_trials(collections.deque(runnable), static_cluster=static)
+        counts = collections.Counter(r.status for r in self._results)
+        self.emit(SweepFinished(self.spec.name, dict(counts), len(finished)))
+        return list(self._results)
+
+    def _run_trials(self, pending: collections.deque, *, static_cluster: bool) -> None:
+        pool = WarmPool(enabled=self.options.reuse_workers)
+        runner = TrialRunner(options=self.options, pool=pool, cancel_event=self.cancel_event,
+                             emit=self.emit)
+        running: dict[cf.Future, TrialSpec] = {}
+        in_use: collections.Counter = collections.Counter()
+        try:
+            with cf.ThreadPoolExecutor(self.max_concurrent_trials,
+                                       thread_name_prefix="gdn-trial") as executor:
+                while (pending and not self.cancel_event.is_set()) or running:
+                    while (pending and len(running) < self.max_concurrent_trials
+                           and not self.cancel_event.is_set()):
+                        trial = pending[0]
+                        verdict = self._admit(trial, pool, in_use, static_cluster)
+                        if verdict is False:
+                            break  # wait for a running trial to free chips
+                        pending.popleft()
+                        if isinstance(verdict, Exception):
+                            self._finish(TrialResult(trial=trial, status="failed",
+                                                     error=str(verdict), started_at=now(),
+                                                     finished_at=now()))
+                            continue
+                        in_use[chip_resource(trial.accelerator_kind)] += trial.chips
+                        self.sink.trial_started(trial)
+                        running[executor.submit(runner.run, trial)] = trial
+                    if not running:
+                        continue
+                    done, _ = cf.wait(running, timeout=self.options.poll_interval_s,
+                                      return_when=cf.FIRST_COMPLETED)
+                    for future in done:
+                        trial = running.pop(future)
+                        in_use[chip_resource(trial.accelerator_kind)] -= trial.chips
+                        self._finish(future.result())
+        except BaseException:
+            self.cancel_event.set()  # stop trials still running before the pool closes
+            raise
+        finally:
+            pool.close()
+        for trial in pending:  # cancelled before they started
+            self._finish(TrialResult(trial=trial, status="cancelled",
+                                     error="sweep cancelled before the trial started",
+                                     started_at=now(), finished_at=now()))
+
+    def _admit(self, trial: TrialSpec, pool: WarmPool, in_use: collections.Counter,
+               static_cluster: bool) -> bool | Exception:
+        """True to start `trial` now, False to wait, or the error that fails it outright."""
+        request = ChipRequest(framework=trial.framework, chips=trial.chips,
+                              accelerator_kind=trial.accelerator_kind,
+                              accelerator_type=trial.accelerator_type)
+        resource = request.resource
+        if pool.has(request.shape):
+            return True
+        total = ray.cluster_resources().get(resource, 0.0)
+        if static_cluster and trial.chips > total:
+            return ChipCapacityError(trial.chips, resource, total)
+        overflow = in_use[resource] + pool.idle_chips(resource) + trial.chips - total
+        if overflow > 0:
+            pool.evict(resource, int(overflow))
+            overflow = in_use[resource] + pool.idle_chips(resource) + trial.chips - total
+        # Nothing of ours running: let placement decide (an autoscaler may add hosts).
+        return overflow <= 0 or in_use[resource] == 0
+
+
+def run_sweep(spec: SweepSpec, sink: ResultSink, *, max_concurrent_trials: int = 1,
+              on_event: Callable[[SweepEvent], None] | None = None,
+              cancel_event: threading.Event | None = None,
+              options: DriverOptions | None = None) -> list[TrialResult]:
+    """Run `spec`'s trials that `sink` has not finished; see SweepDriver."""
+    return SweepDriver(spec, sink, options=options, max_concurrent_trials=max_concurrent_trials,
+                       on_event=on_event, cancel_event=cancel_event).run()
+
+
+__all__ = ["SweepDriver", "run_sweep"]

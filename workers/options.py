@@ -1,0 +1,60 @@
+"""How the driver runs trials on Ray: timeouts, retries, warm reuse, resource caps."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+CPU_CHIP_RESOURCE = "cpu_chip"
+"""The custom resource each CPU host advertises, one unit per virtual chip."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DriverOptions:
+    """Settings of the sweep driver that are not part of the sweep spec (the how, not the what)."""
+
+    placement_timeout_s: float = 300.0
+    """How long a trial's placement group may wait for its chips before the trial fails."""
+    worker_start_timeout_s: float = 180.0
+    """How long actors may take to start and join their process group / jax.distributed."""
+    max_trial_retries: int = 2
+    """Retries of a trial whose actor or node died (not of failures, OOMs or timeouts)."""
+    reuse_workers: bool = True
+    """Keep a finished trial's actors and placement group for the next trial of the same shape
+    (framework, chips, accelerator); all are torn down when the sweep ends."""
+    placement_strategy: PlacementStrategy = "PACK"
+    """Placement group strategy: PACK keeps a trial's chips on as few hosts as possible."""
+    rank_memory_limit_bytes: int | None = None
+    """Cap on how much address space each rank process may add during a trial (RLIMIT_AS,
+    CPU hosts). For tests and hosts without memory cgroups; None leaves memory uncapped."""
+    cpu_threads_per_chip: int | None = None
+    """torch / XLA threads per virtual CPU chip; None: the host's cores / its cpu_chip count
+    (at least 1), so virtual chips sharing cores do not oversubscribe them."""
+    cpu_peak_calibration_s: float = 0.5
+    """Seconds of GEMM timing per CPU host for the MFU denominator (once per host per sweep)."""
+    collective_timeout_s: float = 1800.0
+    """Timeout of one torch collective or store wait (a hung peer surfaces as an error)."""
+    poll_interval_s: float = 0.25
+    """How often a running trial checks for cancellation."""
+
+    def __post_init__(self) -> None:
+        for name in ("placement_timeout_s", "worker_start_timeout_s", "cpu_peak_calibration_s",
+                     "collective_timeout_s", "poll_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"DriverOptions.{name}={getattr(self, name)!r} must be > 0")
+        if not isinstance(self.max_trial_retries, int) or self.max_trial_retries < 0:
+            raise ValueError(f"DriverOptions.max_trial_retries={self.max_trial_retries!r} must "
+                             f"be an integer >= 0")
+        if self.placement_strategy not in PLACEMENT_STRATEGIES:
+            raise ValueError(f"DriverOptions.placement_strategy={self.placement_strategy!r} is "
+                             f"not one of: {', '.join(PLACEMENT_STRATEGIES)}")
+        for name in ("rank_memory_limit_bytes", "cpu_threads_per_chip"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"DriverOptions.{name}={value!r} must be a positive integer "
+                                 f"or None")
+
+
+__all__ = ["CPU_CHIP_RESOURCE", "DriverOptions", "PLACEMENT_STRATEGIES", "PlacementStrategy"]

@@ -1,0 +1,160 @@
+"""What a worker process can tell about itself: where it runs, its memory, its software.
+
+Runs inside the rank / host actors (and in a small node-pinned task after a rank died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import os
+import platform
+import resource
+import socket
+import sys
+from pathlib import Path
+
+_VERSION_PACKAGES = ("torch", "jax", "jaxlib", "ray", "gdn-sweep")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerInfo:
+    """One worker process of a trial, as reported in the trial-started event."""
+
+    process_index: int
+    """Torch rank, or JAX process index."""
+    bundles: tuple[int, ...]
+    """Placement-group bundle indices (chips) this process drives."""
+    node_id: str
+    node_ip: str
+    hostname: str
+    pid: int
+
+
+def describe_self(process_index: int, bundles: tuple[int, ...]) -> WorkerInfo:
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return WorkerInfo(process_index=process_index, bundles=tuple(bundles),
+                      node_id=ctx.get_node_id(), node_ip=ray.util.get_node_ip_address(),
+                      hostname=socket.gethostname(), pid=os.getpid())
+
+
+def software_versions() -> dict[str, str]:
+    """python and the packages a trial's numbers depend on (without importing them)."""
+    versions = {"python": platform.python_version()}
+    for name in _VERSION_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def host_cpu_count() -> int:
+    """Cores this process may run on (the container's share, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (the OS picks it; a rendezvous binds it soon)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident-set high-water mark (Linux); False where unsupported.
+
+    A reused worker would otherwise report the peak of an earlier, larger trial.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> tuple[int, str]:
+    """(bytes, source): VmHWM since the last reset, else the process-lifetime ru_maxrss."""
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm * 1024, "process_rss_hwm"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024), "process_rss"
+
+
+@contextlib.contextmanager
+def address_space_cap(extra_bytes: int | None):
+    """Let this process's address space grow by at most extra_bytes (RLIMIT_AS soft limit).
+
+    Only the soft limit moves, so it is restored afterwards and the worker stays reusable.
+    Allocations past it fail inside the trial (torch raises, Python raises MemoryError).
+    """
+    if extra_bytes is None:
+        yield None
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    current = (_status_kib("VmSize") or 0) * 1024
+    cap = current + extra_bytes
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield extra_bytes
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def oom_kill_counter() -> tuple[str | None, int | None]:
+    """(file, count) of kernel OOM kills in this process's memory cgroup (v2 or v1).
+
+    Read again after a rank died: a higher count means the kernel's OOM killer struck.
+    """
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"
+        elif "memory" in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"
+        else:
+            continue
+        count = read_oom_kills(str(candidate))
+        if count is not None:
+            return str(candidate), count
+    return None, None
+
+
+def read_oom_kills(path: str) -> int | None:
+    """The `oom_kill N` line of a cgroup memory.events / memory.oom_control file."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+__all__ = ["WorkerInfo", "address_space_cap", "describe_self", "free_port", "host_cpu_count",
+           "oom_kill_counter", "peak_rss", "read_oom_kills", "reset_peak_rss",
+           "software_versions"]

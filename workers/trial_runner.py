@@ -1,0 +1,185 @@
+"""Run one trial to a result: place it (or take a warm group), run, classify, retry, clean up.
+
+Every path out of an attempt either hands the group back to the warm pool (it ran cleanly) or
+shuts it down (actors killed, placement group removed), so a finished trial holds nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+
+import ray
+
+from . import metrics
+from .cluster import chips_on_hosts
+from .errors import PlacementCancelledError
+from .events import SweepEvent, TrialRetrying, TrialStarted
+from .failures import classify, kernel_oom_kill_seen
+from .options import DriverOptions
+from .placement import ChipRequest, TrialChips
+from .result import TrialMetrics, TrialResult
+from .spec import TrialSpec
+from .warm_pool import WarmPool
+from .worker_group import WorkerGroup, WorkerGroupContext
+
+
+class _Stopped(Exception):
+    """An attempt ended by the driver: status 'timeout' or 'cancelled'."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(error)
+        self.status, self.error = status, error
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class _Attempt:
+    status: str
+    error: str | None = None
+    retry: bool = False
+    metrics: TrialMetrics = dataclasses.field(default_factory=TrialMetrics)
+    hosts: tuple[str, ...] = ()
+    versions: dict | None = None
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class TrialRunner:
+    """Runs trials for one sweep; shares the warm pool and per-host CPU peaks across them."""
+
+    def __init__(self, *, options: DriverOptions, pool: WarmPool, cancel_event: threading.Event,
+                 emit: Callable[[SweepEvent], None]) -> None:
+        self.options, self.pool, self.cancel_event, self.emit = options, pool, cancel_event, emit
+        self._host_gemm: dict = {}
+        self._lock = threading.Lock()
+
+    def run(self, trial: TrialSpec) -> TrialResult:
+        """The trial's final result (never raises for the trial's own failures)."""
+        started, attempt = now(), 0
+        while True:
+            attempt += 1
+            if self.cancel_event.is_set():
+                outcome = _Attempt(status="cancelled", error="sweep cancelled before it ran")
+            else:
+                outcome = self._attempt(trial, attempt)
+            if outcome.retry and attempt <= self.options.max_trial_retries:
+                self.emit(TrialRetrying(trial, attempt, outcome.error or ""))
+                continue
+            error = outcome.error
+            if outcome.retry:  # a dead actor or node, retries used up
+                error = (f"gave up after {attempt} attempt(s) (DriverOptions.max_trial_retries="
+                         f"{self.options.max_trial_retries}): {error}")
+            return TrialResult(trial=trial, status=outcome.status, error=error,
+                               metrics=outcome.metrics, attempts=attempt,
+                               hosts=list(outcome.hosts), versions=outcome.versions or {},
+                               started_at=started, finished_at=now())
+
+    # ------------------------------------------------------------------ one attempt
+
+    def _attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
+        group, counters = None, []
+        try:
+            group, reused = self._acquire(trial)
+            peak = self._peak(trial, group)
+            counters = group.oom_counters()
+            refs = group.run(trial)
+            self.emit(TrialStarted(trial, attempt, group.workers, reused))
+            reports = self._wait(refs, deadline=time.monotonic() + trial.timeout_s,
+                                 timeout_s=trial.timeout_s)
+            result = _Attempt(status="succeeded",
+                              metrics=metrics.trial_metrics(trial, reports, peak=peak),
+                              hosts=_unique(w.hostname for w in group.workers),
+                              versions=group.versions)
+        except _Stopped as stop:
+            self._discard(group)
+            return _Attempt(status=stop.status, error=stop.error)
+        except PlacementCancelledError as err:
+            return _Attempt(status="cancelled", error=str(err))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a result
+            self._discard(group)
+            verdict = classify(exc)
+            if verdict.retry and group is not None and self._oom_killed(group, counters):
+                return _Attempt(status="oom", error="a rank was killed by the kernel OOM killer "
+                                f"(its memory cgroup's oom_kill count rose): {verdict.error}")
+            known = TrialMetrics(peak_memory_bytes_per_chip=verdict.peak_memory_bytes,
+                                 memory_source=verdict.memory_source)
+            return _Attempt(status=verdict.status, error=verdict.error, retry=verdict.retry,
+                            metrics=known)
+        self.pool.give(group)
+        return result
+
+    def _acquire(self, trial: TrialSpec) -> tuple[WorkerGroup, bool]:
+        request = ChipRequest(framework=trial.framework, chips=trial.chips,
+                              accelerator_kind=trial.accelerator_kind,
+                              accelerator_type=trial.accelerator_type,
+                              strategy=self.options.placement_strategy)
+        group = self.pool.take(request.shape)
+        if group is not None:
+            return group, True
+        chips = TrialChips.create(request, timeout_s=self.options.placement_timeout_s,
+                                  cancelled=self.cancel_event.is_set,
+                                  poll_interval_s=self.options.poll_interval_s)
+        try:
+            ctx = WorkerGroupContext(chips=chips, options=self.options,
+                                     chips_on_host=chips_on_hosts(request.resource))
+            group = WorkerGroup.create(ctx)
+        except BaseException:
+            chips.remove()  # partial start: the actors are already killed, free the chips
+            raise
+        return group, False
+
+    def _peak(self, trial: TrialSpec, group: WorkerGroup) -> metrics.ChipPeak:
+        if trial.accelerator_kind != "cpu":
+            return metrics.datasheet_peak(trial.accelerator_type)
+        nodes = set(group.chips.bundle_nodes)
+        with self._lock:  # one calibration per host per sweep, even with concurrent trials
+            missing = nodes - self._host_gemm.keys()
+            if missing:
+                self._host_gemm.update(group.calibrate_hosts(
+                    missing, self.options.cpu_peak_calibration_s))
+            host_gemm = dict(self._host_gemm)
+        return metrics.trial_peak(metrics.host_chip_peaks(
+            group.chips.bundle_nodes, host_gemm, group.ctx.chips_on_host))
+
+    def _wait(self, refs: list, *, deadline: float, timeout_s: float) -> list:
+        """Every process's report; stops early on cancel, timeout or the first failure."""
+        pending, done = list(refs), {}
+        while pending:
+            if self.cancel_event.is_set():
+                raise _Stopped("cancelled", "sweep cancelled while the trial ran")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Stopped("timeout", f"trial ran past timeout_s={timeout_s:g} "
+                               f"(SweepSpec.trial_timeout_s); its actors were killed")
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=min(self.options.poll_interval_s, remaining))
+            for ref in ready:
+                done[ref] = ray.get(ref)  # a failed rank raises here; the rest are killed
+        return [done[ref] for ref in refs]
+
+    def _oom_killed(self, group: WorkerGroup, counters: list) -> bool:
+        seen = set()
+        for worker, (path, count) in zip(group.workers, counters):
+            if (worker.node_id, path) in seen:
+                continue
+            seen.add((worker.node_id, path))
+            if kernel_oom_kill_seen(worker.node_id, path, count):
+                return True
+        return False
+
+    @staticmethod
+    def _discard(group: WorkerGroup | None) -> None:
+        if group is not None:
+            group.shutdown()
+
+
+def _unique(values) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(values))
+
+
+__all__ = ["TrialRunner"]
