@@ -6,7 +6,7 @@ Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallel
 """
 
 from .chunk import chunk_gated_delta_rule
-from .cp import chunk_gated_delta_rule_cp
+from .cp import chunk_gated_delta_rule_cp, context_parallel, run_cp_training
 from .layer import GatedDeltaNet, causal_conv1d
 from .model import GDNLanguageModel
 from .naive import recurrent_gated_delta_rule
@@ -19,7 +19,9 @@ __all__ = [
     "causal_conv1d",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_cp",
+    "context_parallel",
     "recurrent_gated_delta_rule",
+    "run_cp_training",
     "run_training",
     "train_step",
 ]

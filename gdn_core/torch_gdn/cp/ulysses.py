@@ -22,7 +22,7 @@ def _to_dest_blocks(x_BtHd: torch.Tensor, D: int) -> torch.Tensor:
     return x_BtHd.reshape(B, t, D, H // D, d).permute(2, 0, 1, 3, 4).reshape(D, -1)
 
 
-def _seq_to_heads(xs_BtHd: list[torch.Tensor], *, group) -> list[torch.Tensor]:
+def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group) -> list[torch.Tensor]:
     """Sequence shards [B, t, H, d] → head shards [B, D·t, H/D, d]; one all-to-all per dtype."""
     _, D = rank_size(group)
     out: list[torch.Tensor | None] = [None] * len(xs_BtHd)
@@ -38,7 +38,7 @@ def _seq_to_heads(xs_BtHd: list[torch.Tensor], *, group) -> list[torch.Tensor]:
     return out
 
 
-def _heads_to_seq(o_BTHV: torch.Tensor, *, group) -> torch.Tensor:
+def heads_to_seq(o_BTHV: torch.Tensor, *, group) -> torch.Tensor:
     """Head shard [B, D·t, H/D, V] → sequence shard [B, t, H, V] (one all-to-all)."""
     _, D = rank_size(group)
     B, T, Hl, V = o_BTHV.shape
@@ -58,7 +58,7 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
     """
     rank, D = rank_size(group)
     Hv = v.shape[2]
-    q_h, k_h, v_h, g_h, beta_h = _seq_to_heads(
+    q_h, k_h, v_h, g_h, beta_h = seq_to_heads(
         [q, k, v, g.unsqueeze(-1), beta.unsqueeze(-1)], group=group)
     Hl = Hv // D
     h0_local = h0_BHKV[:, rank * Hl:(rank + 1) * Hl]
@@ -66,7 +66,7 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
         q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1), initial_state=h0_local,
         output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
         chunk_size=chunk_size)
-    o = _heads_to_seq(o_h, group=group)
+    o = heads_to_seq(o_h, group=group)
     if not output_final_state:
         return o, None
     final = torch.cat(all_gather(final_local.contiguous(), group=group, op="ulysses_final_state"),

@@ -1,0 +1,145 @@
+"""Context-parallel GatedDeltaNet: the layer's own pieces around a CP exchange.
+
+`context_parallel(module, *, group, mode)` turns a GatedDeltaNet (or every GatedDeltaNet inside
+a model) into a layer whose forward maps this rank's sequence shard [B, t, D] to [B, t, D]
+(t = T/D, rank order = sequence order). Two layouts, as in ARCHITECTURE.md:
+
+  sequence-sharded (p2p, all_gather, log_scan):
+    project → halo (previous rank's last K−1 pre-conv tokens) → causal_conv(halo) → split_heads
+    → chunk_gated_delta_rule_cp(mode) → output
+  ulysses (head-sharded rule):
+    project → all-to-all q, k, v channels (pre-conv) and a, b: [B, t, all heads] → [B, T, heads
+    of group j] → causal conv with the conv weight of those channels → split_heads (A_log,
+    dt_bias of those heads) → single-chip rule → all-to-all o back → output (z never moves)
+
+Parameters are the original layer's objects (no copies) under the same names, so optimizers,
+state_dicts and checkpoints written for the plain model apply unchanged. Parameter gradients
+are this rank's contribution: their sum over the ranks is the single-chip gradient.
+Legend: B batch, t local tokens, T global tokens, C conv channels, H heads, K/V head dims.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...cp_modes import CPMode, check_cp_shape, check_mode
+from ..layer import GatedDeltaNet, causal_conv1d
+from .comm import rank_size
+from .halo import exchange_conv_halo
+from .rule import chunk_gated_delta_rule_cp
+from .ulysses import heads_to_seq, seq_to_heads
+
+
+class ContextParallelGatedDeltaNet(GatedDeltaNet):
+    """A GatedDeltaNet that runs on this rank's sequence shard [B, t, D] → [B, t, D].
+
+    Built from an existing layer: shares its Parameters and submodules (same names), so it is
+    a GatedDeltaNet whose pieces (project, causal_conv, gates, split_heads, rule, output) act on
+    the original weights; only forward changes.
+    """
+
+    def __init__(self, layer: GatedDeltaNet, *, group, mode: CPMode) -> None:
+        check_mode(mode)
+        if isinstance(layer, ContextParallelGatedDeltaNet):
+            # The right type in the wrong state: ValueError, as context_parallel documents.
+            raise ValueError(  # noqa: TRY004
+                f"layer is already context-parallel (mode={layer.mode!r})")
+        # Skip GatedDeltaNet.__init__: it would allocate fresh weights; adopt the layer's instead.
+        nn.Module.__init__(self)
+        self.cfg = layer.cfg
+        for name, child in layer.named_children():
+            self.add_module(name, child)
+        for name, param in layer.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        self.train(layer.training)
+        self.group, self.mode = group, mode
+
+    def extra_repr(self) -> str:
+        return f"mode={self.mode!r}, chips={rank_size(self.group)[1]}"
+
+    def check_shape(self, t: int) -> None:
+        """Raise ValueError naming the numbers when this mode cannot split t·D tokens."""
+        cfg, (_, D) = self.cfg, rank_size(self.group)
+        check_cp_shape(mode=self.mode, chips=D, seq_len=t * D, num_k_heads=cfg.num_k_heads,
+                       num_v_heads=cfg.num_v_heads, conv_kernel_size=cfg.conv_kernel_size)
+
+    def forward(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
+        """Map this rank's shard [B, t, D] (tokens r·t … (r+1)·t−1) to [B, t, D].
+
+        Every rank of the group must call it (it exchanges), with the same B and t.
+        """
+        # Validate before any exchange, so that every rank raises and none waits on a peer.
+        self.check_shape(hidden_BtD.shape[1])
+        if self.mode == "ulysses":
+            return self._forward_ulysses(hidden_BtD)
+        return self._forward_sequence_sharded(hidden_BtD)
+
+    def _forward_sequence_sharded(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
+        mixed_qkv_BtC, z_BtHV, b_BtH, a_BtH = self.project(hidden_BtD)
+        halo_BKC = exchange_conv_halo(mixed_qkv_BtC, halo=self.cfg.conv_kernel_size - 1,
+                                      group=self.group)
+        conv_BtC = self.causal_conv(mixed_qkv_BtC, halo_BKC)
+        q, k, v, g, beta = self.split_heads(conv_BtC, a_BtH, b_BtH)
+        # As GatedDeltaNet.forward: the rule accumulates in fp32 even under autocast.
+        with torch.autocast(device_type=hidden_BtD.device.type, enabled=False):
+            o_BtHV, _ = chunk_gated_delta_rule_cp(
+                q, k, v, g, beta, group=self.group, mode=self.mode, use_qk_l2norm=True,
+                chunk_size=self.cfg.chunk_size)
+        return self.output(o_BtHV, z_BtHV)
+
+    def _forward_ulysses(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        rank, D = rank_size(self.group)
+        B, t, _ = hidden_BtD.shape
+        Hk, Hv, Dk, Dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
+        mixed_qkv_BtC, z_BtHV, b_BtH, a_BtH = self.project(hidden_BtD)
+        q_pre, k_pre, v_pre = torch.split(mixed_qkv_BtC, [Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+        # The conv is depthwise, so it commutes with moving channels: move pre-conv channels
+        # (one all-to-all for q, k, v, a, b) and convolve the full sequence locally, no halo.
+        q_BTGK, k_BTGK, v_BTHV, b_BTH1, a_BTH1 = seq_to_heads(
+            [q_pre.reshape(B, t, Hk, Dk), k_pre.reshape(B, t, Hk, Dk),
+             v_pre.reshape(B, t, Hv, Dv), b_BtH[..., None], a_BtH[..., None]], group=self.group)
+        T = q_BTGK.shape[1]
+        # This rank's head group j: key heads j·Hk/D … and value heads j·Hv/D … (GQA-closed).
+        k_heads = range(rank * Hk // D, (rank + 1) * Hk // D)
+        v_heads = range(rank * Hv // D, (rank + 1) * Hv // D)
+        # [q_j | k_j | v_j]: the channel order of conv_channels(k_heads, v_heads).
+        mixed_local_BTC = torch.cat([q_BTGK.reshape(B, T, -1), k_BTGK.reshape(B, T, -1),
+                                     v_BTHV.reshape(B, T, -1)], dim=-1)
+        weight_CK = self.conv_weight_CK[self.conv_channels(k_heads, v_heads)]
+        conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK)
+        q, k, v, g, beta = self.split_heads(conv_BTC, a_BTH1[..., 0], b_BTH1[..., 0],
+                                            heads=v_heads)
+        with torch.autocast(device_type=hidden_BtD.device.type, enabled=False):
+            o_BTHV, _ = self.rule(q, k, v, g, beta)
+        return self.output(heads_to_seq(o_BTHV, group=self.group), z_BtHV)
+
+
+def context_parallel(module: nn.Module, *, group, mode: CPMode) -> nn.Module:
+    """Make `module` run on this rank's sequence shard under CP `mode` over `group`.
+
+    A GatedDeltaNet: returns a new ContextParallelGatedDeltaNet sharing its Parameters (the
+    argument itself is left unchanged). Any other module (e.g. GDNLanguageModel): IN PLACE,
+    every GatedDeltaNet inside is replaced by its CP version (same parameter names, same
+    Parameter objects, so an optimizer built before or after the call is the same); returns
+    `module`. Per-token modules around it (norms, MLP, embeddings, LM head) run unchanged on
+    the shard. Raises ValueError for an unknown mode, a module without GatedDeltaNet layers,
+    or one already made context-parallel. Shapes are checked at each forward (the sequence
+    length is known only then).
+    """
+    check_mode(mode)
+    if isinstance(module, GatedDeltaNet):
+        return ContextParallelGatedDeltaNet(module, group=group, mode=mode)
+    swaps = [(parent, name, child) for parent in module.modules()
+             for name, child in parent.named_children() if isinstance(child, GatedDeltaNet)]
+    if not swaps:
+        raise ValueError(f"{type(module).__name__} contains no GatedDeltaNet layer to make "
+                         "context-parallel")
+    done = [name for _, name, child in swaps if isinstance(child, ContextParallelGatedDeltaNet)]
+    if done:  # checked before swapping anything, so a failed call leaves the model unchanged
+        raise ValueError(f"{type(module).__name__} has {len(done)} layer(s) already "
+                         f"context-parallel (e.g. {done[0]!r}); call context_parallel once")
+    for parent, name, child in swaps:
+        setattr(parent, name, ContextParallelGatedDeltaNet(child, group=group, mode=mode))
+    return module

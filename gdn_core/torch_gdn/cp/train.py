@@ -1,0 +1,211 @@
+"""Context-parallel training: the gradient sum over the CP group and a per-rank runner.
+
+Every rank of the CP group holds the whole model and a contiguous sequence shard of the batch.
+Its loss is (sum of its token losses) / (global token count) (train_step's global_tokens), so
+the ranks' losses and parameter gradients each sum to the single-chip ones: `sum_gradients`
+all-reduces the gradients (SUM; gloo has no AVG) before the optimizer step, after which every
+rank applies the same update and the weights stay identical.
+Legend: B batch, T global tokens, t = T/D tokens per rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ...config import ModelConfig
+from ...cp_modes import CPMode, check_cp_shape
+from ...data import synthetic_tokens
+from ...testing import rel_err
+from ...train_config import CPTrainReport, TrainConfig
+from ..model import GDNLanguageModel
+from ..train import build_training, peak_memory, train_step
+from .comm import count_comm, nbytes, rank_size, record
+from .layer import context_parallel
+
+GRAD_SYNC_OP = "grad_sync"  # the op name sum_gradients records its bytes under (comm.py)
+# verify's error floor, × the norm of the whole reference gradient. The A_log and dt_bias
+# gradients of strongly decaying heads (A up to 16 at init) are ~1e-6 of the total and carry
+# fp32 round-off of ~1e-4 relative to themselves; one chip at chunk 32 vs 16 differs by more
+# (8e-4) than CP does (4e-4). The floor hides that round-off (~1e-9 absolute) but a wrong
+# gradient in any tensor whose norm exceeds 1e-7 of the total still reads as > 1e-4.
+VERIFY_GRAD_FLOOR = 1e-3
+
+
+@torch.no_grad()
+def sum_gradients(model: nn.Module, group) -> int:
+    """All-reduce-sum every parameter gradient over `group`, in place; return bytes received.
+
+    Gradients travel as one flat buffer per dtype (one collective each, not one per tensor);
+    a parameter without a gradient contributes zeros, so every rank sends the same layout.
+    Bytes follow the ring convention, 2·(D−1)/D × buffer bytes, recorded in open
+    count_comm() counters as op GRAD_SYNC_OP (backward phase).
+    """
+    _, D = rank_size(group)
+    grads_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        grads_by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
+    received = 0
+    for grads in grads_by_dtype.values():
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        for grad, piece in zip(grads, flat.split([grad.numel() for grad in grads])):
+            grad.copy_(piece.view_as(grad))
+        ring_bytes = 2 * (D - 1) * nbytes(flat) // D
+        record(GRAD_SYNC_OP, ring_bytes, backward=True)
+        received += ring_bytes
+    return received
+
+
+@torch.no_grad()
+def check_same_weights(model: nn.Module, *, group) -> None:
+    """Raise RuntimeError unless every rank's weights give the same float64 checksum."""
+    params = list(model.parameters())
+    device = params[0].device
+    checksum = torch.stack([(i + 1) * p.double().sum() for i, p in enumerate(params)]).sum()
+    max_and_neg_min = torch.stack([checksum, -checksum]).to(device)
+    dist.all_reduce(max_and_neg_min, op=dist.ReduceOp.MAX, group=group)
+    high, low = max_and_neg_min[0].item(), -max_and_neg_min[1].item()
+    if high != low:  # the same on every rank, so every rank raises
+        raise RuntimeError(f"weights differ across the CP group: checksums range from {low!r} "
+                           f"to {high!r}; build the model with the same seed on every rank")
+
+
+def shard_batch(tokens_BT1: torch.Tensor, *, rank: int, chips: int):
+    """This rank's (inputs, targets) [B, t] of tokens [B, T+1]: tokens r·t … (r+1)·t−1."""
+    T = tokens_BT1.shape[1] - 1
+    t = T // chips
+    seq = slice(rank * t, (rank + 1) * t)
+    return tokens_BT1[:, :-1][:, seq], tokens_BT1[:, 1:][:, seq]
+
+
+class _GradientsOnly(torch.optim.Optimizer):
+    """An optimizer whose step does nothing: train_step's forward, backward and grad_sync
+    without an update (for comparing gradients at fixed weights)."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, defaults={})
+
+    def step(self, closure=None):
+        return None
+
+
+def _global_sum(values: list[float], *, group, device: torch.device) -> list[float]:
+    """Sum each value over the group in one all-reduce (float64); same result on every rank."""
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total.tolist()
+
+
+def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
+                               targets_Bt: torch.Tensor, tokens_BT1: torch.Tensor, *,
+                               model_cfg: ModelConfig, train_cfg: TrainConfig, group) -> float:
+    """Max relative error of the CP global loss and summed gradients against one chip.
+
+    Each gradient's error is relative to max(its norm, VERIFY_GRAD_FLOOR × the norm of the
+    whole reference gradient), so round-off on near-zero gradients does not dominate.
+
+    `model` is the context-parallel model at its current weights; rank 0 also builds the
+    single-chip model from train_cfg.seed (the same weights while nothing has been trained)
+    and runs it on the full sequence tokens_BT1 [B, T+1]. Every rank returns the same value.
+    Leaves no gradients behind.
+    """
+    rank, _ = rank_size(group)
+    device = inputs_Bt.device
+    global_tokens = tokens_BT1.shape[0] * (tokens_BT1.shape[1] - 1)
+    share = train_step(model, _GradientsOnly(model.parameters()), inputs_Bt, targets_Bt,
+                       global_tokens=global_tokens, dtype=train_cfg.dtype,
+                       grad_sync=functools.partial(sum_gradients, group=group))
+    (cp_loss,) = _global_sum([share], group=group, device=device)
+    err = torch.zeros(1, dtype=torch.float64, device=device)
+    if rank == 0:
+        ref = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
+        ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
+                              tokens_BT1[:, 1:], global_tokens=global_tokens,
+                              dtype=train_cfg.dtype)
+        # Same parameter names: the CP layers keep the plain layers' names.
+        cp_params = dict(model.named_parameters())
+        floor = VERIFY_GRAD_FLOOR * torch.stack(
+            [p.grad.double().norm() for p in ref.parameters()]).norm().item()
+        errs = [rel_err(ref_loss, cp_loss)] + [rel_err(p.grad, cp_params[name].grad, floor=floor)
+                                               for name, p in ref.named_parameters()]
+        err.fill_(max(errs))
+    dist.broadcast(err, group_src=0, group=group)
+    model.zero_grad(set_to_none=True)
+    return err.item()
+
+
+def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
+                    steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
+                    verify: bool = False) -> CPTrainReport:
+    """Train under CP on one fixed synthetic batch; call on every rank of `group`.
+
+    Every rank builds the same model (seed train_cfg.seed, checked by a checksum), makes it
+    context-parallel, takes its contiguous shard of the train_cfg.seq_len tokens, and runs
+    warmup_steps untimed then `steps` timed steps of train_step with sum_gradients as
+    grad_sync. A step's time starts after a barrier (ranks start together) and ends with the
+    device synchronised. Comm bytes are counted over the first timed step. verify=True first
+    compares loss and gradients at the initial weights against one chip (max_rel_err).
+    Returns this rank's report; losses (every step, global mean) are equal on every rank.
+    On CPU the peak memory is the process's peak RSS: with verify it includes, on rank 0,
+    the single-chip reference run on the full sequence.
+    Raises ValueError naming the numbers when `mode` cannot split the shape over the group.
+    """
+    if steps < 1 or warmup_steps < 0:
+        raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
+    rank, D = rank_size(group)
+    gdn = model_cfg.gdn
+    check_cp_shape(mode=mode, chips=D, seq_len=train_cfg.seq_len, num_k_heads=gdn.num_k_heads,
+                   num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+    device = torch.device(device)
+    model, optimizer = build_training(model_cfg, train_cfg, device)
+    check_same_weights(model, group=group)
+    context_parallel(model, group=group, mode=mode)  # in place; the optimizer's params stay
+    tokens_BT1 = torch.from_numpy(synthetic_tokens(
+        batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
+        vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
+    inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D)
+    max_rel_err = None
+    if verify:
+        max_rel_err = verify_against_single_chip(model, inputs_Bt, targets_Bt, tokens_BT1,
+                                                 model_cfg=model_cfg, train_cfg=train_cfg,
+                                                 group=group)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    grad_sync = functools.partial(sum_gradients, group=group)
+    shares, times, comm = [], [], None
+    for step in range(warmup_steps + steps):
+        dist.barrier(group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        counting = count_comm() if step == warmup_steps else contextlib.nullcontext()
+        with counting as counter:
+            start = time.perf_counter()
+            shares.append(train_step(model, optimizer, inputs_Bt, targets_Bt,
+                                     global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
+                                     dtype=train_cfg.dtype, grad_sync=grad_sync))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - start
+        if step >= warmup_steps:
+            times.append(elapsed)
+        if step == warmup_steps:
+            comm = counter
+    peak_bytes, source = peak_memory(device)
+    # One all-reduce after the loop (outside the timed steps) turns the shares into global losses.
+    losses = _global_sum(shares, group=group, device=device)
+    grad_sync_bytes = comm.bytes_of(GRAD_SYNC_OP)
+    return CPTrainReport(
+        losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
+        mode=mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - grad_sync_bytes,
+        grad_sync_bytes_per_step=grad_sync_bytes, comm_source="counted_collectives",
+        max_rel_err=max_rel_err)
