@@ -3,7 +3,11 @@
     gdn-sweep train --preset tiny --framework torch   train on one chip, print the metrics
     gdn-sweep bench kernel|cp [options]               benchmarks (python -m gdn_core.bench)
     gdn-sweep bench scheduling [options]              Ray's per-trial overhead (workers)
-    gdn-sweep run sweep.yaml [--jsonl out.jsonl]      run a sweep on Ray (local or a cluster)
+    gdn-sweep bench api [options]                     REST latency over 100,000 result rows
+    gdn-sweep run sweep.yaml [--db URL|--jsonl F]     run a sweep on Ray (local or a cluster)
+    gdn-sweep serve                                   API + dashboard + scheduler
+    gdn-sweep results [filters] [--csv]               succeeded trials from the database
+    gdn-sweep db upgrade                              apply the Alembic migrations
 """
 
 from __future__ import annotations
@@ -50,15 +54,22 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from workers.driver import run_sweep
     from workers.options import DriverOptions
     from workers.progress import format_event
+    from workers.sink import JsonLinesSink
     from workers.spec import SweepSpec
 
-    with open(args.sweep, encoding="utf-8") as f:
-        spec = SweepSpec.model_validate(yaml.safe_load(f))
-    sink = _make_sink(args, spec)
     options = DriverOptions(placement_timeout_s=args.placement_timeout_s,
                             worker_start_timeout_s=args.worker_start_timeout_s,
                             max_trial_retries=args.max_trial_retries,
                             reuse_workers=not args.no_reuse_workers)
+    if args.db:  # the service's path: sweep row, progress bar, cancel from the API, resume
+        from service.commands import run_with_db
+
+        return run_with_db(args.sweep, database_url=args.db, ray_address=args.address,
+                           max_concurrent_trials=args.max_concurrent_trials,
+                           cpu_chips=args.cpu_chips, driver_options=options)
+    with open(args.sweep, encoding="utf-8") as f:
+        spec = SweepSpec.model_validate(yaml.safe_load(f))
+    sink = JsonLinesSink(args.jsonl or f"{spec.name}.jsonl")
     connect_ray(args.address, cpu_chips=args.cpu_chips)
 
     def show(event) -> None:
@@ -69,20 +80,6 @@ def _run_sweep(args: argparse.Namespace) -> int:
     results = run_sweep(spec, sink, max_concurrent_trials=args.max_concurrent_trials,
                         on_event=show, options=options)
     return 0 if all(r.status in ("succeeded", "skipped") for r in results) else 1
-
-
-def _make_sink(args: argparse.Namespace, spec):
-    """The ResultSink for `run`: JSON lines now; the service plugs its database sink in here."""
-    if args.db:
-        try:
-            from service.sink import open_database_sink  # provided by the service, when wired
-        except ImportError:
-            raise SystemExit("--db: the database sink is not wired into the CLI yet "
-                             "(service.sink.open_database_sink); use --jsonl PATH") from None
-        return open_database_sink(args.db, spec)
-    from workers.sink import JsonLinesSink
-
-    return JsonLinesSink(args.jsonl or f"{spec.name}.jsonl")
 
 
 def _add_run_parser(sub) -> None:
@@ -127,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda args: _bench(args.bench_args))
     _add_run_parser(sub)
+    from service.commands import add_service_commands
+
+    add_service_commands(sub, include_run=False)
     return parser
 
 
@@ -135,6 +135,10 @@ def _bench(argv: list[str]) -> int:
         from workers.bench_scheduling import main as scheduling_main
 
         return scheduling_main(argv[1:]) or 0
+    if argv[:1] == ["api"]:
+        from service.bench_api import main as api_main
+
+        return api_main(argv[1:]) or 0
     from gdn_core.bench import main as bench_main
 
     return bench_main(argv) or 0

@@ -1,0 +1,1 @@
+"""The REST API under /api (routes in `routes/`, shared dependencies in `deps`)."""

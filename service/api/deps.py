@@ -1,0 +1,53 @@
+"""Shared route dependencies as `Annotated` aliases: database session, settings, scheduler,
+and the bearer token that guards every mutating call when one is configured."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from ..core.config import Settings
+from ..scheduler import Scheduler
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_scheduler(request: Request) -> Scheduler | None:
+    return request.app.state.scheduler
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+SchedulerDep = Annotated[Scheduler | None, Depends(get_scheduler)]
+
+_bearer = HTTPBearer(auto_error=False, description="GDN_SWEEP_API_TOKEN, when one is set")
+
+
+def require_token(settings: SettingsDep, credentials: Annotated[
+        HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """401 unless no token is configured or the request carries `Authorization: Bearer <it>`."""
+    if not settings.api_token:
+        return
+    if credentials is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED,
+                            "this call needs 'Authorization: Bearer <token>' (the service was "
+                            "started with GDN_SWEEP_API_TOKEN)",
+                            headers={"WWW-Authenticate": "Bearer"})
+    if not secrets.compare_digest(credentials.credentials.encode(), settings.api_token.encode()):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid bearer token",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+TokenDep = Depends(require_token)

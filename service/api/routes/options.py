@@ -1,0 +1,26 @@
+"""The closed sets the API accepts, for the dashboard's create-sweep form."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gdn_core.hardware import ACCELERATOR_TYPES
+from gdn_core.presets import PRESETS
+from workers.result import TRIAL_STATUSES
+from workers.spec import CP_MODES, FRAMEWORKS
+
+from ...results_query import SORT_FIELDS
+from ...schemas import OptionsPublic
+from ..deps import SettingsDep
+
+router = APIRouter(tags=["options"])
+
+
+@router.get("/options", response_model=OptionsPublic)
+def options(settings: SettingsDep) -> OptionsPublic:
+    return OptionsPublic(
+        frameworks=list(FRAMEWORKS), modes=list(CP_MODES), presets=list(PRESETS),
+        dtypes=["float32", "bfloat16"], accelerator_kinds=["cpu", "gpu", "tpu"],
+        accelerator_types=["cpu", *ACCELERATOR_TYPES], trial_statuses=list(TRIAL_STATUSES),
+        result_sort_fields=list(SORT_FIELDS), grid_cap=settings.grid_cap,
+        auth_required=bool(settings.api_token))

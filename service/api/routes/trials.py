@@ -1,0 +1,19 @@
+"""One trial with its result."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from ... import crud
+from ...schemas import TrialPublic
+from ..deps import SessionDep
+
+router = APIRouter(prefix="/trials", tags=["trials"])
+
+
+@router.get("/{trial_id}", response_model=TrialPublic)
+def read_trial(trial_id: int, session: SessionDep) -> TrialPublic:
+    trial = crud.get_trial(session=session, trial_id=trial_id)
+    if trial is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {trial_id} not found")
+    return trial

@@ -1,0 +1,1 @@
+"""Service core: settings (`config.Settings`) and the database engine (`db`)."""

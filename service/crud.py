@@ -1,0 +1,136 @@
+"""Database reads and writes behind the API. Every function takes keyword-only arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from workers.result import FINAL_STATUSES, TRIAL_STATUSES
+from workers.spec import SweepSpec, expand_trials
+
+from .models import FACT_COLUMNS, Result, Sweep, Trial, result_for, utcnow
+from .schemas import SweepPublic, TrialPublic, trials_from_mappings
+
+
+def create_sweep(*, session: Session, sweep_create: SweepSpec) -> Sweep:
+    """Insert the sweep and one row per grid point in one transaction (skipped ones final)."""
+    trials = expand_trials(sweep_create)
+    skipped = sum(t.skip_reason is not None for t in trials)
+    sweep = Sweep(name=sweep_create.name, status="queued",
+                  spec=sweep_create.model_dump(mode="json"), trials_total=len(trials),
+                  trials_skipped=skipped, created_at=utcnow())
+    session.add(sweep)
+    session.flush()
+    now = utcnow()
+    rows = [Trial(sweep_id=sweep.id, key=spec.key, created_at=now,
+                  status="pending" if spec.skip_reason is None else "skipped",
+                  **spec.model_dump(exclude={"skip_reason"}), skip_reason=spec.skip_reason)
+            for spec in trials]
+    session.add_all(rows)
+    session.flush()
+    session.add_all(result_for(row, status="skipped", error=row.skip_reason, finished_at=now)
+                    for row in rows if row.skip_reason is not None)
+    session.commit()
+    return sweep
+
+
+def get_sweep(*, session: Session, sweep_id: int) -> Sweep | None:
+    return session.get(Sweep, sweep_id)
+
+
+def list_sweeps(*, session: Session, offset: int, limit: int) -> tuple[Sequence[Sweep], int]:
+    """Sweeps newest first, and how many there are in all."""
+    count = session.scalar(select(func.count()).select_from(Sweep)) or 0
+    rows = session.scalars(select(Sweep).order_by(Sweep.id.desc()).offset(offset).limit(limit))
+    return rows.all(), count
+
+
+def status_counts(*, session: Session, sweep_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+    """Trials per status for each sweep, every status present (zeros included)."""
+    counts = {sid: dict.fromkeys(TRIAL_STATUSES, 0) for sid in sweep_ids}
+    if not sweep_ids:
+        return counts
+    stmt = (select(Trial.sweep_id, Trial.status, func.count())
+            .where(Trial.sweep_id.in_(sweep_ids)).group_by(Trial.sweep_id, Trial.status))
+    for sweep_id, status, n in session.execute(stmt):
+        counts[sweep_id][status] = n
+    return counts
+
+
+def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
+    from .chip_memory import chip_memory
+
+    spec = SweepSpec.model_validate(sweep.spec)
+    memory, label = chip_memory(spec.accelerator.kind, spec.accelerator.type)
+    return SweepPublic(
+        id=sweep.id, name=sweep.name, status=sweep.status, error=sweep.error,
+        created_at=sweep.created_at, started_at=sweep.started_at, finished_at=sweep.finished_at,
+        trials_total=sweep.trials_total, trials_skipped=sweep.trials_skipped,
+        trials_done=sum(n for s, n in counts.items() if s in FINAL_STATUSES), counts=counts,
+        spec=spec, chip_memory_bytes=memory, chip_memory_label=label)
+
+
+def public_trial_columns() -> tuple:
+    """Columns that make a TrialPublic (with `schemas.trials_from_mappings`): a trial and its
+    result, read as plain rows (no ORM objects: listings of thousands stay fast)."""
+    skip = {"trial_id", "status", "started_at", *FACT_COLUMNS}
+    return (*Trial.__table__.columns,
+            *(c for c in Result.__table__.columns if c.key not in skip),
+            Result.started_at.label("result_started_at"))
+
+
+def public_select():
+    return (select(*public_trial_columns()).select_from(Trial)
+            .outerjoin(Result, Result.trial_id == Trial.id))
+
+
+def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), offset: int = 0,
+                limit: int | None = None) -> tuple[list[TrialPublic], int]:
+    """A sweep's trials in grid order with their results (metrics None until they end)."""
+    where = [Trial.sweep_id == sweep_id]
+    if status:
+        where.append(Trial.status.in_(status))
+    count = session.scalar(select(func.count()).select_from(Trial).where(*where)) or 0
+    stmt = public_select().where(*where).order_by(Trial.id).offset(offset).limit(limit)
+    return trials_from_mappings(session.execute(stmt).mappings()), count
+
+
+def get_trial(*, session: Session, trial_id: int) -> TrialPublic | None:
+    rows = trials_from_mappings(session.execute(
+        public_select().where(Trial.id == trial_id)).mappings())
+    return rows[0] if rows else None
+
+
+def close_unfinished(*, session: Session, sweep_id: int, status: str, error: str) -> int:
+    """Give every trial of the sweep without a final status `status`, with a result row."""
+    for _attempt in range(3):  # a result written meanwhile by a sink wins; then retry the rest
+        now = utcnow()
+        open_trials = session.scalars(select(Trial).where(
+            Trial.sweep_id == sweep_id, Trial.status.not_in(FINAL_STATUSES))).all()
+        for trial in open_trials:
+            session.add(result_for(trial, status=status, error=error,
+                                   started_at=trial.started_at, finished_at=now))
+            trial.status = status
+        try:
+            session.commit()
+            return len(open_trials)
+        except IntegrityError:
+            session.rollback()
+    raise RuntimeError(f"could not close the open trials of sweep {sweep_id}")
+
+
+def claim_sweep(*, session: Session, sweep_id: int, from_statuses: Sequence[str],
+                to_status: str) -> bool:
+    """Move the sweep to `to_status` only if it is in one of `from_statuses` (atomic)."""
+    values: dict = {"status": to_status}
+    if to_status == "running":
+        values["started_at"] = func.coalesce(Sweep.started_at, utcnow())
+    if to_status in ("finished", "cancelled", "failed"):
+        values["finished_at"] = utcnow()
+    done = session.execute(update(Sweep).where(Sweep.id == sweep_id,
+                                               Sweep.status.in_(from_statuses)).values(**values))
+    session.commit()
+    return done.rowcount == 1

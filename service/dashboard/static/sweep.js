@@ -1,0 +1,67 @@
+// One sweep: status, live progress, plots and the trial table.
+"use strict";
+
+const sweepId = Number(window.location.pathname.split("/").filter(Boolean).pop());
+let timer = null;
+
+function trialRow(t) {
+  const num = (v) => GS.el("td", { class: "num" }, v);
+  const loss = t.loss_first === null ? "" : `${GS.num(t.loss_first, 4)} → ${GS.num(t.loss_last, 4)}`;
+  return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status },
+    num(t.id), GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips), num(t.seq_len),
+    GS.el("td", {}, GS.badge(t.status)), num(GS.num(t.tokens_per_s_per_chip)),
+    num(GS.num(t.step_time_s)), num(GS.pct(t.mfu)), num(GS.bytes(t.peak_memory_bytes_per_chip)),
+    num(GS.bytes(t.comm_bytes_per_step_per_chip)), num(loss), num(GS.num(t.max_rel_err)),
+    GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
+}
+
+function showSweep(s) {
+  document.title = "gdn-sweep · " + s.name;
+  document.getElementById("sweep-name").textContent = s.name;
+  document.getElementById("sweep-status").replaceChildren(GS.badge(s.status));
+  document.getElementById("sweep-progress").replaceChildren(GS.progress(s.trials_done, s.trials_total));
+  const shown = Object.entries(s.counts).filter(([, n]) => n).map(([k, n]) => `${k} ${n}`);
+  document.getElementById("sweep-counts").textContent = `${s.trials_done} / ${s.trials_total} done · ` + shown.join(" · ");
+  const m = s.spec.model, a = s.spec.accelerator;
+  document.getElementById("sweep-spec").textContent =
+    `preset ${m.preset}${m.num_layers ? ` (${m.num_layers} layers)` : ""} · batch ${s.spec.batch_size} · ` +
+    `${s.spec.dtype} · ${s.spec.warmup_steps} warm-up + ${s.spec.steps} measured steps · ` +
+    `${a.kind}/${a.type} · frameworks ${s.spec.frameworks.join(", ")} · modes ${s.spec.modes.join(", ")}`;
+  document.getElementById("sweep-error").textContent = s.error || "";
+  document.getElementById("cancel").hidden = GS.FINAL_SWEEP.has(s.status) || s.status === "cancelling";
+}
+
+async function refresh() {
+  try {
+    const [sweep, trials] = await Promise.all([
+      GS.api(`/api/sweeps/${sweepId}`), GS.api(`/api/sweeps/${sweepId}/trials?limit=10000`)]);
+    showSweep(sweep);
+    document.querySelector("#trials tbody").replaceChildren(...trials.data.map(trialRow));
+    Plots.drawAll(sweep, trials.data);
+    document.body.dataset.sweepStatus = sweep.status;
+    if (GS.FINAL_SWEEP.has(sweep.status) && timer !== null) {
+      clearInterval(timer);
+      timer = null;
+    }
+  } catch (err) {
+    document.getElementById("sweep-error").textContent = "cannot load sweep: " + err.message;
+  }
+}
+
+async function cancel() {
+  if (!window.confirm("Cancel this sweep? Running trials are stopped.")) return;
+  try {
+    await GS.api(`/api/sweeps/${sweepId}/cancel`, { method: "POST" });
+  } catch (err) {
+    if (err.status === 401) {
+      const token = window.prompt("This service needs its API token to cancel:");
+      if (token) { GS.setToken(token); return cancel(); }
+    }
+    document.getElementById("sweep-error").textContent = err.message;
+  }
+  refresh();
+}
+
+GS.header("/sweep");
+document.getElementById("cancel").addEventListener("click", cancel);
+refresh().then(() => { if (!GS.FINAL_SWEEP.has(document.body.dataset.sweepStatus)) timer = setInterval(refresh, 2000); });

@@ -1,0 +1,117 @@
+// The sweep list (live progress) and the create-sweep form.
+"use strict";
+
+const PAGE = 20;
+let offset = 0;
+let options = null;
+
+function checkboxes(container, name, values, checked) {
+  container.replaceChildren(...values.map((v) => GS.el("label", {},
+    GS.el("input", { type: "checkbox", name, value: v, checked: checked.includes(v) }), " ", v)));
+}
+
+function fillSelect(select, values, selected) {
+  select.replaceChildren(...values.map((v) => GS.el("option", { value: v, selected: v === selected }, v)));
+}
+
+function intList(text) {
+  // Numbers where they parse; anything else is sent as typed so the API names the bad value.
+  return text.split(/[\s,]+/).filter(Boolean).map((t) => (/^-?\d+$/.test(t) ? Number(t) : t));
+}
+
+function optionalInt(id) {
+  const value = document.getElementById(id).value.trim();
+  return value === "" ? null : Number(value);
+}
+
+function formBody() {
+  const value = (id) => document.getElementById(id).value;
+  const checkedValues = (name) => [...document.querySelectorAll(`input[name=${name}]:checked`)].map((i) => i.value);
+  const model = { preset: value("preset") };
+  if (optionalInt("num_layers") !== null) model.num_layers = optionalInt("num_layers");
+  if (optionalInt("vocab_size") !== null) model.vocab_size = optionalInt("vocab_size");
+  return {
+    name: value("name"), frameworks: checkedValues("frameworks"), modes: checkedValues("modes"),
+    chips: intList(value("chips")), seq_lens: intList(value("seq_lens")), model,
+    batch_size: Number(value("batch_size")), dtype: value("dtype"), steps: Number(value("steps")),
+    warmup_steps: Number(value("warmup_steps")),
+    accelerator: { kind: value("accelerator_kind"), type: value("accelerator_type") },
+    verify: document.getElementById("verify").checked,
+    trial_timeout_s: Number(value("trial_timeout_s")),
+  };
+}
+
+function showGridSize() {
+  const b = formBody();
+  const n = b.frameworks.length * b.modes.length * b.chips.length * b.seq_lens.length;
+  document.getElementById("grid-size").textContent =
+    `${n} trial${n === 1 ? "" : "s"} (cap ${options ? options.grid_cap : "?"})`;
+}
+
+async function submit(event) {
+  event.preventDefault();
+  const errors = document.getElementById("create-errors");
+  const button = document.getElementById("create-submit");
+  errors.textContent = "";
+  if (options && options.auth_required) GS.setToken(document.getElementById("token").value);
+  button.disabled = true;
+  try {
+    const created = await GS.api("/api/sweeps", { method: "POST", body: formBody() });
+    window.location.href = "/sweeps/" + Number(created.id);
+  } catch (err) {
+    errors.textContent = err.message;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function sweepRow(s) {
+  const c = s.counts;
+  return GS.el("tr", { "data-sweep-id": s.id, "data-status": s.status },
+    GS.el("td", { class: "num" }, s.id),
+    GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(s.id), class: "sweep-name" }, s.name)),
+    GS.el("td", {}, GS.badge(s.status)),
+    GS.el("td", {}, GS.progress(s.trials_done, s.trials_total)),
+    GS.el("td", { class: "num" }, `${s.trials_done} / ${s.trials_total}`),
+    GS.el("td", { class: "num" }, c.succeeded),
+    GS.el("td", { class: "num" }, `${c.failed} · ${c.oom} · ${c.timeout}`),
+    GS.el("td", { class: "num" }, c.skipped),
+    GS.el("td", { class: "num" }, c.cancelled),
+    GS.el("td", {}, GS.time(s.created_at)));
+}
+
+async function refresh() {
+  try {
+    const page = await GS.api(`/api/sweeps?offset=${offset}&limit=${PAGE}`);
+    document.querySelector("#sweeps tbody").replaceChildren(...page.data.map(sweepRow));
+    document.getElementById("page-info").textContent =
+      page.count ? `${offset + 1}–${offset + page.data.length} of ${page.count}` : "no sweeps yet";
+    document.getElementById("prev").disabled = offset === 0;
+    document.getElementById("next").disabled = offset + PAGE >= page.count;
+  } catch (err) {
+    document.getElementById("page-info").textContent = "cannot load sweeps: " + err.message;
+  }
+}
+
+async function init() {
+  GS.header("/");
+  options = await GS.api("/api/options");
+  checkboxes(document.getElementById("frameworks"), "frameworks", options.frameworks, options.frameworks);
+  checkboxes(document.getElementById("modes"), "modes", options.modes, ["all_gather", "p2p"]);
+  fillSelect(document.getElementById("preset"), options.presets, "tiny");
+  fillSelect(document.getElementById("dtype"), options.dtypes, "float32");
+  fillSelect(document.getElementById("accelerator_kind"), options.accelerator_kinds, "cpu");
+  fillSelect(document.getElementById("accelerator_type"), options.accelerator_types, "cpu");
+  document.getElementById("token-box").hidden = !options.auth_required;
+  document.getElementById("token").value = GS.token();
+  const form = document.getElementById("create-form");
+  form.addEventListener("submit", submit);
+  form.addEventListener("input", showGridSize);
+  showGridSize();
+  document.getElementById("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE); refresh(); });
+  document.getElementById("next").addEventListener("click", () => { offset += PAGE; refresh(); });
+  await refresh();
+  setInterval(refresh, 2000);
+}
+
+init();

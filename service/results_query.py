@@ -1,0 +1,163 @@
+"""GET /api/results: the filters, the sort keys, the query, and the CSV rendering."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from workers.spec import AcceleratorKind, CPMode, DType, Framework
+
+from .crud import public_select
+from .models import Result, Trial
+from .schemas import TrialPublic, trials_from_mappings
+
+SORT_FIELDS = {
+    "tokens_per_s_per_chip": Result.tokens_per_s_per_chip, "mfu": Result.mfu,
+    "hfu": Result.hfu, "step_time_s": Result.step_time_s,
+    "peak_memory_bytes_per_chip": Result.peak_memory_bytes_per_chip,
+    "comm_bytes_per_step_per_chip": Result.comm_bytes_per_step_per_chip,
+    "finished_at": Result.finished_at, "seq_len": Result.seq_len, "chips": Result.chips,
+    "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
+    "sweep_id": Result.sweep_id, "id": Result.trial_id,
+}
+"""Accepted `sort` keys (comma-separated; a leading '-' sorts descending)."""
+
+JSON_PAGE = 100
+
+
+class ResultFilters(BaseModel):
+    """Query parameters of GET /api/results (repeat a list parameter to match any of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    preset: list[str] = []
+    framework: list[Framework] = []
+    mode: list[CPMode] = []
+    chips: list[int] = []
+    seq_len_min: int | None = Field(default=None, ge=1)
+    seq_len_max: int | None = Field(default=None, ge=1)
+    accelerator: list[str] = Field(default=[], description="chip type: cpu, h100, v5p, …")
+    accelerator_kind: list[AcceleratorKind] = []
+    dtype: list[DType] = []
+    sweep_id: int | None = None
+    sort: str = "-tokens_per_s_per_chip"
+    offset: int = Field(default=0, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=100_000,
+                              description=f"default {JSON_PAGE} for JSON, every row for CSV")
+    format: Literal["json", "csv"] = "json"
+
+    @field_validator("sort")
+    @classmethod
+    def _known_sort_keys(cls, sort: str) -> str:
+        for part in sort.split(","):
+            if part.strip().lstrip("-") not in SORT_FIELDS:
+                raise ValueError(f"sort key {part.strip()!r} is not one of: "
+                                 f"{', '.join(SORT_FIELDS)} (prefix '-' for descending)")
+        return sort
+
+    @model_validator(mode="after")
+    def _range(self) -> ResultFilters:
+        if self.seq_len_min and self.seq_len_max and self.seq_len_min > self.seq_len_max:
+            raise ValueError(f"seq_len_min={self.seq_len_min} is larger than "
+                             f"seq_len_max={self.seq_len_max}")
+        return self
+
+
+def _where(filters: ResultFilters) -> list:
+    where = [Result.status == "succeeded"]
+    for values, column in ((filters.preset, Result.preset), (filters.framework, Result.framework),
+                           (filters.mode, Result.mode), (filters.chips, Result.chips),
+                           (filters.accelerator, Result.accelerator_type),
+                           (filters.accelerator_kind, Result.accelerator_kind),
+                           (filters.dtype, Result.dtype)):
+        if values:
+            where.append(column == values[0] if len(values) == 1 else column.in_(values))
+    if filters.seq_len_min is not None:
+        where.append(Result.seq_len >= filters.seq_len_min)
+    if filters.seq_len_max is not None:
+        where.append(Result.seq_len <= filters.seq_len_max)
+    if filters.sweep_id is not None:
+        where.append(Result.sweep_id == filters.sweep_id)
+    return where
+
+
+_INDEXED_SORTS = ("tokens_per_s_per_chip", "mfu")
+"""Sorted by an index (status, key, trial_id): succeeded trials always have these metrics, so
+NULL placement is left to the database (first for DESC on PostgreSQL, last on SQLite)."""
+
+
+def _order_by(sort: str) -> list:
+    order, first_desc = [], None
+    for part in sort.split(","):
+        part = part.strip()
+        name, desc = part.lstrip("-"), part.startswith("-")
+        first_desc = desc if first_desc is None else first_desc
+        column = SORT_FIELDS[name].desc() if desc else SORT_FIELDS[name].asc()
+        order.append(column if name in _INDEXED_SORTS else column.nulls_last())
+    tie = Result.trial_id.desc() if first_desc else Result.trial_id.asc()
+    return [*order, tie]  # the tie-breaker follows the first key: one index scan serves both
+
+
+def query_results(*, session: Session, filters: ResultFilters) -> tuple[list[TrialPublic], int]:
+    """Succeeded trials matching `filters`, sorted and paged, and how many match in all.
+
+    Filters, counts and sorts read `results` alone (its own indexes); only the page's rows
+    are then joined to their trials."""
+    where = _where(filters)
+    count = session.scalar(select(func.count()).select_from(Result).where(*where)) or 0
+    limit = filters.limit or (JSON_PAGE if filters.format == "json" else None)
+    ids = list(session.scalars(select(Result.trial_id).where(*where)
+                               .order_by(*_order_by(filters.sort))
+                               .offset(filters.offset).limit(limit)))
+    rows = []
+    for start in range(0, len(ids), 5000):  # stay under the databases' bound-parameter limits
+        chunk = ids[start:start + 5000]
+        rows += session.execute(public_select().where(Trial.id.in_(chunk))).mappings().all()
+    position = {trial_id: i for i, trial_id in enumerate(ids)}
+    rows.sort(key=lambda row: position[row["id"]])
+    return trials_from_mappings(rows), count
+
+
+CSV_COLUMNS: tuple[str, ...] = tuple(TrialPublic.model_fields)
+
+
+def to_csv(rows: Sequence[TrialPublic]) -> str:
+    """One header line, then one line per trial (hosts and versions as JSON)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        data = row.model_dump(mode="json")
+        writer.writerow([json.dumps(data[c]) if isinstance(data[c], (dict, list)) else
+                         ("" if data[c] is None else data[c]) for c in CSV_COLUMNS])
+    return out.getvalue()
+
+
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "trial"), ("sweep_id", "sweep"), ("preset", "preset"), ("framework", "framework"),
+    ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
+    ("dtype", "dtype"), ("accelerator", "accel"), ("tokens_per_s_per_chip", "tok/s/chip"),
+    ("step_time_s", "step_s"), ("mfu", "mfu"), ("peak_memory_bytes_per_chip", "peak_mem/chip"))
+
+
+def to_table(rows: Sequence[TrialPublic], count: int) -> str:
+    """A fixed-width text table for terminals, with a line saying how many rows matched."""
+    def cell(value) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    grid = [[title for _, title in TABLE_COLUMNS]]
+    grid += [[cell(getattr(row, name)) for name, _ in TABLE_COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in grid) for i in range(len(TABLE_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in grid]
+    lines.append(f"{len(rows)} of {count} succeeded trial(s) matching")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,150 @@
+"""Scheduler: runs queued sweeps, one at a time, through the workers' driver in a thread.
+
+Restart-safe by construction: the database is the queue (see service/sweep_run.py). On start
+and whenever idle, the scheduler takes the oldest sweep that is queued, or running/cancelling
+with no live runner (its own from before a restart, or one whose runner stopped renewing its
+heartbeat). The driver runs every trial whose key has no final status yet, so pending trials
+run, trials that were running when the service died run again, and no trial gets a second
+result row (service/sink.py). Cancel (API, any process) sets the sweep `cancelling`; the
+driver then stops the running trials and reports the rest cancelled. `stop()` is a shutdown,
+not a cancel: the sink is detached first, so unfinished trials stay unfinished and are
+resumed by the next scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from workers.spec import SweepSpec
+
+from . import sweep_run
+from .core.config import Settings
+from .models import Sweep
+from .ray_setup import RayConnection
+from .sink import DatabaseSink
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Running:
+    sweep_id: int
+    sink: DatabaseSink
+    cancel_event: threading.Event
+
+
+class Scheduler:
+    """Own one background thread that drains the sweep queue kept in the database."""
+
+    def __init__(self, *, session_factory: sessionmaker[Session], settings: Settings,
+                 ray: RayConnection | None = None,
+                 on_event: Callable[[object], None] | None = None) -> None:
+        self._session_factory = session_factory
+        self._settings = settings
+        self.runner_id = settings.scheduler_id
+        self.ray = ray or RayConnection(settings.ray_address, cpu_chips=settings.cpu_chips)
+        self._on_event = on_event
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._current: _Running | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running_sweep_id(self) -> int | None:
+        with self._lock:
+            return None if self._current is None else self._current.sweep_id
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("this Scheduler was started already; make a new one")
+        self._thread = threading.Thread(target=self._loop, name="gdn-sweep-scheduler",
+                                        daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look for queued sweeps now (called after a POST)."""
+        self._wake.set()
+
+    def cancel(self, sweep_id: int) -> None:
+        """Stop `sweep_id` now if this scheduler runs it (the API has set it cancelling)."""
+        with self._lock:
+            if self._current is not None and self._current.sweep_id == sweep_id:
+                self._current.cancel_event.set()
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        """Begin a shutdown without waiting (safe from any thread, an on_event callback too):
+        detach the sink, stop the driver. Unfinished trials stay so and re-run on resume."""
+        self._stop.set()
+        with self._lock:
+            if self._current is not None:
+                self._current.sink.detach()
+                self._current.cancel_event.set()
+        self._wake.set()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait for the scheduler thread; False if it still runs after timeout_s."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    def stop(self, timeout_s: float = 120.0) -> bool:
+        """Shut down: `request_stop()`, then wait for the thread (at most timeout_s)."""
+        self.request_stop()
+        return self.join(timeout_s)
+
+    def _loop(self) -> None:
+        poll_s = self._settings.scheduler_poll_s
+        self.ray.ensure()  # connect at start, so /api/health reports Ray from the beginning
+        while not self._stop.is_set():
+            try:
+                with self._session_factory() as session:
+                    sweep_id = sweep_run.next_sweep_id(session=session, runner_id=self.runner_id,
+                                                       lease_s=self._settings.lease_s)
+                if sweep_id is not None and self.ray.ensure():
+                    self._run(sweep_id)
+                    continue
+            except Exception:  # keep serving: log, wait, look again
+                log.exception("scheduler loop failed; retrying in %.1f s", poll_s)
+            self._wake.wait(poll_s)
+            self._wake.clear()
+
+    def _run(self, sweep_id: int) -> None:
+        with self._session_factory() as session:
+            claimed = sweep_run.claim(session=session, sweep_id=sweep_id,
+                                      runner_id=self.runner_id, lease_s=self._settings.lease_s)
+            if claimed == "cancelling":  # cancelled while no runner was alive
+                sweep_run.finish(session=session, sweep_id=sweep_id, status="cancelled")
+            if claimed != "running":
+                return
+            spec = SweepSpec.model_validate(session.get(Sweep, sweep_id).spec)
+        running = _Running(sweep_id, DatabaseSink(self._session_factory, sweep_id),
+                           threading.Event())
+        with self._lock:
+            if self._stop.is_set():
+                return  # the claim stays ours: the next scheduler resumes it at once
+            self._current = running
+        log.info("sweep %s: running %r", sweep_id, spec.name)
+        error = sweep_run.drive(
+            session_factory=self._session_factory, sweep_id=sweep_id, spec=spec,
+            sink=running.sink, cancel_event=running.cancel_event, runner_id=self.runner_id,
+            max_concurrent_trials=self._settings.max_concurrent_trials,
+            poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
+            stop_event=self._stop)
+        with self._lock:
+            self._current = None
+        if running.sink.detached:
+            return  # shutdown (or taken over): the DB keeps the unfinished trials for a resume
+        status = ("failed" if error is not None else
+                  "cancelled" if running.cancel_event.is_set() else "finished")
+        with self._session_factory() as session:
+            sweep_run.finish(session=session, sweep_id=sweep_id, status=status,
+                             error=None if error is None else f"sweep driver failed: {error}")
+        log.info("sweep %s: %s", sweep_id, status)

@@ -1,0 +1,111 @@
+"""Fixtures of the service tests: SQLite and a throw-away PostgreSQL database (both migrated
+with Alembic), API clients on either, and one local Ray shared by the tests that run sweeps.
+
+PostgreSQL: the suite creates `gdn_sweep_test_<random>` on the server of
+$GDN_SWEEP_TEST_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres) and drops
+it at the end. Without a reachable server the PostgreSQL cases are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from service.core.config import Settings
+from service.core.db import make_engine, make_session_factory, upgrade_database
+from service.main import create_app
+
+PG_ADMIN_URL = os.environ.get("GDN_SWEEP_TEST_POSTGRES_URL",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _psycopg_conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgresql_url() -> Iterator[str]:
+    import psycopg
+
+    name = f"gdn_sweep_test_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as err:
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL} "
+                    f"(set GDN_SWEEP_TEST_POSTGRES_URL): {err}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name)
+    url = url.render_as_string(hide_password=False)
+    try:
+        upgrade_database(url)
+        yield url
+    finally:
+        with psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'service.db'}"
+    upgrade_database(url)
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request) -> str:
+    """A migrated, emptied database of each kind."""
+    url = request.getfixturevalue(f"{request.param}_url")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for table in ("results", "trials", "sweeps"):
+            conn.execute(text(f"DELETE FROM {table}"))
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def session_factory(db_url):
+    engine = make_engine(db_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def api_settings(db_url: str, **overrides) -> Settings:
+    return Settings(database_url=db_url, run_scheduler=False, upgrade_on_start=False,
+                    grid_cap=64, **overrides)
+
+
+@pytest.fixture
+def client(db_url) -> Iterator[TestClient]:
+    """The API with no scheduler: sweeps stay queued (what the API writes is what we check)."""
+    with TestClient(create_app(api_settings(db_url))) as test_client:
+        yield test_client
+
+
+@pytest.fixture(scope="package")
+def local_ray():
+    """One local Ray (4 virtual CPU chips) for every sweep-running test of this package."""
+    import ray
+
+    from workers.cluster import connect_ray
+
+    already = ray.is_initialized()
+    info = connect_ray("", cpu_chips=4)
+    yield info
+    if not already:
+        ray.shutdown()
+
+
+TINY_SWEEP = {
+    "name": "tiny", "frameworks": ["torch"], "modes": ["all_gather"], "chips": [1],
+    "seq_lens": [64], "model": {"preset": "tiny", "num_layers": 1}, "steps": 1,
+    "warmup_steps": 1, "accelerator": {"kind": "cpu", "type": "cpu"},
+}
+"""A sweep that runs in well under a second per trial once its workers are warm."""

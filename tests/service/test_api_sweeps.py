@@ -1,0 +1,144 @@
+"""POST/GET /api/sweeps, trials, cancel and auth, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service.main import create_app
+from service.models import Result, Sweep, Trial
+
+from .conftest import TINY_SWEEP, api_settings
+
+
+def sweep_body(**changes) -> dict:
+    return {**TINY_SWEEP, **changes}
+
+
+def row_counts(session_factory) -> tuple[int, int, int]:
+    with session_factory() as s:
+        return tuple(s.scalar(select(func.count()).select_from(m)) for m in (Sweep, Trial, Result))
+
+
+def test_create_counts_trials_and_skipped_points(client, session_factory):
+    body = sweep_body(frameworks=["jax", "torch"], modes=["ulysses", "p2p"], chips=[1, 2, 4],
+                      seq_lens=[64, 128])
+    r = client.post("/api/sweeps", json=body)
+    assert r.status_code == 201, r.text
+    created = r.json()
+    # tiny has 2 key heads: ulysses cannot split them over 4 chips (2 frameworks × 2 seq_lens)
+    assert created == {"id": created["id"], "name": "tiny", "status": "queued", "trials": 24,
+                       "skipped": 4}
+    sweep = client.get(f"/api/sweeps/{created['id']}").json()
+    assert sweep["counts"]["pending"] == 20 and sweep["counts"]["skipped"] == 4
+    assert sweep["trials_done"] == 4 and sweep["spec"]["chips"] == [1, 2, 4]
+    skipped = client.get(f"/api/sweeps/{created['id']}/trials", params={"status": "skipped"})
+    assert skipped.json()["count"] == 4
+    trial = skipped.json()["data"][0]
+    assert trial["mode"] == "ulysses" and trial["chips"] == 4 and "divisible" in trial["error"]
+    assert row_counts(session_factory) == (1, 24, 4)  # skipped points carry their result row
+
+
+@pytest.mark.parametrize("change, loc, needle", [
+    ({"modes": ["ring"]}, ["body", "modes", 0], "'ulysses', 'p2p', 'all_gather' or 'log_scan'"),
+    ({"frameworks": ["tf"]}, ["body", "frameworks", 0], "'jax' or 'torch'"),
+    ({"model": {"preset": "gpt5"}}, ["body", "model", "preset"], "qwen3.5-27b"),
+    ({"chips": [0, 2]}, ["body", "chips"], "use integers >= 1"),
+    ({"dtype": "fp8"}, ["body", "dtype"], "'float32' or 'bfloat16'"),
+    ({"accelerator": {"kind": "gpu", "type": "k80"}}, ["body", "accelerator"], "h100"),
+    ({"colour": "red"}, ["body", "colour"], "Extra inputs are not permitted"),
+], ids=["mode", "framework", "preset", "chips", "dtype", "accelerator", "unknown-field"])
+def test_invalid_input_is_422_naming_field_and_accepted_values(client, session_factory, change,
+                                                               loc, needle):
+    r = client.post("/api/sweeps", json=sweep_body(**change))
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    assert any(e["loc"] == loc and needle in e["msg"] for e in errors), errors
+    assert row_counts(session_factory) == (0, 0, 0)
+
+
+def test_grid_over_the_cap_is_422_and_writes_nothing(client, session_factory):
+    body = sweep_body(frameworks=["jax", "torch"], modes=["p2p", "all_gather"],
+                      chips=[1, 2, 4, 8], seq_lens=[64, 128, 256])  # 48 trials: under the cap
+    assert client.post("/api/sweeps", json=body).status_code == 201
+    before = row_counts(session_factory)
+    body["seq_lens"] = [64, 128, 256, 512, 1024]  # 80 > 64
+    r = client.post("/api/sweeps", json=body)
+    assert r.status_code == 422
+    (error,) = r.json()["detail"]
+    assert error["type"] == "grid_too_large" and "80 trials" in error["msg"]
+    assert "GDN_SWEEP_GRID_CAP" in error["msg"] and error["ctx"]["grid_cap"] == 64
+    assert row_counts(session_factory) == before
+
+
+def test_list_is_paged_newest_first_with_counts(client):
+    ids = [client.post("/api/sweeps", json=sweep_body(name=f"s{i}")).json()["id"]
+           for i in range(5)]
+    page = client.get("/api/sweeps", params={"limit": 2}).json()
+    assert page["count"] == 5
+    assert [s["id"] for s in page["data"]] == ids[::-1][:2]
+    page = client.get("/api/sweeps", params={"limit": 2, "offset": 4}).json()
+    assert [s["name"] for s in page["data"]] == ["s0"]
+    assert page["data"][0]["counts"] == {"pending": 1, "running": 0, "succeeded": 0, "failed": 0,
+                                         "oom": 0, "timeout": 0, "skipped": 0, "cancelled": 0}
+    assert client.get("/api/sweeps", params={"limit": 0}).status_code == 422
+
+
+def test_trials_and_trial_carry_the_documented_fields(client):
+    sid = client.post("/api/sweeps", json=sweep_body(seq_lens=[64, 128])).json()["id"]
+    trials = client.get(f"/api/sweeps/{sid}/trials").json()
+    assert trials["count"] == 2
+    one = client.get(f"/api/trials/{trials['data'][1]['id']}").json()
+    assert one == trials["data"][1]
+    for field in ("id", "sweep_id", "framework", "mode", "chips", "seq_len", "batch_size",
+                  "preset", "num_layers", "dtype", "accelerator", "status", "error",
+                  "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "mfu", "hfu",
+                  "peak_memory_bytes_per_chip", "memory_source", "comm_bytes_per_step_per_chip",
+                  "loss_first", "loss_last", "max_rel_err", "created_at", "started_at",
+                  "finished_at", "versions"):
+        assert field in one, field
+    assert one["num_layers"] == 1 and one["seq_len"] == 128 and one["status"] == "pending"
+    assert one["created_at"].endswith(("Z", "+00:00"))
+
+
+def test_missing_things_are_404(client):
+    assert client.get("/api/sweeps/999").status_code == 404
+    assert client.get("/api/sweeps/999/trials").json()["detail"] == "sweep 999 not found"
+    assert client.get("/api/trials/999").status_code == 404
+    assert client.post("/api/sweeps/999/cancel").status_code == 404
+
+
+def test_cancel_a_queued_sweep_closes_every_trial_once(client, session_factory):
+    sid = client.post("/api/sweeps", json=sweep_body(seq_lens=[64, 128, 192])).json()["id"]
+    r = client.post(f"/api/sweeps/{sid}/cancel")
+    assert r.status_code == 202
+    assert r.json()["status"] == "cancelled" and r.json()["counts"]["cancelled"] == 3
+    assert row_counts(session_factory) == (1, 3, 3)
+    again = client.post(f"/api/sweeps/{sid}/cancel")
+    assert again.status_code == 409 and "already cancelled" in again.json()["detail"]
+
+
+def test_mutating_calls_need_the_bearer_token_when_one_is_set(db_url, session_factory):
+    with TestClient(create_app(api_settings(db_url, api_token="s3cret"))) as client:
+        assert client.post("/api/sweeps", json=sweep_body()).status_code == 401
+        bad = client.post("/api/sweeps", json=sweep_body(),
+                          headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.headers["www-authenticate"] == "Bearer"
+        assert row_counts(session_factory) == (0, 0, 0)
+        good = client.post("/api/sweeps", json=sweep_body(),
+                           headers={"Authorization": "Bearer s3cret"})
+        assert good.status_code == 201
+        sid = good.json()["id"]
+        assert client.post(f"/api/sweeps/{sid}/cancel").status_code == 401
+        assert client.get(f"/api/sweeps/{sid}").status_code == 200  # reads stay open
+        assert client.get("/api/options").json()["auth_required"] is True
+        assert client.post(f"/api/sweeps/{sid}/cancel",
+                           headers={"Authorization": "Bearer s3cret"}).status_code == 202
+
+
+def test_health_reports_the_database(client):
+    r = client.get("/api/health")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok" and r.json()["database"]["ok"] is True
+    assert r.json()["ray"]["ok"] is None  # no scheduler in this app

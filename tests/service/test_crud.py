@@ -1,0 +1,136 @@
+"""Data layer on SQLite and PostgreSQL: one result per trial, the planning views, sweep claims."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from sqlalchemy import func, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from service import crud, sweep_run
+from service.models import Result, Sweep, Trial, result_for, utcnow
+from service.sink import DatabaseSink, record_result
+from workers.result import TrialMetrics, TrialResult
+from workers.spec import SweepSpec, expand_trials
+
+from .conftest import TINY_SWEEP
+from .seed import seed_sweep
+
+
+def make_sweep(session_factory, **changes) -> tuple[int, list]:
+    spec = SweepSpec.model_validate({**TINY_SWEEP, **changes})
+    with session_factory() as session:
+        return crud.create_sweep(session=session, sweep_create=spec).id, expand_trials(spec)
+
+
+def test_a_trial_keeps_its_first_result(session_factory):
+    sweep_id, (trial,) = make_sweep(session_factory)
+    sink = DatabaseSink(session_factory, sweep_id)
+    sink.trial_started(trial)
+    with session_factory() as s:
+        assert s.scalar(select(Trial.status)) == "running"
+    first = TrialResult(trial=trial, status="succeeded",
+                        metrics=TrialMetrics(tokens_per_s_per_chip=10.0),
+                        error="\x1b[36mray::Actor\x1b[39m fine")
+    sink.trial_finished(first)
+    assert sink.finished_keys() == {trial.key}
+    second = TrialResult(trial=trial, status="failed", error="late duplicate")
+    assert record_result(session_factory=session_factory, sweep_id=sweep_id,
+                         result=second) is False
+    with session_factory() as s:
+        (result,) = s.scalars(select(Result)).all()
+        assert (result.status, result.tokens_per_s_per_chip) == ("succeeded", 10.0)
+        assert result.error == "ray::Actor fine"  # terminal colours stripped
+        assert s.scalar(select(Trial.status)) == "succeeded"
+
+
+def test_detached_sink_records_nothing(session_factory):
+    sweep_id, (trial,) = make_sweep(session_factory)
+    sink = DatabaseSink(session_factory, sweep_id)
+    sink.detach()
+    sink.trial_started(trial)
+    sink.trial_finished(TrialResult(trial=trial, status="cancelled"))
+    with session_factory() as s:
+        assert s.scalar(select(Trial.status)) == "pending"
+        assert s.scalar(select(func.count()).select_from(Result)) == 0
+
+
+def test_constraints_refuse_a_second_result_or_grid_point(session_factory):
+    sweep_id, _ = make_sweep(session_factory)
+    with session_factory() as s:
+        trial = s.scalars(select(Trial)).one()
+        s.add(result_for(trial, status="succeeded"))
+        s.commit()
+        s.expunge_all()
+        s.add(result_for(trial, status="failed"))
+        with pytest.raises(IntegrityError):
+            s.commit()
+        s.rollback()
+        dup = {c: getattr(trial, c) for c in ("framework", "mode", "chips", "seq_len",
+               "batch_size", "preset", "num_layers", "vocab_size", "dtype", "steps",
+               "warmup_steps", "accelerator_kind", "accelerator_type", "verify", "timeout_s")}
+        s.add(Trial(sweep_id=sweep_id, key=trial.key, status="pending", created_at=utcnow(),
+                    **dup))
+        with pytest.raises(IntegrityError):
+            s.commit()
+
+
+def test_close_unfinished_gives_each_open_trial_one_result(session_factory):
+    sweep_id, trials = make_sweep(session_factory, seq_lens=[64, 128, 192])
+    record_result(session_factory=session_factory, sweep_id=sweep_id,
+                  result=TrialResult(trial=trials[0], status="succeeded"))
+    with session_factory() as s:
+        assert crud.close_unfinished(session=s, sweep_id=sweep_id, status="cancelled",
+                                     error="stop") == 2
+        statuses = dict(s.execute(select(Trial.key, Result.status).join(Result)).all())
+    assert sorted(statuses.values()) == ["cancelled", "cancelled", "succeeded"]
+
+
+def test_capacity_planning_views(session_factory):
+    seed_sweep(session_factory, modes=["all_gather", "p2p"], chips=[1, 2, 4],
+               seq_lens=[64, 128, 256, 512],
+               status_of=lambda t: "oom" if t.seq_len >= 256 and t.chips == 1 else "succeeded")
+    with session_factory() as s:
+        best = s.execute(text(
+            "SELECT seq_len, mode, chips, tokens_per_s_per_chip FROM best_tokens_per_s_per_chip "
+            "WHERE preset = 'tiny' AND accelerator_type = 'cpu' ORDER BY seq_len")).all()
+        fit = s.execute(text(
+            "SELECT mode, chips, max_seq_len_succeeded, min_seq_len_oom FROM max_seq_len_fit "
+            "WHERE preset = 'tiny' ORDER BY mode, chips")).all()
+    # tokens/s/chip = seq_len / chips + 100 for p2p: one chip wins where it fits
+    assert [tuple(r) for r in best] == [(64, "p2p", 1, 164.0), (128, "p2p", 1, 228.0),
+                                        (256, "p2p", 2, 228.0), (512, "p2p", 2, 356.0)]
+    assert [tuple(r) for r in fit] == [
+        ("all_gather", 1, 128, 256), ("all_gather", 2, 512, None), ("all_gather", 4, 512, None),
+        ("p2p", 1, 128, 256), ("p2p", 2, 512, None), ("p2p", 4, 512, None)]
+
+
+def test_claims_one_runner_at_a_time_and_resumes_running_trials(session_factory):
+    sweep_id, trials = make_sweep(session_factory, seq_lens=[64, 128])
+    with session_factory() as s:
+        assert sweep_run.next_sweep_id(session=s, runner_id="a", lease_s=60) == sweep_id
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="a", lease_s=60) == "running"
+        s.execute(update(Trial).where(Trial.key == trials[0].key).values(status="running"))
+        s.commit()
+        # a live runner's sweep is not for others
+        assert sweep_run.next_sweep_id(session=s, runner_id="b", lease_s=60) is None
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="b", lease_s=60) is None
+        assert sweep_run.heartbeat(session=s, sweep_id=sweep_id, runner_id="a") == "running"
+        # the same runner after a restart takes it back at once; its running trial re-runs
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="a", lease_s=60) == "running"
+        assert set(s.scalars(select(Trial.status))) == {"pending"}
+        # a runner that stopped renewing loses the sweep after the lease
+        s.execute(update(Sweep).values(heartbeat_at=utcnow() - dt.timedelta(seconds=120)))
+        s.commit()
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="b", lease_s=60) == "running"
+        assert sweep_run.heartbeat(session=s, sweep_id=sweep_id, runner_id="a") is None
+        s.execute(update(Sweep).values(status="cancelling"))
+        s.commit()
+        claimed = sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="b", lease_s=60)
+        assert claimed == "cancelling"
+        sweep_run.finish(session=s, sweep_id=sweep_id, status="cancelled")
+        sweep = s.get(Sweep, sweep_id)
+        s.refresh(sweep)
+        assert sweep.status == "cancelled" and sweep.finished_at is not None
+        assert s.scalar(select(func.count()).select_from(Result)) == 2

@@ -1,0 +1,152 @@
+"""The scheduler end to end: the real workers driver on a local Ray, SQLite.
+
+Restart: a scheduler stopped mid-sweep (as if the service died) leaves one trial succeeded,
+one running and the rest pending; a new scheduler on the same database finishes the sweep and
+every trial ends with exactly one result row. Cancel: through the API, the running trial stops
+and every other trial is recorded cancelled.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service import crud
+from service.commands import run_with_db
+from service.core.config import Settings
+from service.core.db import make_engine, make_session_factory, upgrade_database
+from service.main import create_app
+from service.models import Result, Sweep, Trial
+from service.scheduler import Scheduler
+from workers.events import TrialFinished
+from workers.spec import SweepSpec
+
+from .conftest import TINY_SWEEP
+
+
+@pytest.fixture
+def sqlite_db(tmp_path):
+    url = f"sqlite:///{tmp_path / 'scheduler.db'}"
+    upgrade_database(url)
+    engine = make_engine(url)
+    yield url, make_session_factory(engine)
+    engine.dispose()
+
+
+def scheduler_settings(url: str) -> Settings:
+    return Settings(database_url=url, upgrade_on_start=False, scheduler_poll_s=0.2,
+                    max_concurrent_trials=2, cpu_chips=4)
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def trial_statuses(session_factory, sweep_id: int) -> dict[str, str]:
+    with session_factory() as s:
+        return dict(s.execute(select(Trial.key, Trial.status)
+                              .where(Trial.sweep_id == sweep_id)).all())
+
+
+def results_per_trial(session_factory, sweep_id: int) -> dict[int, int]:
+    with session_factory() as s:
+        counts = dict(s.execute(select(Trial.id, func.count(Result.trial_id))
+                                .outerjoin(Result, Result.trial_id == Trial.id)
+                                .where(Trial.sweep_id == sweep_id).group_by(Trial.id)).all())
+    return counts
+
+
+def sweep_status(session_factory, sweep_id: int) -> str:
+    with session_factory() as s:
+        return s.scalar(select(Sweep.status).where(Sweep.id == sweep_id))
+
+
+@pytest.mark.timeout(240)
+def test_restart_mid_sweep_resumes_and_no_trial_gets_two_results(local_ray, sqlite_db):
+    url, session_factory = sqlite_db
+    spec = SweepSpec.model_validate({**TINY_SWEEP, "name": "restart",
+                                     "modes": ["all_gather", "p2p"], "seq_lens": [64, 128]})
+    with session_factory() as s:
+        sweep_id = crud.create_sweep(session=s, sweep_create=spec).id
+    stopped = threading.Event()
+
+    def stop_after_first_result(event) -> None:
+        if isinstance(event, TrialFinished) and not stopped.is_set():
+            stopped.set()
+            first.request_stop()  # "the service dies" right after one result is stored
+
+    first = Scheduler(session_factory=session_factory, settings=scheduler_settings(url),
+                      on_event=stop_after_first_result)
+    first.start()
+    assert first.join(150), "first scheduler did not stop"
+    assert stopped.is_set()
+    before = trial_statuses(session_factory, sweep_id)
+    assert sorted(before.values()) == ["pending", "pending", "running", "succeeded"], before
+    assert sweep_status(session_factory, sweep_id) == "running"
+    with session_factory() as s:
+        kept = s.execute(select(Result.trial_id, Result.finished_at)).one()
+
+    second = Scheduler(session_factory=session_factory, settings=scheduler_settings(url))
+    second.start()
+    try:
+        wait_for(lambda: sweep_status(session_factory, sweep_id) == "finished", 150,
+                 "the resumed sweep to finish")
+    finally:
+        assert second.stop(60)
+    assert set(trial_statuses(session_factory, sweep_id).values()) == {"succeeded"}
+    assert list(results_per_trial(session_factory, sweep_id).values()) == [1, 1, 1, 1]
+    with session_factory() as s:
+        assert s.get(Result, kept.trial_id).finished_at == kept.finished_at  # not re-run
+        assert s.scalar(select(func.count()).select_from(Result)) == 4
+
+
+@pytest.mark.timeout(180)
+def test_cancel_stops_the_running_trial_and_cancels_the_rest(local_ray, sqlite_db):
+    url, session_factory = sqlite_db
+    body = {**TINY_SWEEP, "name": "cancel me", "seq_lens": [1024, 2048, 4096], "steps": 2000,
+            "trial_timeout_s": 120}
+    settings = scheduler_settings(url).model_copy(update={"max_concurrent_trials": 1})
+    with TestClient(create_app(settings)) as client:
+        sweep_id = client.post("/api/sweeps", json=body).json()["id"]
+        wait_for(lambda: "running" in trial_statuses(session_factory, sweep_id).values(), 60,
+                 "a trial to start")
+        time.sleep(1.0)
+        cancelled_at = time.monotonic()
+        r = client.post(f"/api/sweeps/{sweep_id}/cancel")
+        assert r.status_code == 202 and r.json()["status"] == "cancelling"
+        wait_for(lambda: client.get(f"/api/sweeps/{sweep_id}").json()["status"] == "cancelled",
+                 60, "the sweep to be cancelled")
+        took = time.monotonic() - cancelled_at
+        trials = client.get(f"/api/sweeps/{sweep_id}/trials").json()["data"]
+    assert [t["status"] for t in trials] == ["cancelled"] * 3
+    assert any("while the trial ran" in (t["error"] or "") for t in trials), trials
+    assert list(results_per_trial(session_factory, sweep_id).values()) == [1, 1, 1]
+    assert took < 30, f"cancel took {took:.1f} s"
+
+
+@pytest.mark.timeout(180)
+def test_run_a_sweep_file_into_the_database_with_progress(local_ray, sqlite_db, tmp_path):
+    url, session_factory = sqlite_db
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump({**TINY_SWEEP, "name": "from yaml",
+                                          "seq_lens": [64, 128]}))
+    out = io.StringIO()
+    assert run_with_db(sweep_file, database_url=url, max_concurrent_trials=1, out=out) == 0
+    printed = out.getvalue()
+    assert "2/2" in printed and "sweep 1: finished (succeeded 2)" in printed, printed
+    with session_factory() as s:
+        sweep = s.get(Sweep, 1)
+        assert sweep.status == "finished" and sweep.runner.startswith("cli:")
+    assert list(results_per_trial(session_factory, 1).values()) == [1, 1]
