@@ -3,11 +3,17 @@
 Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallelism over a
 mesh axis, `chunk_gated_delta_rule_cp`; `gdn_layer`, `model_forward` and `make_train_step` /
 `run_training` for the layer, the language model and its training step (parameters are
-nested dicts in PyTorch state_dict layout, see params.py).
+nested dicts in PyTorch state_dict layout, see params.py), and under CP `gdn_layer_cp`,
+`make_cp_train_step` / `run_cp_training`.
 """
 
 from .chunk import chunk_gated_delta_rule
-from .cp import chunk_gated_delta_rule_cp
+from .cp import (
+    chunk_gated_delta_rule_cp,
+    gdn_layer_cp,
+    make_cp_train_step,
+    run_cp_training,
+)
 from .layer import gdn_layer
 from .model import model_forward, model_loss, token_loss_sum
 from .naive import recurrent_gated_delta_rule
@@ -19,12 +25,15 @@ __all__ = [
     "chunk_gated_delta_rule_cp",
     "from_state_dict",
     "gdn_layer",
+    "gdn_layer_cp",
     "init_layer_params",
     "init_model_params",
+    "make_cp_train_step",
     "make_train_step",
     "model_forward",
     "model_loss",
     "recurrent_gated_delta_rule",
+    "run_cp_training",
     "run_training",
     "to_state_dict",
     "token_loss_sum",

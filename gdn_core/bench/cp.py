@@ -1,0 +1,167 @@
+"""CP benchmark: per mode and chip count, what one chip holds, receives and computes.
+
+    python -m gdn_core.bench cp [--preset qwen3.5-0.8b] [--local-tokens 4096]
+                                [--chips 1 2 4 8] [--modes ...] [--time-steps 0]
+
+The measured program is one GDN layer's training step (forward + backward w.r.t. its input and
+parameters) with the preset's geometry, the sequence split over D virtual CPU chips inside one
+shard_map (run in a fresh process: the chip count is fixed when JAX starts). Per (mode, D):
+  memory/chip   XLA memory_analysis of the compiled step: arguments + outputs + temps − aliased
+  recv/chip     bytes the busiest chip receives in collectives (compiled HLO, hlo_comm)
+  flops ratio   XLA cost_analysis flops per chip × D ÷ flops of the same step on one chip over
+                the whole sequence: the compute CP adds (goal ≤ 1.10 at D = 8)
+  mem ratio     memory/chip ÷ the D = 1 figure at the same local shard (goal ≤ 1.02)
+  step s        wall time of the step (only with --time-steps N; all virtual chips share this
+                host's cores, so it measures total work, not per-chip speed)
+Everything but step time comes from compiling, so full-size shapes cost no memory here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+CHIPS = (1, 2, 4, 8)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..cp_modes import CP_MODES
+
+    p = argparse.ArgumentParser(prog="python -m gdn_core.bench cp", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="qwen3.5-0.8b")
+    p.add_argument("--local-tokens", type=int, default=4096, help="tokens per chip")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--chips", type=int, nargs="+", default=list(CHIPS))
+    p.add_argument("--modes", nargs="+", default=list(CP_MODES), choices=CP_MODES)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--time-steps", type=int, default=0,
+                   help="also run each compiled step this many times and report the median")
+    return p
+
+
+def _ensure_virtual_chips(count: int) -> None:
+    """Give JAX `count` CPU chips; must run before JAX initialises its backends."""
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # already initialised (e.g. imported by a caller): check it suffices
+        pass
+    if len(jax.devices()) < count:
+        raise SystemExit(f"need {count} JAX devices, have {len(jax.devices())}: run the "
+                         "benchmark in a fresh process (python -m gdn_core.bench cp)")
+
+
+def _layer_step(cfg, mode: str | None, chips: int, dtype):
+    """A jitted fwd+bwd of one layer: (params, x) -> (d params, d x); mode None = one chip."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    from ..jax_gdn.cp.layer import cp_gdn_layer
+    from ..jax_gdn.layer import gdn_layer
+
+    def loss(params, x_BTD, layer):
+        return jnp.sum(layer(params, x_BTD).astype(jnp.float32) ** 2)
+
+    if mode is None:
+        layer = lambda params, x: gdn_layer(params, x, cfg, dtype=dtype)  # noqa: E731
+        return jax.jit(jax.grad(lambda p, x: loss(p, x, layer), argnums=(0, 1)))
+    mesh = Mesh(np.array(jax.devices()[:chips]), ("cp",))
+    layer = lambda params, x: cp_gdn_layer(params, x, cfg, axis="cp", mode=mode,  # noqa: E731
+                                           dtype=dtype)
+
+    def shard_grad(params, x_BTD):
+        d_params, d_x = jax.grad(lambda p, x: loss(p, x, layer), argnums=(0, 1))(params, x_BTD)
+        # Parameter gradients are per-shard contributions: sum them as the training step does.
+        return jax.lax.psum(d_params, "cp"), d_x
+
+    return jax.jit(jax.shard_map(shard_grad, mesh=mesh, in_specs=(P(), P(None, "cp")),
+                                 out_specs=(P(), P(None, "cp"))))
+
+
+def _measure(cfg, mode, chips, args, dtype):
+    import jax
+    import jax.numpy as jnp
+
+    from ..jax_gdn.hlo_comm import received_bytes_per_chip
+    from ..jax_gdn.params import init_layer_params
+    from ..jax_gdn.train import compiled_peak_bytes
+
+    params = init_layer_params(cfg, jax.random.PRNGKey(0))
+    x_shape = (args.batch, args.local_tokens * chips, cfg.hidden_size)
+    step = _layer_step(cfg, mode, chips, dtype)
+    x_spec = jax.ShapeDtypeStruct(x_shape, jnp.float32)
+    compiled = step.lower(params, x_spec).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    row = dict(memory=compiled_peak_bytes(compiled), flops_per_chip=float(cost.get("flops", 0.0)),
+               recv=received_bytes_per_chip(compiled, chips)["max_bytes"] if chips > 1 else 0,
+               step_s=None)
+    if args.time_steps:
+        x = jax.random.normal(jax.random.PRNGKey(1), x_shape, jnp.float32)
+        jax.block_until_ready(compiled(params, x))
+        times = []
+        for _ in range(args.time_steps):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(params, x))
+            times.append(time.perf_counter() - start)
+        row["step_s"] = statistics.median(times)
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Virtual chips are CPU devices; on a GPU host the compiled CPU programs still give the
+    # per-chip memory/flops/comm structure (time it on real chips through the sweep instead).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    _ensure_virtual_chips(max(args.chips))
+    import jax.numpy as jnp
+
+    from ..cp_modes import check_cp_shape
+    from ..presets import get_preset
+
+    cfg = get_preset(args.preset).gdn
+    dtype = jnp.dtype(args.dtype)
+    print(f"preset={args.preset} GDN layer: hidden={cfg.hidden_size} heads={cfg.num_k_heads}/"
+          f"{cfg.num_v_heads} Dk={cfg.head_k_dim} Dv={cfg.head_v_dim} chunk={cfg.chunk_size}; "
+          f"local shard {args.local_tokens} tokens x batch {args.batch}; dtype {args.dtype}; "
+          f"one layer fwd+bwd; figures per chip")
+    single = {}  # D -> one-chip run over the same global sequence (flops reference)
+    local_ref = None  # one chip holding one local shard (memory reference)
+    print(f"{'mode':<11}{'D':>3}{'memory/chip MiB':>17}{'mem ratio':>11}{'recv/chip MiB':>15}"
+          f"{'flops ratio':>13}{'step s':>9}")
+    for chips in sorted(args.chips):
+        for mode in args.modes:
+            try:
+                check_cp_shape(mode=mode, chips=chips, seq_len=args.local_tokens * chips,
+                               num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads,
+                               conv_kernel_size=cfg.conv_kernel_size)
+            except ValueError as err:
+                print(f"{mode:<11}{chips:>3}  skipped: {err}")
+                continue
+            if local_ref is None:
+                local_ref = _measure(cfg, None, 1, args, dtype)
+            if chips not in single:
+                single[chips] = (local_ref if chips == 1 else
+                                 _measure(cfg, None, 1, _scaled(args, chips), dtype))
+            row = local_ref if chips == 1 else _measure(cfg, mode, chips, args, dtype)
+            flops_ratio = row["flops_per_chip"] * chips / single[chips]["flops_per_chip"]
+            step = f"{row['step_s']:9.3f}" if row["step_s"] is not None else f"{'-':>9}"
+            print(f"{mode:<11}{chips:>3}{row['memory'] / 2**20:17.1f}"
+                  f"{row['memory'] / local_ref['memory']:11.4f}{row['recv'] / 2**20:15.3f}"
+                  f"{flops_ratio:13.4f}{step}")
+            sys.stdout.flush()
+    return 0
+
+
+def _scaled(args, chips):
+    """The same arguments with the whole sequence on one chip (no timing: may not fit)."""
+    return argparse.Namespace(**{**vars(args), "local_tokens": args.local_tokens * chips,
+                                 "time_steps": 0})

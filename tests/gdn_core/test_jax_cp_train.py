@@ -1,0 +1,214 @@
+"""JAX context-parallel training step and runner against the single-chip step, and its bytes.
+
+Legend: B batch, T global tokens, D chips, L layers. Oracle: gdn_core.jax_gdn.train's
+single-chip step on the same weights and tokens. The CP step of each (mode, layout) is compiled
+once, by compile_cp_train_step, which run_cp_training calls too (equal arguments reuse the
+compile within a process). Programs that only serve as references or are only inspected are
+compiled with FAST (no LLVM optimisation: half the compile time, same HLO and collectives).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.jax_gdn.cp import make_cp_train_step, run_cp_training
+from gdn_core.jax_gdn.cp.train import (
+    compile_cp_train_step,
+    cp_training_inputs,
+    synthetic_batch,
+)
+from gdn_core.jax_gdn.params import init_model_params
+from gdn_core.jax_gdn.train import make_optimizer, make_train_step
+from gdn_core.testing import assert_close
+from gdn_core.train_config import TrainConfig
+
+# GQA r = 2, heads divisible by 4 (ulysses); T/D = 60, 30: not multiples of the 16-token chunk.
+CFG = GDNConfig(hidden_size=32, num_k_heads=4, num_v_heads=8, head_k_dim=8, head_v_dim=16,
+                conv_kernel_size=4, chunk_size=16)
+MODEL = ModelConfig(name="cp-test", gdn=CFG, num_layers=2, intermediate_size=64, vocab_size=64)
+# Adam's first update is ±lr per element (g/|g|): an element whose gradient is within round-off
+# of zero may flip sign between CP and one chip. lr = 1e-5 keeps such a flip (2e-5) under 1e-4
+# of the smallest weight's norm (in_proj_b, ~0.3); the gradients themselves are checked
+# through AdamW's moments (mu = 0.1·g, nu = 0.001·g²) at the same tolerance.
+TRAIN = TrainConfig(batch_size=2, seq_len=120, learning_rate=1e-5, weight_decay=0.1, seed=3)
+TOL = 1e-4
+FAST = {"xla_backend_optimization_level": 0}
+LAYOUTS = {"D2": 2, "D4": 4}
+CASES = [("ulysses", "D2"), ("p2p", "D2"), ("all_gather", "D2"), ("log_scan", "D2"),
+         ("ulysses", "D4"), ("log_scan", "D4")]
+
+
+def mesh_of(layout):
+    return Mesh(np.array(jax.devices()[:LAYOUTS[layout]]), ("cp",))
+
+
+def leaves(tree):
+    return [(jax.tree_util.keystr(path), leaf)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+@functools.cache
+def single_chip_step():
+    params = init_model_params(MODEL, jax.random.PRNGKey(TRAIN.seed))
+    opt_state = make_optimizer(TRAIN).init(params)
+    tokens_BT1 = synthetic_batch(MODEL, TRAIN)
+    args = (params, opt_state, tokens_BT1[:, :-1], tokens_BT1[:, 1:])
+    step = make_train_step(MODEL, TRAIN, global_tokens=TRAIN.batch_size * TRAIN.seq_len)
+    return jax.device_get(step.lower(*args).compile(FAST)(*args))
+
+
+def parameter_count():
+    return sum(x.size for x in jax.tree.leaves(init_model_params(MODEL, jax.random.PRNGKey(0))))
+
+
+def expected_cp_bytes(mode, D, T):
+    """Most bytes any chip receives per step outside the gradient sync: ARCHITECTURE.md's
+    table per layer and direction (forward + backward), plus the conv halo, times L, plus the
+    loss psum (a ring all-reduce of one float32). Every mode's state traffic is in float32."""
+    g, t = MODEL.gdn, T // D
+    state = TRAIN.batch_size * g.num_v_heads * g.head_k_dim * g.head_v_dim * 4
+    pair = TRAIN.batch_size * g.num_v_heads * g.head_k_dim * (g.head_k_dim + g.head_v_dim) * 4
+    loss = 2 * (D - 1) * 4 // D
+    if mode == "ulysses":  # pre-conv q, k, v and a, b out, o back; the same again backward
+        channels = 2 * g.key_dim + 2 * g.value_dim + 2 * g.num_v_heads
+        return MODEL.num_layers * 2 * (D - 1) * TRAIN.batch_size * t * channels * 4 // D + loss
+    halo = TRAIN.batch_size * (g.conv_kernel_size - 1) * g.conv_dim * 4
+    shifts = [2 ** r for r in range(math.ceil(math.log2(D)))]
+    exchange = {  # per chip j, forward + backward (test_jax_cp.expected_received_bytes)
+        "p2p": lambda j: state * ((j >= 1) + (j <= D - 2)),
+        "all_gather": lambda j: 2 * (D - 1) * pair,
+        "log_scan": lambda j: sum(pair * (j >= d) + (j + d < D) * (
+            state if d == shifts[-1] else pair) for d in shifts),
+    }[mode]
+    return max(MODEL.num_layers * (exchange(j) + halo * ((j >= 1) + (j <= D - 2)))
+               for j in range(D)) + loss
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode,layout", CASES)
+def test_one_step_matches_single_chip(mode, layout):
+    mesh = mesh_of(layout)
+    step = compile_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode=mode).compiled
+    params, opt_state, loss = jax.device_get(
+        step(*cp_training_inputs(MODEL, TRAIN, mesh=mesh, axis="cp")))
+    params_ref, opt_state_ref, loss_ref = single_chip_step()
+    assert_close("loss", loss_ref, loss, TOL)
+    for (name, ref), (_, got) in zip(leaves(params_ref), leaves(params), strict=True):
+        assert_close(f"params{name}", ref, got, TOL)
+    for (name, ref), (_, got) in zip(leaves(opt_state_ref), leaves(opt_state), strict=True):
+        assert_close(f"opt_state{name}", ref, got, TOL)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode,layout", CASES)
+def test_run_cp_training_report(mode, layout):
+    D = LAYOUTS[layout]
+    report = run_cp_training(MODEL, TRAIN, mesh=mesh_of(layout), axis="cp", mode=mode,
+                             steps=2, warmup_steps=1)
+    assert (report.mode, report.chips) == (mode, D)
+    assert len(report.losses) == 3 and np.isfinite(report.losses).all()
+    assert_close("first loss", single_chip_step()[2], report.losses[0], TOL)
+    assert len(report.step_times_s) == 2 and min(report.step_times_s) > 0
+    assert report.memory_source == "xla_memory_analysis" and report.peak_memory_bytes > 0
+    assert report.comm_source == "xla_hlo"
+    assert report.cp_comm_bytes_per_step == expected_cp_bytes(mode, D, TRAIN.seq_len)
+    assert report.grad_sync_bytes_per_step == 2 * (D - 1) * 4 * parameter_count() // D
+    assert report.max_rel_err is None
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["log_scan", pytest.param("p2p", marks=pytest.mark.slow),
+                                  pytest.param("all_gather", marks=pytest.mark.slow)])
+def test_cp_bytes_independent_of_seq_len(mode):
+    # Twice the tokens at D = 2 (compiled, not run): the sequence-sharded modes exchange
+    # states, pairs and the halo only, so the bytes are those of T = 120 (formula and
+    # test_run_cp_training_report); the gradient sync does not depend on T either.
+    train_cfg = dataclasses.replace(TRAIN, seq_len=2 * TRAIN.seq_len)
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh_of("D2"), axis="cp", mode=mode,
+                                    compiler_options=FAST)
+    assert program.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, TRAIN.seq_len)
+    assert program.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, train_cfg.seq_len)
+    assert program.grad_sync_bytes_per_step == 4 * parameter_count()
+
+
+@pytest.mark.timeout(240)
+def test_verify_against_single_chip():
+    report = run_cp_training(MODEL, TRAIN, mesh=mesh_of("D4"), axis="cp", mode="log_scan",
+                             steps=1, warmup_steps=0, verify=True)
+    assert report.max_rel_err is not None and report.max_rel_err < TOL
+
+
+@pytest.mark.timeout(60)
+def test_validation_errors_name_numbers():
+    mesh = mesh_of("D4")
+    train_cfg = TrainConfig(batch_size=1, seq_len=118)
+    with pytest.raises(ValueError, match="seq_len=118 is not divisible by chips=4"):
+        run_cp_training(MODEL, train_cfg, mesh=mesh, axis="cp", mode="p2p", steps=1)
+    with pytest.raises(ValueError, match="mode='ring' is not one of"):
+        make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode="ring")
+    with pytest.raises(ValueError, match=r"steps=0 must be >= 1"):
+        run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=0)
+
+
+# Two processes × 2 CPU chips, one 4-chip mesh (gloo collectives): each process feeds only its
+# own chips. The configs travel as JSON; the report comes back as the last line of stdout.
+WORKER = """
+import dataclasses, json, sys
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+port, process_id, model, train, mode = sys.argv[1:]
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=int(process_id))
+import numpy as np
+from jax.sharding import Mesh
+from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.jax_gdn.cp import run_cp_training
+from gdn_core.train_config import TrainConfig
+model = json.loads(model)
+model_cfg = ModelConfig(**{**model, "gdn": GDNConfig(**model["gdn"])})
+report = run_cp_training(model_cfg, TrainConfig(**json.loads(train)),
+                         mesh=Mesh(np.array(jax.devices()), ("cp",)), axis="cp", mode=mode,
+                         steps=2, verify=True)
+print(json.dumps(dataclasses.asdict(report)), flush=True)
+jax.distributed.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_cp_training_across_two_processes():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    configs = [json.dumps(dataclasses.asdict(cfg)) for cfg in (MODEL, TRAIN)]
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(i), *configs,
+                                 "p2p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, cwd=pathlib.Path(__file__).parents[2])
+               for i in range(2)]
+    outputs = [worker.communicate(timeout=840) for worker in workers]
+    for worker, (_, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-3000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert reports[0]["losses"] == reports[1]["losses"]
+    single = run_cp_training(MODEL, TRAIN, mesh=Mesh(np.array(jax.devices()[:4]), ("cp",)),
+                             axis="cp", mode="p2p", steps=2)
+    for report in reports:
+        assert report["chips"] == 4 and report["max_rel_err"] < TOL
+        assert_close("losses", single.losses, report["losses"], TOL)
+        assert report["cp_comm_bytes_per_step"] == expected_cp_bytes("p2p", 4, TRAIN.seq_len)
+        assert report["grad_sync_bytes_per_step"] == 2 * 3 * 4 * parameter_count() // 4
