@@ -82,6 +82,26 @@ def compiled_peak_bytes(compiled) -> int | None:
                + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
 
 
+def run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT, *, steps: int,
+                    warmup_steps: int, loss_to_host=float) -> tuple[list[float], list[float]]:
+    """Run warmup_steps + steps of a compiled step; return (every loss, measured step times).
+
+    Each step's outputs are blocked on before its timer stops; params/opt_state are donated
+    and threaded through. loss_to_host turns the (possibly sharded) loss into a float.
+    """
+    losses: list[float] = []
+    step_times_s: list[float] = []
+    for i in range(warmup_steps + steps):
+        start = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, inputs_BT, targets_BT)
+        jax.block_until_ready((params, opt_state, loss))
+        elapsed = time.perf_counter() - start
+        losses.append(loss_to_host(loss))
+        if i >= warmup_steps:
+            step_times_s.append(elapsed)
+    return losses, step_times_s
+
+
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                  warmup_steps: int = 1) -> TrainReport:
     """Train on one fixed synthetic batch: warmup_steps untimed steps, then `steps` timed ones.
@@ -101,15 +121,7 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
     compiled = step.lower(params, opt_state, inputs_BT, targets_BT).compile()
     peak_bytes = compiled_peak_bytes(compiled)
 
-    losses: list[float] = []
-    step_times_s: list[float] = []
-    for i in range(warmup_steps + steps):
-        start = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, inputs_BT, targets_BT)
-        jax.block_until_ready((params, opt_state, loss))
-        elapsed = time.perf_counter() - start
-        losses.append(float(loss))
-        if i >= warmup_steps:
-            step_times_s.append(elapsed)
+    losses, step_times_s = run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT,
+                                           steps=steps, warmup_steps=warmup_steps)
     return TrainReport(losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
                        memory_source=MEMORY_SOURCE if peak_bytes is not None else "unknown")

@@ -44,14 +44,6 @@ UPDATE_TOL = 1e-3
 BF16_TOL = 1e-2
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread for the single-chip references: the host's 2 cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def train_cfg(D: int, t: int = T_LOCAL) -> TrainConfig:
     return TrainConfig(batch_size=B, seq_len=D * t, learning_rate=3e-3, weight_decay=0.1)

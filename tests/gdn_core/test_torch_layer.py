@@ -19,14 +19,6 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig 
 D, HK, HV, DK, DV, K = 64, 2, 4, 16, 32, 4  # Dk != Dv on purpose
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Use one intra-op thread: on a shared 2-core host two threads spin-wait, 5-20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def hf_config() -> Qwen3_5TextConfig:
     return Qwen3_5TextConfig(

@@ -19,14 +19,6 @@ from gdn_core.train_config import TrainConfig
 TINY = get_preset("tiny")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Use one intra-op thread: on a shared 2-core host two threads spin-wait, 5-20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def tiny_batch(batch_size: int, seq_len: int):
     tokens = torch.from_numpy(synthetic_tokens(batch_size=batch_size, seq_len=seq_len,

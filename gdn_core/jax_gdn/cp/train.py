@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any
 
 import jax
@@ -40,6 +39,7 @@ from ..train import (
     build_step_fn,
     compiled_peak_bytes,
     make_optimizer,
+    run_timed_steps,
 )
 from .common import AxisName
 from .layer import check_layer_shape, cp_layer_fn
@@ -278,16 +278,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode)
     compiled, peak_bytes = program.compiled, program.peak_memory_bytes
 
-    losses: list[float] = []
-    step_times_s: list[float] = []
-    for i in range(warmup_steps + steps):
-        start = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, inputs_BT, targets_BT)
-        jax.block_until_ready((params, opt_state, loss))
-        elapsed = time.perf_counter() - start
-        losses.append(float(_host(loss)))
-        if i >= warmup_steps:
-            step_times_s.append(elapsed)
+    losses, step_times_s = run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT,
+                                           steps=steps, warmup_steps=warmup_steps,
+                                           loss_to_host=lambda loss: float(_host(loss)))
     return CPTrainReport(
         losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
         memory_source=MEMORY_SOURCE if peak_bytes is not None else "unknown", mode=mode,
