@@ -7,7 +7,8 @@ The measured program is one GDN layer's training step (forward + backward w.r.t.
 parameters) with the preset's geometry, the sequence split over D virtual CPU chips inside one
 shard_map (run in a fresh process: the chip count is fixed when JAX starts). Per (mode, D):
   memory/chip   XLA memory_analysis of the compiled step: arguments + outputs + temps − aliased
-  recv/chip     bytes the busiest chip receives in collectives (compiled HLO, hlo_comm)
+  recv/chip     bytes the busiest chip receives in the CP exchanges (compiled HLO, hlo_comm)
+  grad sum      what summing the layer's parameter gradients over D chips adds (ring)
   flops ratio   XLA cost_analysis flops per chip × D ÷ flops of the same step on one chip over
                 the whole sequence: the compute CP adds (goal ≤ 1.10 at D = 8)
   mem ratio     memory/chip ÷ the D = 1 figure at the same local shard (goal ≤ 1.02)
@@ -78,12 +79,12 @@ def _layer_step(cfg, mode: str | None, chips: int, dtype):
                                            dtype=dtype)
 
     def shard_grad(params, x_BTD):
-        d_params, d_x = jax.grad(lambda p, x: loss(p, x, layer), argnums=(0, 1))(params, x_BTD)
-        # Parameter gradients are per-shard contributions: sum them as the training step does.
-        return jax.lax.psum(d_params, "cp"), d_x
+        return jax.grad(lambda p, x: loss(p, x, layer), argnums=(0, 1))(params, x_BTD)
 
+    # check_vma=False: parameter gradients stay this chip's contribution (no psum inserted), so
+    # the received bytes are the CP exchanges alone; the gradient sum is reported separately.
     return jax.jit(jax.shard_map(shard_grad, mesh=mesh, in_specs=(P(), P(None, "cp")),
-                                 out_specs=(P(), P(None, "cp"))))
+                                 out_specs=(P(), P(None, "cp")), check_vma=False))
 
 
 def _measure(cfg, mode, chips, args, dtype):
@@ -136,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     single = {}  # D -> one-chip run over the same global sequence (flops reference)
     local_ref = None  # one chip holding one local shard (memory reference)
     print(f"{'mode':<11}{'D':>3}{'memory/chip MiB':>17}{'mem ratio':>11}{'recv/chip MiB':>15}"
-          f"{'flops ratio':>13}{'step s':>9}")
+          f"{'grad sum MiB':>14}{'flops ratio':>13}{'step s':>9}")
+    memory = {}  # mode -> {D: bytes}
     for chips in sorted(args.chips):
         for mode in args.modes:
             try:
@@ -154,11 +156,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = local_ref if chips == 1 else _measure(cfg, mode, chips, args, dtype)
             flops_ratio = row["flops_per_chip"] * chips / single[chips]["flops_per_chip"]
             step = f"{row['step_s']:9.3f}" if row["step_s"] is not None else f"{'-':>9}"
+            memory.setdefault(mode, {})[chips] = row["memory"]
             print(f"{mode:<11}{chips:>3}{row['memory'] / 2**20:17.1f}"
                   f"{row['memory'] / local_ref['memory']:11.4f}{row['recv'] / 2**20:15.3f}"
-                  f"{flops_ratio:13.4f}{step}")
+                  f"{_grad_sum_bytes(cfg, chips) / 2**20:14.1f}{flops_ratio:13.4f}{step}")
             sys.stdout.flush()
+    print("per-chip memory max/min across D (goal <= 1.02): " + "; ".join(
+        f"{mode} {_spread(by_d)} (D>=2: {_spread({d: b for d, b in by_d.items() if d > 1})})"
+        for mode, by_d in memory.items()))
     return 0
+
+
+def _spread(bytes_by_chips: dict[int, int]) -> str:
+    values = list(bytes_by_chips.values())
+    return f"{max(values) / min(values):.4f}" if values else "-"
+
+
+def _grad_sum_bytes(cfg, chips: int) -> float:
+    """Ring all-reduce of the layer's float32 parameter gradients: 2·(D−1)/D × their bytes."""
+    from ..torch_gdn.layer import GatedDeltaNet
+
+    params = sum(p.numel() for p in GatedDeltaNet(cfg).parameters())
+    return 2 * (chips - 1) / chips * 4 * params
 
 
 def _scaled(args, chips):
