@@ -90,14 +90,56 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> C
                       A_NBHKK, b_NBHKV)
 
 
-def scan_chunk_states(A_NBHKK, b_NBHKV, h0_BHKV):
-    """S_0 = h0, S_{n+1} = A_n S_n + b_n. Returns (S_n entering each chunk [N,B,H,K,V], S_N)."""
+def reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV, d_last_BHKV, *,
+                       with_pairs: bool = True):
+    """Backward of S_{n+1} = A_n S_n + b_n given cotangents of every S_n and of S_N.
+
+    μ_N = d_last; μ_n = d_states_n + A_nᵀ μ_{n+1}; ∂A_n = μ_{n+1} S_nᵀ, ∂b_n = μ_{n+1}.
+    Returns μ_0 (∂L/∂S_0) and, if with_pairs, (∂A [N,B,H,K,K], ∂b [N,B,H,K,V]).
+    """
+    def step(mu_BHKV, xs):
+        A_BHKK, S_BHKV, dS_BHKV = xs
+        grads = (mm(mu_BHKV, jnp.swapaxes(S_BHKV, -1, -2)), mu_BHKV) if with_pairs else None
+        return dS_BHKV + mm(jnp.swapaxes(A_BHKK, -1, -2), mu_BHKV), grads
+
+    mu0_BHKV, grads = jax.lax.scan(step, d_last_BHKV, (A_NBHKK, states_NBHKV, d_states_NBHKV),
+                                   reverse=True)
+    return mu0_BHKV, grads
+
+
+def _forward_state_scan(A_NBHKK, b_NBHKV, h0_BHKV):
     def step(h_BHKV, pair):
         A_BHKK, b_BHKV = pair
         return mm(A_BHKK, h_BHKV) + b_BHKV, h_BHKV
 
     final_BHKV, states_NBHKV = jax.lax.scan(step, h0_BHKV, (A_NBHKK, b_NBHKV))
     return states_NBHKV, final_BHKV
+
+
+@jax.custom_vjp
+def scan_chunk_states(A_NBHKK, b_NBHKV, h0_BHKV):
+    """S_0 = h0, S_{n+1} = A_n S_n + b_n. Returns (S_n entering each chunk [N,B,H,K,V], S_N).
+
+    The backward is written out (reverse_state_scan): its residuals are A_n and the states this
+    scan returns anyway, where autodiff of the scan keeps its own copies.
+    """
+    return _forward_state_scan(A_NBHKK, b_NBHKV, h0_BHKV)
+
+
+def _scan_fwd(A_NBHKK, b_NBHKV, h0_BHKV):
+    states_NBHKV, final_BHKV = _forward_state_scan(A_NBHKK, b_NBHKV, h0_BHKV)
+    return (states_NBHKV, final_BHKV), (A_NBHKK, states_NBHKV)
+
+
+def _scan_bwd(residuals, cotangents):
+    A_NBHKK, states_NBHKV = residuals
+    d_states_NBHKV, d_final_BHKV = cotangents
+    dh0_BHKV, (dA_NBHKK, db_NBHKV) = reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV,
+                                                         d_final_BHKV)
+    return dA_NBHKK, db_NBHKV, dh0_BHKV
+
+
+scan_chunk_states.defvjp(_scan_fwd, _scan_bwd)
 
 
 def compose_affine(A_first, b_first, A_then, b_then):

@@ -19,7 +19,7 @@ The backward of the exchange is written out (`with_adjoint`, a custom VJP): reve
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import numpy as np
 from jax import lax
 
 from ..chunk import (ChunkTerms, chunk_outputs, fold_chunk_pairs, mm, prepare_chunks,
-                     scan_chunk_states)
+                     reverse_state_scan, scan_chunk_states)
 
 AxisName = str | tuple[str, ...]
 
@@ -107,51 +107,70 @@ def from_last_chip(x, axis: AxisName):
     return lax.psum(jnp.where(is_last, x, jnp.zeros_like(x)), axis)
 
 
-def with_adjoint(forward: IncomingState, adjoint: Callable) -> IncomingState:
-    """An IncomingState whose backward runs `adjoint` instead of autodiff of `forward`.
+class Exchange(NamedTuple):
+    """A mode's exchange: `forward` finds h_in from the folded pairs, `adjoint` reverses it.
 
-    With chips i = 0 … D−1, h_in_{i+1} = A_i h_in_i + b_i and ḡ_i = ∂L/∂h_in_i (from chip i's
-    replay), the adjoints obey the reverse recurrence λ_i = ḡ_i + A_iᵀ λ_{i+1} (λ_D = 0), and
+    forward(A_BHKK, b_BHKV, h0_BHKV, *, axis) -> h_in_BHKV.
+    adjoint(At_BHKK, dh_in_BHKV, *, axis) -> λ_{i+1} on chip i: with chips i = 0 … D−1,
+    h_in_{i+1} = A_i h_in_i + b_i and ḡ_i = ∂L/∂h_in_i from chip i's own outputs, the adjoints
+    obey λ_i = ḡ_i + A_iᵀ λ_{i+1} (λ_D = 0); ∂L/∂h0 = λ_0 (chip 0).
+    """
 
-        ∂L/∂A_i = λ_{i+1} h_in_iᵀ,   ∂L/∂b_i = λ_{i+1},   ∂L/∂h0 = λ_0 (chip 0).
+    forward: IncomingState
+    adjoint: Callable
+    name: str
 
-    `adjoint(At_BHKK, dh_in_BHKV, *, axis)` returns λ_{i+1} on chip i (the suffix after it,
-    applied to zero). Residuals are this chip's A and h_in only — independent of D — where
-    autodiff of a round-by-round exchange keeps a state or pair per round.
+
+def with_adjoint(forward: IncomingState, adjoint: Callable) -> Exchange:
+    """Pair a mode's exchange with its hand-written backward (see replay_through_exchange)."""
+    return Exchange(forward, adjoint, forward.__name__.removesuffix("_forward"))
+
+
+def replay_through_exchange(exchange: Exchange, A_NBHKK, b_NBHKV, h0_BHKV, *, axis: AxisName):
+    """This shard's chunk-entry states [N,B,H,K,V] and its final state, h_in from `exchange`.
+
+    Forward: fold the chunks into (A, b), exchange, scan from h_in. Backward, written out: the
+    exchange's cotangent on (A, b) is always (λ_{i+1} h_inᵀ, λ_{i+1}), which through the fold
+    is exactly the replay scan's backward with λ_{i+1} added to its final state's cotangent. So
+    no residual of the fold is kept (autodiff would keep a running pair per chunk, +15% per chip
+    at production shapes), only A_n and the states the replay produces anyway; the price is a
+    second reverse state scan (Dk²·Dv per chunk). Residuals are independent of D.
     """
 
     @partial(jax.custom_vjp, nondiff_argnums=(3,))
-    def exchange(A_BHKK, b_BHKV, h0_BHKV, axis):
-        return forward(A_BHKK, b_BHKV, h0_BHKV, axis=axis)
+    def run(A_NBHKK, b_NBHKV, h0_BHKV, axis):
+        return run_fwd(A_NBHKK, b_NBHKV, h0_BHKV, axis)[0]
 
-    def exchange_fwd(A_BHKK, b_BHKV, h0_BHKV, axis):
-        h_in_BHKV = forward(A_BHKK, b_BHKV, h0_BHKV, axis=axis)
-        return h_in_BHKV, (A_BHKK, h_in_BHKV)
+    def run_fwd(A_NBHKK, b_NBHKV, h0_BHKV, axis):
+        A_BHKK, b_BHKV = fold_chunk_pairs(A_NBHKK, b_NBHKV)
+        h_in_BHKV = exchange.forward(A_BHKK, b_BHKV, h0_BHKV, axis=axis)
+        states_NBHKV, h_out_BHKV = scan_chunk_states(A_NBHKK, b_NBHKV, h_in_BHKV)
+        return (states_NBHKV, h_out_BHKV), (A_NBHKK, A_BHKK, states_NBHKV)
 
-    def exchange_bwd(axis, residuals, dh_in_BHKV):
-        A_BHKK, h_in_BHKV = residuals
+    def run_bwd(axis, residuals, cotangents):
+        A_NBHKK, A_BHKK, states_NBHKV = residuals
+        d_states_NBHKV, d_out_BHKV = cotangents
+        # ḡ = ∂L/∂h_in through this shard's own outputs, then the exchange's adjoint.
+        g_BHKV, _ = reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV, d_out_BHKV,
+                                  with_pairs=False)
         At_BHKK = jnp.swapaxes(A_BHKK, -1, -2)
-        lam_next_BHKV = adjoint(At_BHKK, dh_in_BHKV, axis=axis)
-        dA_BHKK = mm(lam_next_BHKV, jnp.swapaxes(h_in_BHKV, -1, -2))
-        lam_BHKV = dh_in_BHKV + mm(At_BHKK, lam_next_BHKV)
+        lam_next_BHKV = exchange.adjoint(At_BHKK, g_BHKV, axis=axis)
+        lam_BHKV = g_BHKV + mm(At_BHKK, lam_next_BHKV)
         dh0_BHKV = jnp.where(chip_index(axis) == 0, lam_BHKV, jnp.zeros_like(lam_BHKV))
-        return dA_BHKK, lam_next_BHKV, dh0_BHKV
+        # The pairs' gradient: own outputs plus what later chips owe to this shard's fold.
+        _, (dA_NBHKK, db_NBHKV) = reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV,
+                                                d_out_BHKV + lam_next_BHKV, with_pairs=True)
+        return dA_NBHKK, db_NBHKV, dh0_BHKV
 
-    exchange.defvjp(exchange_fwd, exchange_bwd)
-
-    def incoming(A_BHKK, b_BHKV, h0_BHKV, *, axis: AxisName):
-        # Cast h0 to per-chip once, outside the custom VJP: the cast's transpose is the single
-        # psum making ∂L/∂h0 replicated (dropped from the program when h0 is a constant).
-        return exchange(A_BHKK, b_BHKV, vary_like(h0_BHKV, b_BHKV), axis)
-
-    incoming.__name__ = incoming.__qualname__ = forward.__name__
-    incoming.__doc__ = forward.__doc__
-    return incoming
+    run.defvjp(run_fwd, run_bwd)
+    # Cast h0 to per-chip once, outside the custom VJP: the cast's transpose is the single psum
+    # making ∂L/∂h0 replicated (dropped from the program when h0 is a constant).
+    return run(A_NBHKK, b_NBHKV, vary_like(h0_BHKV, b_NBHKV[0]), axis)
 
 
-def sequence_sharded_rule(incoming: IncomingState, q, k, v, g, beta, h0_BHKV, *, axis: AxisName,
+def sequence_sharded_rule(exchange: Exchange, q, k, v, g, beta, h0_BHKV, *, axis: AxisName,
                           output_final_state: bool, use_qk_l2norm: bool, chunk_size: int):
-    """Run the rule on this chip's shard, finding h_in with `incoming`.
+    """Run the rule on this chip's shard, finding h_in with `exchange`.
 
     Args (local shards): q, k [B, T_local, Hk, Dk]; v [B, T_local, Hv, Dv]; g, beta
         [B, T_local, Hv]; h0_BHKV [B, Hv, Dk, Dv] float32, replicated.
@@ -162,21 +181,21 @@ def sequence_sharded_rule(incoming: IncomingState, q, k, v, g, beta, h0_BHKV, *,
     T_local = q.shape[1]
     terms: ChunkTerms = prepare_chunks(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
                                        chunk_size=chunk_size)
-    A_BHKK, b_BHKV = fold_chunk_pairs(terms.A_NBHKK, terms.b_NBHKV)
-    h_in_BHKV = incoming(A_BHKK, b_BHKV, h0_BHKV, axis=axis)
-    states_NBHKV, h_out_BHKV = scan_chunk_states(terms.A_NBHKK, terms.b_NBHKV, h_in_BHKV)
+    states_NBHKV, h_out_BHKV = replay_through_exchange(exchange, terms.A_NBHKK, terms.b_NBHKV,
+                                                       h0_BHKV, axis=axis)
     o = chunk_outputs(terms, states_NBHKV, T_local).astype(q.dtype)
     return o, (from_last_chip(h_out_BHKV, axis) if output_final_state else None)
 
 
-def sequence_sharded(incoming: IncomingState) -> Callable:
-    """Make a mode's per-shard rule from its IncomingState (the CP registry's entries)."""
+def sequence_sharded(exchange: Exchange) -> Callable:
+    """Make a mode's per-shard rule from its Exchange (the CP registry's entries)."""
 
     def rule(q, k, v, g, beta, h0_BHKV, *, axis, output_final_state, use_qk_l2norm, chunk_size):
-        return sequence_sharded_rule(incoming, q, k, v, g, beta, h0_BHKV, axis=axis,
+        return sequence_sharded_rule(exchange, q, k, v, g, beta, h0_BHKV, axis=axis,
                                      output_final_state=output_final_state,
                                      use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
 
-    rule.__name__ = rule.__qualname__ = f"{incoming.__name__}_rule"
-    rule.__doc__ = f"Per-shard rule, h_in from {incoming.__name__}; see sequence_sharded_rule."
+    rule.__name__ = rule.__qualname__ = f"{exchange.name}_rule"
+    rule.__doc__ = (f"Per-shard rule, h_in from the {exchange.name} exchange; "
+                    "see sequence_sharded_rule.")
     return rule
