@@ -18,6 +18,7 @@ The backward of the exchange is written out (`with_adjoint`, a custom VJP): reve
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Callable, NamedTuple, Protocol
 
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import AxisType, NamedSharding
 
 from ..chunk import (ChunkTerms, chunk_outputs, fold_chunk_pairs, mm, prepare_chunks,
                      reverse_state_scan, scan_chunk_states)
@@ -199,3 +201,22 @@ def sequence_sharded(exchange: Exchange) -> Callable:
     rule.__doc__ = (f"Per-shard rule, h_in from the {exchange.name} exchange; "
                     "see sequence_sharded_rule.")
     return rule
+
+
+def mesh_chip_count(mesh, axis: AxisName) -> int:
+    """Chips along `axis` of `mesh` (product over a tuple); ValueError names unknown axes."""
+    names = axis_names(axis)
+    missing = [name for name in names if name not in mesh.axis_names]
+    if not names or missing:
+        raise ValueError(f"axis={axis!r} must name axes of the mesh {tuple(mesh.axis_names)}; "
+                         f"not found: {missing}")
+    return math.prod(mesh.shape[name] for name in names)
+
+
+def place_on_mesh(x, mesh, spec, axis: AxisName):
+    """Reshard onto `spec` when the CP axes are Explicit (shard_map then demands the match)."""
+    names = axis_names(axis)
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    if all(types[name] == AxisType.Explicit for name in names):
+        return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+    return x

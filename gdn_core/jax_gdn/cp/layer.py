@@ -38,7 +38,8 @@ from ..model import GDNLayerFn
 from ..params import Params, cast_floating
 from .common import AxisName, chip_count, chip_index, vary_like
 from .halo import conv_halo
-from .rule import _mesh_chips, _placed, chunk_gated_delta_rule_cp_shard
+from .common import mesh_chip_count, place_on_mesh
+from .rule import chunk_gated_delta_rule_cp_shard
 
 
 def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int) -> None:
@@ -138,10 +139,10 @@ def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName,
     Raises ValueError naming the numbers (unknown mode or axis, T not divisible by D, …).
     """
     check_mode(mode)
-    D = _mesh_chips(mesh, axis)
+    D = mesh_chip_count(mesh, axis)
     axis = axis if isinstance(axis, str) else tuple(axis)
     check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BTD.shape[1])
     seq_spec = P(None, axis)
     layer = partial(cp_gdn_layer, cfg=cfg, axis=axis, mode=mode, dtype=dtype)
     return jax.shard_map(layer, mesh=mesh, in_specs=(P(), seq_spec), out_specs=seq_spec)(
-        _placed(params, mesh, P(), axis), _placed(x_BTD, mesh, seq_spec, axis))
+        place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis))

@@ -7,17 +7,16 @@ global arrays. Both validate with gdn_core.cp_modes.check_cp_shape.
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import jax
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 from ...cp_modes import CP_MODES, check_cp_shape, check_mode
 from ...shapes import check_rule_args
 from ..chunk import initial_state_or_zeros
 from .all_gather import all_gather_rule
-from .common import AxisName, chip_count
+from .common import AxisName, chip_count, mesh_chip_count, place_on_mesh
 from .log_scan import log_scan_rule
 from .p2p import p2p_rule
 from .ulysses import ulysses_rule
@@ -63,24 +62,6 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
                           use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
 
 
-def _mesh_chips(mesh, axis: AxisName) -> int:
-    names = (axis,) if isinstance(axis, str) else tuple(axis)
-    missing = [name for name in names if name not in mesh.axis_names]
-    if not names or missing:
-        raise ValueError(f"axis={axis!r} must name axes of the mesh {tuple(mesh.axis_names)}; "
-                         f"not found: {missing}")
-    return math.prod(mesh.shape[name] for name in names)
-
-
-def _placed(x, mesh, spec, axis: AxisName):
-    """Reshard onto `spec` when the CP axes are Explicit (shard_map then demands the match)."""
-    names = (axis,) if isinstance(axis, str) else tuple(axis)
-    types = dict(zip(mesh.axis_names, mesh.axis_types))
-    if all(types[name] == AxisType.Explicit for name in names):
-        return jax.sharding.reshard(x, NamedSharding(mesh, spec))
-    return x
-
-
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: str,
                               initial_state=None, output_final_state=False, use_qk_l2norm=False,
                               chunk_size=64):
@@ -95,7 +76,7 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
         heads not divisible by D, bad rule shapes.
     """
     check_mode(mode)
-    D = _mesh_chips(mesh, axis)
+    D = mesh_chip_count(mesh, axis)
     axis = axis if isinstance(axis, str) else tuple(axis)
     _, T, Hk, Hv, _, _ = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
                                          _state_shape(initial_state), chunk_size)
@@ -103,10 +84,10 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
     seq_spec = P(None, axis)
     kwargs = dict(axis=axis, mode=mode, output_final_state=output_final_state,
                   use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
-    args = [_placed(x, mesh, seq_spec, axis) for x in (q, k, v, g, beta)]
+    args = [place_on_mesh(x, mesh, seq_spec, axis) for x in (q, k, v, g, beta)]
     in_specs = [seq_spec] * 5
     if initial_state is not None:
-        args.append(_placed(initial_state, mesh, P(), axis))
+        args.append(place_on_mesh(initial_state, mesh, P(), axis))
         in_specs.append(P())
 
     def shard(q, k, v, g, beta, *maybe_h0):

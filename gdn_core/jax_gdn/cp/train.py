@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from ...config import ModelConfig
 from ...cp_modes import CPMode, check_mode
 from ...data import synthetic_tokens
-from ...testing import rel_err
+from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
 from ..model import model_loss
@@ -43,20 +43,15 @@ from ..train import (
 )
 from .common import AxisName
 from .layer import check_layer_shape, cp_layer_fn
-from .rule import _mesh_chips
+from .common import mesh_chip_count
 
 COMM_SOURCE = "xla_hlo"
-# verify's error floor, × the norm of the whole reference gradient (as torch_gdn.cp.train): the
-# A_log / dt_bias gradients of strongly decaying heads are ~1e-6 of the total and carry fp32
-# round-off of ~1e-4 relative to themselves; a wrong gradient of any tensor whose norm
-# exceeds 1e-7 of the total still reads as > 1e-4.
-VERIFY_GRAD_FLOOR = 1e-3
 
 
 def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: AxisName, mode: str):
     """Validate mode, axis and shape; return (axis as a name or tuple, chips D)."""
     check_mode(mode)
-    D = _mesh_chips(mesh, axis)
+    D = mesh_chip_count(mesh, axis)
     check_layer_shape(model_cfg.gdn, mode=mode, chips=D, seq_len=train_cfg.seq_len)
     return (axis if isinstance(axis, str) else tuple(axis)), D
 
@@ -224,7 +219,7 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     params: replicated global arrays; tokens_BT1: host int [B, T+1] (inputs [:, :-1], targets
     [:, 1:]), the same on every process. The reference is model_loss under jax.value_and_grad
     on this process's first device. Each gradient's error is relative to max(its norm,
-    VERIFY_GRAD_FLOOR × the whole reference gradient's norm). Every process returns the same.
+    testing.VERIFY_GRAD_FLOOR × the whole reference gradient's norm). Every process returns the same.
     """
     axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
     dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
@@ -245,11 +240,8 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
         lambda p, i, t: model_loss(p, i, t, model_cfg, global_tokens=global_tokens,
                                    dtype=dtype)))(*jax.device_put(
                                        (_host(params), inputs_BT, targets_BT), device))
-    ref_leaves, cp_leaves = jax.tree.leaves(ref_grads), jax.tree.leaves(cp_grads)
-    floor = VERIFY_GRAD_FLOOR * float(np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64)))
-                                                  for g in ref_leaves)))
-    return max([rel_err(ref_loss, cp_loss)] + [rel_err(r, c, floor=floor)
-                                                for r, c in zip(ref_leaves, cp_leaves)])
+    return max_verify_error(ref_loss, cp_loss, jax.tree.leaves(ref_grads),
+                            jax.tree.leaves(cp_grads))
 
 
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
