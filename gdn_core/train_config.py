@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Literal, get_args
 
 ComputeDType = Literal["float32", "bfloat16"]
-COMPUTE_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDType)
+ParamSharding = Literal["replicated", "zero1", "fsdp"]
+PARAM_SHARDINGS: tuple[str, ...] = get_args(ParamSharding)
+"""How weights, gradients and AdamW state are laid out over the CP chips (which double as the
+data/FSDP axis, as MaxText's ici_fsdp × context meshes do):
+replicated — every chip holds everything; gradients all-reduced.
+zero1 — optimizer state sharded over the group; gradients reduce-scattered, updated shards
+    all-gathered back into replicated weights.
+fsdp — parameters, gradients and optimizer state sharded; each layer's weights gathered just
+    before it runs (and again in backward), gradients reduce-scattered."""
+Remat = Literal["none", "full", "gdn"]
+REMATS: tuple[str, ...] = get_args(Remat)
+"""Activation recomputation: none — keep every activation; full — each decoder layer is
+recomputed in backward (only its input is saved); gdn — only the GDN core (conv, gates, rule)
+is recomputed, as Megatron's `gdn` recompute."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -18,7 +32,12 @@ class TrainConfig:
     seq_len: int = 256
     """Global tokens per sequence (split across chips under CP)."""
     dtype: ComputeDType = "float32"
-    """Compute dtype; master weights and optimizer state stay float32, GDN state stays float32."""
+    """Compute dtype. bfloat16: bf16 weight copies and activations, bf16 matmuls accumulating
+    in float32; master weights, optimizer state and the GDN state chain stay float32."""
+    param_sharding: ParamSharding = "replicated"
+    """Layout of weights, gradients and optimizer state over the CP chips (PARAM_SHARDINGS)."""
+    remat: Remat = "none"
+    """Activation recomputation policy (REMATS)."""
     learning_rate: float = 3e-3
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -34,6 +53,12 @@ class TrainConfig:
         if self.dtype not in COMPUTE_DTYPES:
             raise ValueError(f"TrainConfig.dtype={self.dtype!r} is not one of: "
                              f"{', '.join(COMPUTE_DTYPES)}")
+        if self.param_sharding not in PARAM_SHARDINGS:
+            raise ValueError(f"TrainConfig.param_sharding={self.param_sharding!r} is not one of: "
+                             f"{', '.join(PARAM_SHARDINGS)}")
+        if self.remat not in REMATS:
+            raise ValueError(f"TrainConfig.remat={self.remat!r} is not one of: "
+                             f"{', '.join(REMATS)}")
         if not self.learning_rate > 0:
             raise ValueError(f"TrainConfig.learning_rate={self.learning_rate!r} must be > 0")
 
@@ -71,8 +96,10 @@ class CPTrainReport(TrainReport):
     """Bytes this chip received per step in the mode's exchanges (forward + backward, halo
     included; ARCHITECTURE.md's table)."""
     grad_sync_bytes_per_step: int
-    """Bytes this chip received per step summing gradients over the CP group (ring all-reduce
-    convention: 2·(D−1)/D × gradient bytes)."""
+    """Bytes this chip received per step for the weights themselves, apart from CP traffic:
+    the gradient all-reduce (replicated; ring convention 2·(D−1)/D × gradient bytes), or the
+    reduce-scatter of gradients plus the all-gathers of weights (zero1: updated shards; fsdp:
+    every layer's weights, forward and backward)."""
     comm_source: str = "unknown"
     """How the bytes were found: counted collectives (torch) or the compiled HLO (jax)."""
     max_rel_err: float | None = None
