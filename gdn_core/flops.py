@@ -417,20 +417,56 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class HardwareFlops:
-    """hardware_flops_per_step from the analytical count: model FLOPs plus the CP work."""
+class RecomputeFlops:
+    """Forward work a step runs a second time in backward (global batch, one step)."""
 
-    model: ModelFlops
-    cp_overhead: CPOverheadFlops
+    layers: int
+    """remat 'full': every decoder layer's forward (GDN layer + MLP, CP work of its rule
+    included); 'gdn': every GDN core's forward (conv and rule, its CP work included); 'none': 0."""
+    lm_head: int
+    """The chunked cross-entropy recomputes each token chunk's logits in backward: one more
+    LM-head forward."""
 
     @property
     def total(self) -> int:
-        return self.model.total + self.cp_overhead.total
+        return _sum_fields(self)
+
+
+def recompute_flops(model_cfg: ModelConfig, *, remat: str, batch: int, seq_len: int,
+                    cp_overhead: CPOverheadFlops) -> RecomputeFlops:
+    """Count what `remat` and the chunked loss recompute; cp_overhead is the step's CP work
+    (fwd + bwd, so its forward is a FWD_BWD_MULTIPLIER-th of it)."""
+    if remat not in ("none", "full", "gdn"):
+        raise ValueError(f"remat={remat!r} is not one of: none, full, gdn")
+    forward = model_forward_flops(model_cfg, batch=batch, seq_len=seq_len)
+    cp_forward = cp_overhead.total // FWD_BWD_MULTIPLIER
+    layers = {
+        "none": 0,
+        "full": forward.gdn_rule + forward.gdn_projections + forward.conv + forward.mlp
+        + cp_forward,
+        "gdn": forward.gdn_rule + forward.conv + cp_forward,
+    }[remat]
+    return RecomputeFlops(layers=layers, lm_head=forward.lm_head)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HardwareFlops:
+    """hardware_flops_per_step from the analytical count: model FLOPs, the CP work, and what
+    recomputation runs again."""
+
+    model: ModelFlops
+    cp_overhead: CPOverheadFlops
+    recompute: RecomputeFlops
+
+    @property
+    def total(self) -> int:
+        return self.model.total + self.cp_overhead.total + self.recompute.total
 
 
 def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
-                            seq_len: int) -> HardwareFlops:
-    """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd).
+                            seq_len: int, remat: str = "none") -> HardwareFlops:
+    """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd),
+    recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not).
 
     Raises ValueError, like the CP modes, for a shape `mode` cannot split over `chips`.
     """
@@ -441,8 +477,11 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
                                  num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
                                  head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
                                  num_layers=model_cfg.num_layers)
-    return HardwareFlops(model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
-                         cp_overhead=overhead)
+    return HardwareFlops(
+        model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
+        cp_overhead=overhead,
+        recompute=recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
+                                  cp_overhead=overhead))
 
 
 # --------------------------------------------------------------------------- throughput metrics

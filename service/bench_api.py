@@ -56,7 +56,7 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
             dtype = "bfloat16" if n % 3 else "float32"
             spec = {"name": f"bench {n}", "frameworks": list(FRAMEWORKS), "modes": list(MODES),
                     "chips": list(CHIPS), "seq_lens": list(SEQ_LENS), "model": {"preset": preset},
-                    "dtype": dtype, "accelerator": {"kind": kind, "type": chip}}
+                    "dtypes": [dtype], "accelerator": {"kind": kind, "type": chip}}
             sweep_id = conn.execute(insert(Sweep).returning(Sweep.id), [{
                 "name": spec["name"], "status": "finished", "spec": spec,
                 "trials_total": len(grid), "trials_skipped": 0, "created_at": now}]).scalar_one()
@@ -67,9 +67,10 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
                 status = _status(rng, chips, seq_len)
                 trials.append(dict(
                     id=trial_id, sweep_id=sweep_id, key=f"{framework}/{mode}/chips={chips}/"
-                    f"seq_len={seq_len}", framework=framework, mode=mode, chips=chips,
-                    seq_len=seq_len, batch_size=1, preset=preset, num_layers=8, vocab_size=1024,
-                    dtype=dtype, steps=3, warmup_steps=1, accelerator_kind=kind,
+                    f"seq_len={seq_len}/dtype={dtype}/param_sharding=replicated/remat=none",
+                    framework=framework, mode=mode, chips=chips, seq_len=seq_len, batch_size=1,
+                    preset=preset, num_layers=8, vocab_size=1024, dtype=dtype,
+                    param_sharding="replicated", remat="none", steps=3, warmup_steps=1, accelerator_kind=kind,
                     accelerator_type=chip, verify=False, timeout_s=600.0, skip_reason=None,
                     status=status, created_at=now, started_at=now))
                 ok = status == "succeeded"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 from workers.spec import CP_MODES, FRAMEWORKS
 
 DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
@@ -29,7 +30,9 @@ def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, re
     p.add_argument("--seq-len-min", type=int)
     p.add_argument("--seq-len-max", type=int)
     p.add_argument("--accelerator", action="append", help="chip type: cpu, h100, v5p, …")
-    p.add_argument("--dtype", action="append", choices=("float32", "bfloat16"))
+    p.add_argument("--dtype", action="append", choices=COMPUTE_DTYPES)
+    p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
+    p.add_argument("--remat", action="append", choices=REMATS)
     p.add_argument("--sweep-id", type=int)
     p.add_argument("--sort", default="-tokens_per_s_per_chip",
                    help="comma-separated keys, '-' for descending (see GET /api/results)")
@@ -39,7 +42,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, re
     p.set_defaults(run=lambda a: results(
         database_url=a.database_url, preset=a.preset, framework=a.framework, mode=a.mode,
         chips=a.chips, seq_len_min=a.seq_len_min, seq_len_max=a.seq_len_max,
-        accelerator=a.accelerator, dtype=a.dtype, sweep_id=a.sweep_id, sort=a.sort,
+        accelerator=a.accelerator, dtype=a.dtype, param_sharding=a.param_sharding,
+        remat=a.remat, sweep_id=a.sweep_id, sort=a.sort,
         limit=a.limit if a.limit is not None or a.csv else 50, csv=a.csv))
 
     p = sub.add_parser("db", help="database maintenance")

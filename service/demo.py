@@ -20,7 +20,7 @@ DEMO_SWEEP = {
     "name": "demo: tiny model, all_gather vs p2p, 1-4 chips",
     "frameworks": ["jax", "torch"], "modes": ["all_gather", "p2p"], "chips": [1, 2, 3, 4],
     "seq_lens": [384, 768, 1536], "model": {"preset": "tiny"}, "batch_size": 1,
-    "dtype": "float32", "steps": 3, "warmup_steps": 1,
+    "dtypes": ["float32"], "steps": 3, "warmup_steps": 1,
     "accelerator": {"kind": "cpu", "type": "cpu"}, "trial_timeout_s": 600,
 }
 """48 trials; every seq_len splits evenly over 1-4 chips into whole chunks of 16 tokens."""

@@ -84,6 +84,8 @@ class Trial(Base):
     num_layers: Mapped[int] = mapped_column(Integer)
     vocab_size: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
+    param_sharding: Mapped[str] = mapped_column(String(16), default="replicated")
+    remat: Mapped[str] = mapped_column(String(8), default="none")
     steps: Mapped[int] = mapped_column(Integer)
     warmup_steps: Mapped[int] = mapped_column(Integer)
     accelerator_kind: Mapped[str] = mapped_column(String(8))
@@ -135,6 +137,8 @@ class Result(Base):
     preset: Mapped[str] = mapped_column(String(64))
     num_layers: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
+    param_sharding: Mapped[str] = mapped_column(String(16), default="replicated")
+    remat: Mapped[str] = mapped_column(String(8), default="none")
     accelerator_kind: Mapped[str] = mapped_column(String(8))
     accelerator_type: Mapped[str] = mapped_column(String(32))
     status: Mapped[str] = mapped_column(String(16))
@@ -156,6 +160,8 @@ class Result(Base):
     peak_memory_bytes_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     memory_source: Mapped[str | None] = mapped_column(Text)
     comm_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
+    cp_comm_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
+    grad_sync_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     loss_first: Mapped[float | None] = mapped_column(Float)
     loss_last: Mapped[float | None] = mapped_column(Float)
     max_rel_err: Mapped[float | None] = mapped_column(Float)
@@ -166,13 +172,14 @@ class Result(Base):
 METRIC_COLUMNS: tuple[str, ...] = (
     "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "maxtext_flops_per_step",
     "hardware_flops_per_step", "peak_flops_per_chip", "peak_flops_source", "mfu", "hfu",
-    "peak_memory_bytes_per_chip", "memory_source", "comm_bytes_per_step_per_chip", "loss_first",
+    "peak_memory_bytes_per_chip", "memory_source", "comm_bytes_per_step_per_chip",
+    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip", "loss_first",
     "loss_last", "max_rel_err")
 """Result columns filled from workers.result.TrialMetrics (same names)."""
 
 FACT_COLUMNS: tuple[str, ...] = (
     "sweep_id", "framework", "mode", "chips", "seq_len", "batch_size", "preset", "num_layers",
-    "dtype", "accelerator_kind", "accelerator_type")
+    "dtype", "param_sharding", "remat", "accelerator_kind", "accelerator_type")
 """Trial columns copied into its result row."""
 
 

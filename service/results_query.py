@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gdn_core.train_config import ParamSharding, Remat
 from workers.spec import AcceleratorKind, CPMode, DType, Framework
 
 from .crud import public_select
@@ -23,6 +24,8 @@ SORT_FIELDS = {
     "hfu": Result.hfu, "step_time_s": Result.step_time_s,
     "peak_memory_bytes_per_chip": Result.peak_memory_bytes_per_chip,
     "comm_bytes_per_step_per_chip": Result.comm_bytes_per_step_per_chip,
+    "cp_comm_bytes_per_step_per_chip": Result.cp_comm_bytes_per_step_per_chip,
+    "grad_sync_bytes_per_step_per_chip": Result.grad_sync_bytes_per_step_per_chip,
     "finished_at": Result.finished_at, "seq_len": Result.seq_len, "chips": Result.chips,
     "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
     "sweep_id": Result.sweep_id, "id": Result.trial_id,
@@ -45,6 +48,8 @@ class ResultFilters(BaseModel):
     accelerator: list[str] = Field(default=[], description="chip type: cpu, h100, v5p, …")
     accelerator_kind: list[AcceleratorKind] = []
     dtype: list[DType] = []
+    param_sharding: list[ParamSharding] = []
+    remat: list[Remat] = []
     sweep_id: int | None = None
     sort: str = "-tokens_per_s_per_chip"
     offset: int = Field(default=0, ge=0)
@@ -75,7 +80,9 @@ def _where(filters: ResultFilters) -> list:
                            (filters.mode, Result.mode), (filters.chips, Result.chips),
                            (filters.accelerator, Result.accelerator_type),
                            (filters.accelerator_kind, Result.accelerator_kind),
-                           (filters.dtype, Result.dtype)):
+                           (filters.dtype, Result.dtype),
+                           (filters.param_sharding, Result.param_sharding),
+                           (filters.remat, Result.remat)):
         if values:
             where.append(column == values[0] if len(values) == 1 else column.in_(values))
     if filters.seq_len_min is not None:
@@ -142,7 +149,8 @@ def to_csv(rows: Sequence[TrialPublic]) -> str:
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "trial"), ("sweep_id", "sweep"), ("preset", "preset"), ("framework", "framework"),
     ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
-    ("dtype", "dtype"), ("accelerator", "accel"), ("tokens_per_s_per_chip", "tok/s/chip"),
+    ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
+    ("accelerator", "accel"), ("tokens_per_s_per_chip", "tok/s/chip"),
     ("step_time_s", "step_s"), ("mfu", "mfu"), ("peak_memory_bytes_per_chip", "peak_mem/chip"))
 
 

@@ -69,6 +69,8 @@ class TrialPublic(BaseModel):
     num_layers: int
     vocab_size: int
     dtype: str
+    param_sharding: str
+    remat: str
     steps: int
     warmup_steps: int
     accelerator: str
@@ -96,6 +98,9 @@ class TrialPublic(BaseModel):
     peak_memory_bytes_per_chip: int | None = None
     memory_source: str | None = None
     comm_bytes_per_step_per_chip: int | None = None
+    """CP exchanges + weight sync: the two columns below."""
+    cp_comm_bytes_per_step_per_chip: int | None = None
+    grad_sync_bytes_per_step_per_chip: int | None = None
     loss_first: float | None = None
     loss_last: float | None = None
     max_rel_err: float | None = None
@@ -144,6 +149,8 @@ class OptionsPublic(BaseModel):
     modes: list[str]
     presets: list[str]
     dtypes: list[str]
+    param_shardings: list[str]
+    remats: list[str]
     accelerator_kinds: list[str]
     accelerator_types: list[str]
     trial_statuses: list[str]

@@ -88,13 +88,8 @@ class JaxHostActor:
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
         from gdn_core.jax_gdn.cp.train import run_cp_training
-        from gdn_core.presets import get_preset
-        from gdn_core.train_config import TrainConfig
 
-        model_cfg = get_preset(trial.preset, num_layers=trial.num_layers,
-                               vocab_size=trial.vocab_size)
-        train_cfg = TrainConfig(batch_size=trial.batch_size, seq_len=trial.seq_len,
-                                dtype=trial.dtype)
+        model_cfg, train_cfg = trial.to_model_config(), trial.to_train_config()
         try:
             with process_probe.address_space_cap(memory_limit_bytes):
                 return run_cp_training(model_cfg, train_cfg, mesh=self.mesh, axis=MESH_AXIS,

@@ -13,7 +13,6 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from gdn_core import flops, hardware
-from gdn_core.presets import get_preset
 from gdn_core.train_config import CPTrainReport
 
 from .result import TrialMetrics
@@ -63,13 +62,13 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     """Every metric of a succeeded trial from its processes' reports (in rank order)."""
     if not reports:
         raise ValueError("trial_metrics needs at least one report")
-    model_cfg = get_preset(trial.preset, num_layers=trial.num_layers,
-                           vocab_size=trial.vocab_size)
+    model_cfg = trial.to_model_config()
     batch, seq_len, chips = trial.batch_size, trial.seq_len, trial.chips
     step = step_time_s(reports)
     model_flops = flops.model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
     hardware_flops = flops.hardware_flops_per_step(model_cfg, mode=trial.mode, chips=chips,
-                                                   batch=batch, seq_len=seq_len).total
+                                                   batch=batch, seq_len=seq_len,
+                                                   remat=trial.remat).total
     memory = [r for r in reports if r.peak_memory_bytes is not None]
     top = max(memory, key=lambda r: r.peak_memory_bytes) if memory else None
     losses = reports[0].losses  # the global loss: the same on every process
@@ -89,6 +88,8 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
         peak_memory_bytes_per_chip=top.peak_memory_bytes if top else None,
         memory_source=top.memory_source if top else None,
         comm_bytes_per_step_per_chip=max(r.comm_bytes_per_step for r in reports),
+        cp_comm_bytes_per_step_per_chip=max(r.cp_comm_bytes_per_step for r in reports),
+        grad_sync_bytes_per_step_per_chip=max(r.grad_sync_bytes_per_step for r in reports),
         loss_first=_finite(measured[0]),
         loss_last=_finite(measured[-1]),
         max_rel_err=max(errs) if errs else None,

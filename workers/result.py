@@ -33,6 +33,11 @@ class TrialMetrics(BaseModel):
     peak_memory_bytes_per_chip: int | None = None
     memory_source: str | None = None
     comm_bytes_per_step_per_chip: int | None = None
+    """Everything a chip received per step: the two parts below (max over chips of each sum)."""
+    cp_comm_bytes_per_step_per_chip: int | None = None
+    """The CP mode's exchanges and the conv halo (max over chips)."""
+    grad_sync_bytes_per_step_per_chip: int | None = None
+    """Gradient all-reduce / reduce-scatter and weight all-gathers (zero1, fsdp), max over chips."""
     loss_first: float | None = None
     loss_last: float | None = None
     max_rel_err: float | None = None

@@ -8,18 +8,35 @@ kept as a trial marked skipped with the reason, never dropped silently.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from gdn_core import hardware
 from gdn_core.cp_modes import CP_MODES, CPMode, check_cp_shape
 from gdn_core.presets import PRESETS, get_preset
+from gdn_core.config import ModelConfig
+from gdn_core.train_config import ComputeDType, ParamSharding, Remat, TrainConfig
 
 Framework = Literal["jax", "torch"]
 FRAMEWORKS: tuple[str, ...] = ("jax", "torch")
 AcceleratorKind = Literal["cpu", "gpu", "tpu"]
-DType = Literal["float32", "bfloat16"]
+DType = ComputeDType
+
+
+def _grid_list(field: str, default: str):
+    """A grid dimension: a list, named in the plural; the singular name and a single value
+    (as sweeps written before it was a dimension say it) are accepted too."""
+    return Field(default=[default], min_length=1,
+                 validation_alias=AliasChoices(field, field.removesuffix("s")))
 
 
 class ModelSpec(BaseModel):
@@ -57,7 +74,8 @@ class AcceleratorSpec(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """A grid of trials: frameworks × modes × chips × seq_lens, one model and step setting."""
+    """A grid of trials: frameworks × modes × chips × seq_lens × dtypes × param_shardings ×
+    remats, for one model and batch."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1, max_length=200)
@@ -67,7 +85,9 @@ class SweepSpec(BaseModel):
     seq_lens: list[int] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
     batch_size: int = Field(default=1, ge=1, le=1024)
-    dtype: DType = "float32"
+    dtypes: list[DType] = _grid_list("dtypes", "float32")
+    param_shardings: list[ParamSharding] = _grid_list("param_shardings", "replicated")
+    remats: list[Remat] = _grid_list("remats", "none")
     steps: int = Field(default=3, ge=1, le=10_000)
     warmup_steps: int = Field(default=1, ge=0, le=1_000)
     accelerator: AcceleratorSpec = AcceleratorSpec()
@@ -82,14 +102,27 @@ class SweepSpec(BaseModel):
             raise ValueError(f"{info.field_name} has non-positive values {bad}; use integers >= 1")
         return sorted(set(values))
 
-    @field_validator("frameworks", "modes")
+    @field_validator("dtypes", "param_shardings", "remats", mode="before")
+    @classmethod
+    def _one_value_is_a_list(cls, value):
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("frameworks", "modes", "dtypes", "param_shardings", "remats")
     @classmethod
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
 
+    def grid(self):
+        """Every grid point as (framework, mode, chips, seq_len, dtype, param_sharding, remat),
+        in a stable order."""
+        return itertools.product(self.frameworks, self.modes, self.chips, self.seq_lens,
+                                 self.dtypes, self.param_shardings, self.remats)
+
     @property
     def grid_size(self) -> int:
-        return len(self.frameworks) * len(self.modes) * len(self.chips) * len(self.seq_lens)
+        return math.prod(len(values) for values in (
+            self.frameworks, self.modes, self.chips, self.seq_lens, self.dtypes,
+            self.param_shardings, self.remats))
 
 
 class TrialSpec(BaseModel):
@@ -105,6 +138,8 @@ class TrialSpec(BaseModel):
     num_layers: int
     vocab_size: int
     dtype: DType
+    param_sharding: ParamSharding = "replicated"
+    remat: Remat = "none"
     steps: int
     warmup_steps: int
     accelerator_kind: AcceleratorKind
@@ -115,8 +150,19 @@ class TrialSpec(BaseModel):
 
     @property
     def key(self) -> str:
-        """Identity of the point within its sweep (used to resume and to refuse duplicates)."""
-        return (f"{self.framework}/{self.mode}/chips={self.chips}/seq_len={self.seq_len}")
+        """Identity of the point within its sweep (used to resume and to refuse duplicates):
+        every grid dimension, so no two points collide."""
+        return (f"{self.framework}/{self.mode}/chips={self.chips}/seq_len={self.seq_len}"
+                f"/dtype={self.dtype}/param_sharding={self.param_sharding}/remat={self.remat}")
+
+    def to_model_config(self) -> ModelConfig:
+        """The model this trial trains (its preset, depth and vocabulary)."""
+        return get_preset(self.preset, num_layers=self.num_layers, vocab_size=self.vocab_size)
+
+    def to_train_config(self) -> TrainConfig:
+        """The training-step settings this trial runs with."""
+        return TrainConfig(batch_size=self.batch_size, seq_len=self.seq_len, dtype=self.dtype,
+                           param_sharding=self.param_sharding, remat=self.remat)
 
 
 def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
@@ -125,8 +171,7 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                            vocab_size=spec.model.vocab_size)
     gdn = model_cfg.gdn
     trials = []
-    for framework, mode, chips, seq_len in itertools.product(
-            spec.frameworks, spec.modes, spec.chips, spec.seq_lens):
+    for framework, mode, chips, seq_len, dtype, param_sharding, remat in spec.grid():
         try:
             check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
                            num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
@@ -136,7 +181,8 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
         trials.append(TrialSpec(
             framework=framework, mode=mode, chips=chips, seq_len=seq_len,
             batch_size=spec.batch_size, preset=model_cfg.name, num_layers=model_cfg.num_layers,
-            vocab_size=model_cfg.vocab_size, dtype=spec.dtype, steps=spec.steps,
+            vocab_size=model_cfg.vocab_size, dtype=dtype, param_sharding=param_sharding,
+            remat=remat, steps=spec.steps,
             warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
             accelerator_type=spec.accelerator.type, verify=spec.verify,
             timeout_s=spec.trial_timeout_s, skip_reason=skip_reason))

@@ -77,14 +77,9 @@ class TorchRankActor:
             torch.set_num_threads(self.threads)
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
-        from gdn_core.presets import get_preset
         from gdn_core.torch_gdn.cp.train import run_cp_training
-        from gdn_core.train_config import TrainConfig
 
-        model_cfg = get_preset(trial.preset, num_layers=trial.num_layers,
-                               vocab_size=trial.vocab_size)
-        train_cfg = TrainConfig(batch_size=trial.batch_size, seq_len=trial.seq_len,
-                                dtype=trial.dtype)
+        model_cfg, train_cfg = trial.to_model_config(), trial.to_train_config()
         rss_reset = self.device == "cpu" and process_probe.reset_peak_rss()
         try:
             with process_probe.address_space_cap(memory_limit_bytes):

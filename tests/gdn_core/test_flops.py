@@ -226,5 +226,26 @@ def test_cp_overhead_design_target(mode):
     hardware = F.hardware_flops_per_step(cfg, mode=mode, chips=8, batch=1, seq_len=8 * 4096)
     model = F.model_flops_per_step(cfg, batch=1, seq_len=8 * 4096)
     assert hardware.model == model
-    assert hardware.total == model.total + hardware.cp_overhead.total
+    assert hardware.total == (model.total + hardware.cp_overhead.total
+                              + hardware.recompute.total)
     assert hardware.cp_overhead.total < 0.10 * model.total
+
+
+def test_recompute_hand_count():
+    # remat recomputes one forward of what it drops; the chunked loss one LM-head forward.
+    cfg = get_preset("tiny")
+    B, T, D = 2, 512, 4
+    fwd = F.model_forward_flops(cfg, batch=B, seq_len=T)
+    runs = {remat: F.hardware_flops_per_step(cfg, mode="p2p", chips=D, batch=B, seq_len=T,
+                                             remat=remat) for remat in ("none", "gdn", "full")}
+    cp_forward = runs["none"].cp_overhead.total // 3
+    assert runs["none"].recompute.layers == 0
+    assert runs["none"].recompute.lm_head == fwd.lm_head
+    assert runs["gdn"].recompute.layers == fwd.gdn_rule + fwd.conv + cp_forward
+    assert runs["full"].recompute.layers == (fwd.total - fwd.lm_head - fwd.embedding
+                                             + cp_forward)
+    # HFU rises with remat; the model FLOPs (MFU's numerator) do not move.
+    assert runs["none"].total < runs["gdn"].total < runs["full"].total
+    assert len({run.model.total for run in runs.values()}) == 1
+    with pytest.raises(ValueError, match="remat='some' is not one of: none, full, gdn"):
+        F.hardware_flops_per_step(cfg, mode="p2p", chips=D, batch=B, seq_len=T, remat="some")

@@ -27,7 +27,9 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", **changes) -
                                                                     else 0),
                 step_time_s=0.01 * trial.chips, mfu=trial.chips / 100, hfu=trial.chips / 90,
                 peak_memory_bytes_per_chip=trial.seq_len * 1000, memory_source="rss",
-                comm_bytes_per_step_per_chip=trial.chips * 10, loss_first=5.5, loss_last=5.0)
+                comm_bytes_per_step_per_chip=trial.chips * 10,
+                cp_comm_bytes_per_step_per_chip=trial.chips * 6,
+                grad_sync_bytes_per_step_per_chip=trial.chips * 4, loss_first=5.5, loss_last=5.0)
         record_result(session_factory=session_factory, sweep_id=sweep_id, result=TrialResult(
             trial=trial, status=status, metrics=metrics, attempts=1, hosts=["h1"],
             versions={"torch": "2.13.0"}, error=None if status == "succeeded" else "boom"))

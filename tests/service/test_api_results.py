@@ -12,13 +12,14 @@ from .seed import seed_sweep
 
 @pytest.fixture
 def seeded(session_factory):
-    """Two sweeps: torch on cpu (float32) and jax on h100 (bfloat16); oom at seq_len 512."""
+    """Two sweeps: torch on cpu (float32, replicated) and jax on h100 (bfloat16, fsdp, remat
+    full); oom at seq_len 512."""
     a = seed_sweep(session_factory, name="cpu", modes=["all_gather", "p2p"], chips=[1, 2, 4],
                    seq_lens=[64, 128, 256, 512],
                    status_of=lambda t: "oom" if t.seq_len == 512 else "succeeded")
     b = seed_sweep(session_factory, name="gpu", frameworks=["jax"], modes=["p2p"],
-                   chips=[2], seq_lens=[1024], dtype="bfloat16",
-                   accelerator={"kind": "gpu", "type": "h100"})
+                   chips=[2], seq_lens=[1024], dtypes=["bfloat16"],
+                   param_shardings=["fsdp"], remats=["full"], accelerator={"kind": "gpu", "type": "h100"})
     return a, b
 
 
@@ -42,11 +43,13 @@ def test_only_succeeded_trials_sorted_by_throughput(client, seeded):
     ({"accelerator": "h100"}, {("jax", "p2p", 2, 1024)}),
     ({"dtype": "bfloat16", "framework": "jax"}, {("jax", "p2p", 2, 1024)}),
     ({"preset": "qwen3.5-27b"}, set()),
+    ({"param_sharding": "fsdp"}, {("jax", "p2p", 2, 1024)}),
+    ({"remat": ["none"], "framework": "jax"}, set()),
     ({"framework": "torch", "mode": "all_gather", "chips": 2, "seq_len_min": 128,
       "accelerator": "cpu", "dtype": "float32", "preset": "tiny"},
      {("torch", "all_gather", 2, 128), ("torch", "all_gather", 2, 256)}),
 ], ids=["mode-chips", "chips-list-seq-range", "accelerator", "dtype-framework", "preset-none",
-        "every-filter"])
+        "param_sharding", "remat-framework-none", "every-filter"])
 def test_filters(client, seeded, params, expected):
     page = client.get("/api/results", params=params).json()
     assert set(keys(page)) == expected and page["count"] == len(expected)
@@ -71,7 +74,11 @@ def test_csv_has_a_header_and_one_line_per_result(client, seeded):
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert len(rows) == int(r.headers["x-total-count"]) == 3 * 3 + 1
     assert {"tokens_per_s_per_chip", "mfu", "peak_memory_bytes_per_chip", "accelerator",
-            "versions"} <= set(rows[0])
+            "versions", "param_sharding", "remat", "cp_comm_bytes_per_step_per_chip",
+            "grad_sync_bytes_per_step_per_chip"} <= set(rows[0])
+    # The CP and weight-sync bytes are stored apart and sum to the total.
+    assert all(int(r["cp_comm_bytes_per_step_per_chip"]) + int(r["grad_sync_bytes_per_step_per_chip"])
+               == int(r["comm_bytes_per_step_per_chip"]) for r in rows)
     assert rows[0]["versions"] == '{"torch": "2.13.0"}' and rows[0]["mode"] == "p2p"
     limited = client.get("/api/results", params={"format": "csv", "limit": 2}).text
     assert len(limited.strip().splitlines()) == 3
@@ -83,7 +90,8 @@ def test_csv_has_a_header_and_one_line_per_result(client, seeded):
     ({"seq_len_min": 512, "seq_len_max": 64}, ["query"], "seq_len_min=512 is larger"),
     ({"format": "xml"}, ["query", "format"], "'json' or 'csv'"),
     ({"chip": 2}, ["query", "chip"], "Extra inputs are not permitted"),
-], ids=["sort", "mode", "range", "format", "unknown"])
+    ({"remat": "some"}, ["query", "remat", 0], "'none', 'full' or 'gdn'"),
+], ids=["sort", "mode", "range", "format", "unknown", "remat"])
 def test_bad_parameters_are_422_naming_them(client, params, loc, needle):
     r = client.get("/api/results", params=params)
     assert r.status_code == 422

@@ -45,10 +45,16 @@ def test_create_counts_trials_and_skipped_points(client, session_factory):
     ({"frameworks": ["tf"]}, ["body", "frameworks", 0], "'jax' or 'torch'"),
     ({"model": {"preset": "gpt5"}}, ["body", "model", "preset"], "qwen3.5-27b"),
     ({"chips": [0, 2]}, ["body", "chips"], "use integers >= 1"),
-    ({"dtype": "fp8"}, ["body", "dtype"], "'float32' or 'bfloat16'"),
+    ({"dtypes": ["fp8"]}, ["body", "dtypes", 0], "'float32' or 'bfloat16'"),
+    ({"dtype": "fp8"}, ["body", "dtype", 0], "'float32' or 'bfloat16'"),
+    ({"param_shardings": ["zero3"]}, ["body", "param_shardings", 0],
+     "'replicated', 'zero1' or 'fsdp'"),
+    ({"remats": ["some"]}, ["body", "remats", 0], "'none', 'full' or 'gdn'"),
+    ({"remats": []}, ["body", "remats"], "at least 1 item"),
     ({"accelerator": {"kind": "gpu", "type": "k80"}}, ["body", "accelerator"], "h100"),
     ({"colour": "red"}, ["body", "colour"], "Extra inputs are not permitted"),
-], ids=["mode", "framework", "preset", "chips", "dtype", "accelerator", "unknown-field"])
+], ids=["mode", "framework", "preset", "chips", "dtypes", "dtype-singular", "param_shardings",
+        "remats", "remats-empty", "accelerator", "unknown-field"])
 def test_invalid_input_is_422_naming_field_and_accepted_values(client, session_factory, change,
                                                                loc, needle):
     r = client.post("/api/sweeps", json=sweep_body(**change))
@@ -56,6 +62,30 @@ def test_invalid_input_is_422_naming_field_and_accepted_values(client, session_f
     errors = r.json()["detail"]
     assert any(e["loc"] == loc and needle in e["msg"] for e in errors), errors
     assert row_counts(session_factory) == (0, 0, 0)
+
+
+def test_step_settings_are_grid_dimensions_with_distinct_keys(client, session_factory):
+    # Two values of each new dimension: 8 trials, none colliding on (sweep_id, key).
+    body = sweep_body(seq_lens=[64], dtypes=["float32", "bfloat16"],
+                      param_shardings=["replicated", "fsdp"], remats=["none", "full"])
+    created = client.post("/api/sweeps", json=body).json()
+    assert created["trials"] == 8
+    trials = client.get(f"/api/sweeps/{created['id']}/trials").json()["data"]
+    points = {(t["dtype"], t["param_sharding"], t["remat"]) for t in trials}
+    assert len(points) == 8 and len({t["key"] for t in trials}) == 8
+    assert all(f"/param_sharding={t['param_sharding']}/remat={t['remat']}" in t["key"]
+               for t in trials)
+    spec = client.get(f"/api/sweeps/{created['id']}").json()["spec"]
+    assert spec["param_shardings"] == ["replicated", "fsdp"] and spec["remats"] == ["none", "full"]
+    options = client.get("/api/options").json()
+    assert options["param_shardings"] == ["replicated", "zero1", "fsdp"]
+    assert options["remats"] == ["none", "full", "gdn"]
+
+
+def test_singular_dtype_of_older_sweep_files_still_reads(client):
+    created = client.post("/api/sweeps", json=sweep_body(dtype="bfloat16")).json()
+    spec = client.get(f"/api/sweeps/{created['id']}").json()["spec"]
+    assert spec["dtypes"] == ["bfloat16"] and spec["param_shardings"] == ["replicated"]
 
 
 def test_grid_over_the_cap_is_422_and_writes_nothing(client, session_factory):

@@ -72,6 +72,13 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert "use integers >= 1" in page.inner_text("#create-errors")
 
     page.fill("#chips", "1,2")
+    # The step settings are grid dimensions of the form too: a second remat doubles the grid.
+    assert page.inner_text("#grid-size").startswith("4 trials")
+    page.check("input[name=remats][value=full]")
+    assert page.inner_text("#grid-size").startswith("8 trials")
+    page.uncheck("input[name=remats][value=full]")
+    assert page.is_checked("input[name=dtypes][value=float32]")
+    assert page.is_checked("input[name=param_shardings][value=replicated]")
     page.click("#create-submit")
     page.wait_for_url("**/sweeps/*")
     page.wait_for_selector("body[data-sweep-status=finished]", timeout=180_000)
@@ -103,8 +110,10 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     page.goto(live_server + "/results")
     page.wait_for_selector("#f-mode option[value=p2p]", state="attached")
     page.select_option("#f-mode", "p2p")
+    page.select_option("#f-remat", "none")
     page.click("#filters button[type=submit]")
     page.wait_for_function("document.querySelectorAll('#results tbody tr').length === 2")
     assert "mode=p2p" in page.get_attribute("#csv", "href")
+    assert "remat=none" in page.get_attribute("#csv", "href")
     if shots:
         page.screenshot(path=os.path.join(shots, "results.png"), full_page=True)

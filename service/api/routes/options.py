@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from gdn_core.hardware import ACCELERATOR_TYPES
 from gdn_core.presets import PRESETS
+from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 from workers.result import TRIAL_STATUSES
 from workers.spec import CP_MODES, FRAMEWORKS
 
@@ -20,7 +21,8 @@ router = APIRouter(tags=["options"])
 def options(settings: SettingsDep) -> OptionsPublic:
     return OptionsPublic(
         frameworks=list(FRAMEWORKS), modes=list(CP_MODES), presets=list(PRESETS),
-        dtypes=["float32", "bfloat16"], accelerator_kinds=["cpu", "gpu", "tpu"],
+        dtypes=list(COMPUTE_DTYPES), param_shardings=list(PARAM_SHARDINGS),
+        remats=list(REMATS), accelerator_kinds=["cpu", "gpu", "tpu"],
         accelerator_types=["cpu", *ACCELERATOR_TYPES], trial_statuses=list(TRIAL_STATUSES),
         result_sort_fields=list(SORT_FIELDS), grid_cap=settings.grid_cap,
         auth_required=bool(settings.api_token))

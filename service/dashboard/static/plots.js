@@ -6,6 +6,15 @@ Plots.MODE_COLORS = { ulysses: "#1f77b4", p2p: "#d62728", all_gather: "#2ca02c",
 Plots.DASH = { jax: "solid", torch: "dash" };
 Plots.CONFIG = { responsive: true, displaylogo: false };
 
+// A series: framework and mode, plus each step setting that differs from the default (so
+// points of a sweep over dtypes, param_shardings or remats never share a line).
+Plots.series = function (t) {
+  const settings = [t.dtype === "float32" ? "" : t.dtype,
+                    t.param_sharding === "replicated" ? "" : t.param_sharding,
+                    t.remat === "none" ? "" : `remat=${t.remat}`].filter(Boolean);
+  return [t.framework, t.mode, ...settings].join(" ");
+};
+
 Plots.ok = (trials, metric) => trials.filter((t) => t.status === "succeeded" && t[metric] !== null);
 
 // Sequence lengths as people say them: 65536 → "64k", 1048576 → "1M".
@@ -36,7 +45,7 @@ Plots.lines = function (trials, metric, chipsList) {
   const traces = [], seen = new Set();
   const groups = new Map();
   for (const t of trials) {
-    const key = `${t.framework} ${t.mode}|${t.chips}`;
+    const key = `${Plots.series(t)}|${t.chips}`;
     if (!groups.has(key)) groups.set(key, []);
     groups.get(key).push(t);
   }
@@ -86,7 +95,7 @@ Plots.memory = function (div, sweep, trials) {
     if (!here.length) return;
     traces.push({ x: here.map((t) => t.seq_len), type: "scatter", mode: "markers", name: "oom",
                   y: here.map((t) => t.peak_memory_bytes_per_chip || sweep.chip_memory_bytes),
-                  hovertext: here.map((t) => `${t.framework} ${t.mode}: out of memory`),
+                  hovertext: here.map((t) => `${Plots.series(t)}: out of memory`),
                   legendgroup: "oom", showlegend: !traces.some((t) => t.name === "oom"),
                   xaxis: "x" + n, yaxis: "y" + n, marker: { symbol: "x", size: 10, color: "#000" } });
   });
@@ -95,11 +104,11 @@ Plots.memory = function (div, sweep, trials) {
 
 Plots.mfu = function (div, sweep, trials) {
   const rows = Plots.ok(trials, "mfu");
-  const names = [...new Set(rows.map((t) => `${t.framework} ${t.mode}`))].sort();
+  const names = [...new Set(rows.map(Plots.series))].sort();
   const chipsList = sweep.spec.chips;
   const traces = names.map((name) => {
     const best = chipsList.map((chips) => {
-      const pts = rows.filter((t) => `${t.framework} ${t.mode}` === name && t.chips === chips);
+      const pts = rows.filter((t) => Plots.series(t) === name && t.chips === chips);
       return pts.length ? pts.reduce((a, b) => (b.mfu > a.mfu ? b : a)) : null;
     });
     const mode = name.split(" ")[1], framework = name.split(" ")[0];

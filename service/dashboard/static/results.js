@@ -13,7 +13,8 @@ function fillSelect(id, values, anyLabel) {
 
 function params() {
   const p = new URLSearchParams();
-  for (const name of ["preset", "framework", "mode", "accelerator", "dtype", "seq_len_min", "seq_len_max"]) {
+  for (const name of ["preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
+                      "seq_len_min", "seq_len_max"]) {
     const value = document.getElementById("f-" + name).value.trim();
     if (value) p.set(name, value);
   }
@@ -30,10 +31,12 @@ function resultRow(t) {
   return GS.el("tr", { "data-trial-id": t.id },
     num(t.id), GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
     GS.el("td", {}, t.preset), GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips),
-    num(t.seq_len), num(t.batch_size), GS.el("td", {}, t.dtype), GS.el("td", {}, t.accelerator),
+    num(t.seq_len), num(t.batch_size), GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
+    GS.el("td", {}, t.remat), GS.el("td", {}, t.accelerator),
     num(GS.num(t.tokens_per_s_per_chip)), num(GS.num(t.step_time_s)), num(GS.pct(t.mfu)),
     num(GS.pct(t.hfu)), num(GS.bytes(t.peak_memory_bytes_per_chip)),
-    num(GS.bytes(t.comm_bytes_per_step_per_chip)), GS.el("td", {}, GS.time(t.finished_at)));
+    num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
+    num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), GS.el("td", {}, GS.time(t.finished_at)));
 }
 
 async function load() {
@@ -65,6 +68,8 @@ async function init() {
   fillSelect("f-mode", o.modes, "any");
   fillSelect("f-accelerator", o.accelerator_types, "any");
   fillSelect("f-dtype", o.dtypes, "any");
+  fillSelect("f-param_sharding", o.param_shardings, "any");
+  fillSelect("f-remat", o.remats, "any");
   fillSelect("f-sort", o.result_sort_fields);
   document.getElementById("filters").addEventListener("submit", (e) => { e.preventDefault(); offset = 0; load(); });
   document.getElementById("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE); load(); });

@@ -9,9 +9,11 @@ function trialRow(t) {
   const loss = t.loss_first === null ? "" : `${GS.num(t.loss_first, 4)} → ${GS.num(t.loss_last, 4)}`;
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status },
     num(t.id), GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips), num(t.seq_len),
+    GS.el("td", {}, `${t.dtype} · ${t.param_sharding} · remat ${t.remat}`),
     GS.el("td", {}, GS.badge(t.status)), num(GS.num(t.tokens_per_s_per_chip)),
     num(GS.num(t.step_time_s)), num(GS.pct(t.mfu)), num(GS.bytes(t.peak_memory_bytes_per_chip)),
-    num(GS.bytes(t.comm_bytes_per_step_per_chip)), num(loss), num(GS.num(t.max_rel_err)),
+    num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
+    num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss), num(GS.num(t.max_rel_err)),
     GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
 }
 
@@ -25,7 +27,8 @@ function showSweep(s) {
   const m = s.spec.model, a = s.spec.accelerator;
   document.getElementById("sweep-spec").textContent =
     `preset ${m.preset}${m.num_layers ? ` (${m.num_layers} layers)` : ""} · batch ${s.spec.batch_size} · ` +
-    `${s.spec.dtype} · ${s.spec.warmup_steps} warm-up + ${s.spec.steps} measured steps · ` +
+    `dtypes ${s.spec.dtypes.join(", ")} · param shardings ${s.spec.param_shardings.join(", ")} · ` +
+    `remats ${s.spec.remats.join(", ")} · ${s.spec.warmup_steps} warm-up + ${s.spec.steps} measured steps · ` +
     `${a.kind}/${a.type} · frameworks ${s.spec.frameworks.join(", ")} · modes ${s.spec.modes.join(", ")}`;
   document.getElementById("sweep-error").textContent = s.error || "";
   document.getElementById("cancel").hidden = GS.FINAL_SWEEP.has(s.status) || s.status === "cancelling";

@@ -33,7 +33,9 @@ function formBody() {
   return {
     name: value("name"), frameworks: checkedValues("frameworks"), modes: checkedValues("modes"),
     chips: intList(value("chips")), seq_lens: intList(value("seq_lens")), model,
-    batch_size: Number(value("batch_size")), dtype: value("dtype"), steps: Number(value("steps")),
+    batch_size: Number(value("batch_size")), dtypes: checkedValues("dtypes"),
+    param_shardings: checkedValues("param_shardings"), remats: checkedValues("remats"),
+    steps: Number(value("steps")),
     warmup_steps: Number(value("warmup_steps")),
     accelerator: { kind: value("accelerator_kind"), type: value("accelerator_type") },
     verify: document.getElementById("verify").checked,
@@ -43,7 +45,8 @@ function formBody() {
 
 function showGridSize() {
   const b = formBody();
-  const n = b.frameworks.length * b.modes.length * b.chips.length * b.seq_lens.length;
+  const n = [b.frameworks, b.modes, b.chips, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
+    .reduce((product, values) => product * values.length, 1);
   document.getElementById("grid-size").textContent =
     `${n} trial${n === 1 ? "" : "s"} (cap ${options ? options.grid_cap : "?"})`;
 }
@@ -99,7 +102,9 @@ async function init() {
   checkboxes(document.getElementById("frameworks"), "frameworks", options.frameworks, options.frameworks);
   checkboxes(document.getElementById("modes"), "modes", options.modes, ["all_gather", "p2p"]);
   fillSelect(document.getElementById("preset"), options.presets, "tiny");
-  fillSelect(document.getElementById("dtype"), options.dtypes, "float32");
+  checkboxes(document.getElementById("dtypes"), "dtypes", options.dtypes, ["float32"]);
+  checkboxes(document.getElementById("param_shardings"), "param_shardings", options.param_shardings, ["replicated"]);
+  checkboxes(document.getElementById("remats"), "remats", options.remats, ["none"]);
   fillSelect(document.getElementById("accelerator_kind"), options.accelerator_kinds, "cpu");
   fillSelect(document.getElementById("accelerator_type"), options.accelerator_types, "cpu");
   document.getElementById("token-box").hidden = !options.auth_required;
