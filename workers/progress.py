@@ -33,7 +33,8 @@ def format_event(event: SweepEvent) -> str | None:
         if result.status == "succeeded":
             return (f"{head} step={m.step_time_s:.4g}s tok/s/chip={m.tokens_per_s_per_chip:.4g} "
                     f"mfu={_num(m.mfu)} mem/chip={_si(m.peak_memory_bytes_per_chip, 'B')} "
-                    f"comm/chip={_si(m.comm_bytes_per_step_per_chip, 'B')} "
+                    f"cp comm/chip={_si(m.cp_comm_bytes_per_step_per_chip, 'B')} "
+                    f"weight sync/chip={_si(m.grad_sync_bytes_per_step_per_chip, 'B')} "
                     f"loss={_num(m.loss_first)}->{_num(m.loss_last)}")
         first = (result.error or "").strip().splitlines()
         return f"{head}: {first[-1][:200] if first else ''}"

@@ -14,6 +14,12 @@ from workers.sink import JsonLinesSink
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
 ALL_MODES = ["ulysses", "p2p", "all_gather", "log_scan"]
+DEFAULT_SETTINGS = "/dtype=float32/param_sharding=replicated/remat=none"
+
+
+def key(point: str) -> str:
+    """A trial key from its framework/mode/chips/seq_len, at the default step settings."""
+    return point + DEFAULT_SETTINGS
 
 
 def _same_losses(results):
@@ -29,7 +35,7 @@ def test_torch_every_mode_on_2_and_4_chips(local_ray):
                         on_event=events.append)
     by_key = sink.by_key()
     assert len(results) == len(by_key) == 8
-    skipped = by_key["torch/ulysses/chips=4/seq_len=64"]
+    skipped = by_key[key("torch/ulysses/chips=4/seq_len=64")]
     assert skipped.status == "skipped" and "heads" in skipped.error  # Hk=2 over 4 chips
     ran = [r for r in results if r.status != "skipped"]
     for result in ran:
@@ -52,7 +58,7 @@ def test_jax_every_mode_on_4_chips(local_ray):
     results = run_sweep(tiny_spec(frameworks=["jax"], modes=ALL_MODES, chips=[4]), sink,
                         on_event=events.append)
     by_key = {r.trial.key: r for r in results}
-    assert by_key["jax/ulysses/chips=4/seq_len=64"].status == "skipped"
+    assert by_key[key("jax/ulysses/chips=4/seq_len=64")].status == "skipped"
     ran = [r for r in results if r.status != "skipped"]
     assert len(ran) == 3
     for result in ran:
@@ -86,11 +92,11 @@ def test_resume_runs_only_missing_trials(local_ray, tmp_path):
     first = run_sweep(tiny_spec(seq_lens=[64]), sink)
     assert [r.status for r in first] == ["succeeded"]
     second = run_sweep(tiny_spec(seq_lens=[64, 128]), sink)
-    assert [r.trial.key for r in second] == ["torch/all_gather/chips=1/seq_len=128"]
+    assert [r.trial.key for r in second] == [key("torch/all_gather/chips=1/seq_len=128")]
     records = [json.loads(line) for line in sink.path.read_text().splitlines()]
     assert [r["event"] for r in records] == ["started", "finished", "started", "finished"]
-    assert sink.finished_keys() == {"torch/all_gather/chips=1/seq_len=64",
-                                    "torch/all_gather/chips=1/seq_len=128"}
+    assert sink.finished_keys() == {key("torch/all_gather/chips=1/seq_len=64"),
+                                    key("torch/all_gather/chips=1/seq_len=128")}
     assert run_sweep(tiny_spec(seq_lens=[64, 128]), sink) == []
     assert_no_leaks()
 
@@ -136,8 +142,9 @@ def test_cli_run_prints_a_line_per_trial(local_ray, tmp_path, capsys):
     out = tmp_path / "out.jsonl"
     assert main(["run", str(sweep), "--jsonl", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("[1/2] torch/p2p/chips=2/seq_len=64 succeeded") or
-               line.startswith("[2/2] torch/p2p/chips=2/seq_len=64 succeeded") for line in lines)
+    p2p = key("torch/p2p/chips=2/seq_len=64")
+    assert any(line.startswith((f"[1/2] {p2p} succeeded", f"[2/2] {p2p} succeeded"))
+               for line in lines)
     assert any("sweep 'cli-test' done" in line for line in lines)
     assert len(JsonLinesSink(out).finished_keys()) == 2
     assert_no_leaks()
