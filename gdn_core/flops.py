@@ -94,7 +94,7 @@ def gdn_rule_flops(*, batch: int, seq_len: int, num_k_heads: int, num_v_heads: i
     the Dv + Dk right-hand sides is counted as applying a dense C×C matrix, C²·(Dv + Dk) MACs
     (a triangular solve does about half of that; the JAX rule applies an explicit inverse of
     exactly this size, and builds that inverse at the extra cost given by
-    `unit_lower_inverse_product_flops`). The padded N = ceil(T / C) chunks are all counted.
+    `unit_lower_inverse_flops`). The padded N = ceil(T / C) chunks are all counted.
     """
     _check_positive(batch=batch, seq_len=seq_len, num_k_heads=num_k_heads,
                     num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
@@ -122,19 +122,22 @@ def _rule_macs_per_block(chunk_size: int, head_k_dim: int, head_v_dim: int) -> i
     return C * C * (3 * K + 2 * V) + C * K * K + 3 * C * K * V + K * K * V
 
 
-def unit_lower_inverse_product_flops(*, batch: int, seq_len: int, num_v_heads: int,
-                                     chunk_size: int) -> int:
-    """Forward FLOPs the JAX rule spends building (I + L)⁻¹ as a product (not in model FLOPs).
+def unit_lower_inverse_flops(*, batch: int, seq_len: int, num_v_heads: int,
+                             chunk_size: int) -> int:
+    """Forward FLOPs the JAX rule spends building (I + L)⁻¹ explicitly (not in model FLOPs).
 
-    (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)…(I + L^{C/2}) takes log2(C) − 1 rounds of two C×C×C
-    matmuls (square the power, multiply it into the inverse): 2·(log2 C − 1)·C³ MACs per
-    chunk and value head. Applying the inverse is already counted as `triangular_solve`.
+    As gdn_core.jax_gdn.chunk runs it: forward substitution on each 16×16 diagonal block, 15
+    row steps of a 16-vector times a 16×16 block (240·16 MACs per block, C/16 blocks), then
+    merges 16→32→…→C, each inv([[A,0],[X,B]]) = [[A⁻¹,0],[−B⁻¹XA⁻¹,B⁻¹]] two s×s×s matmuls:
+    Σ_s (C/2s)·2s³ = C·(C² − 256)/3 MACs. Per chunk and value head: 240·C + C·(C² − 256)/3.
+    Applying the inverse is already counted as `triangular_solve`. (The product form it
+    replaced took 2·(log2 C − 1)·C³, 27× more at C = 64.)
     """
     _check_positive(batch=batch, seq_len=seq_len, num_v_heads=num_v_heads)
     _check_chunk(chunk_size)
-    rounds = chunk_size.bit_length() - 2
-    blocks = batch * num_v_heads * math.ceil(seq_len / chunk_size)
-    return FLOPS_PER_MAC * blocks * 2 * rounds * chunk_size ** 3
+    C = chunk_size
+    blocks = batch * num_v_heads * math.ceil(seq_len / C)
+    return FLOPS_PER_MAC * blocks * (240 * C + C * (C * C - 256) // 3)
 
 
 # --------------------------------------------------------------------------- one GDN layer
@@ -513,7 +516,7 @@ __all__ = [
     "CPOverheadFlops", "GDNLayerFlops", "GDNRuleFlops", "HardwareFlops",
     "MaxTextGDNFlops", "MaxTextModelFlops", "ModelFlops", "cp_overhead_flops",
     "depthwise_conv_flops", "gdn_layer_flops", "gdn_rule_flops", "hardware_flops_per_step",
-    "lm_head_flops", "maxtext_gdn_flops", "maxtext_model_flops_per_step", "mfu",
-    "model_flops_per_step", "model_forward_flops", "swiglu_mlp_flops", "tokens_per_s_per_chip",
-    "unit_lower_inverse_product_flops",
+    "RecomputeFlops", "lm_head_flops", "maxtext_gdn_flops", "maxtext_model_flops_per_step", "mfu",
+    "model_flops_per_step", "model_forward_flops", "recompute_flops", "swiglu_mlp_flops", "tokens_per_s_per_chip",
+    "unit_lower_inverse_flops",
 ]

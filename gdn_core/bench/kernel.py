@@ -2,6 +2,7 @@
 
     python -m gdn_core.bench kernel [--seq-len 8192] [--batch 1] [--repeats 5]
                                     [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+                                    [--inverse-blocks 256]
 
 The three implementations get the same inputs (q, k, v, g, beta; l2norm on; no initial state)
 and the same output cotangent. Before timing, each runs once in float32 and our outputs and
@@ -10,10 +11,17 @@ if one of our outputs is off by more than 1e-4 (relative; gradients 1e-3), so it
 a wrong kernel.
 Timed runs alternate between implementations (ABCABC…) after warm-up; medians are reported.
 
+Accuracy on keys that share a direction (cosine 0.95 to a head direction, β ∈ U(0.5, 1),
+g = log U(0.95, 1); gdn_core.bench.kernel_numerics) is each implementation's output error,
+in the timed dtype, against the float64 token-by-token recurrence; a column of the table.
+`jax_old_inv` is our JAX rule traced with the product-form inverse it had before
+((I − L)(I + L²)…, exact only for small L): timed beside it to show the change, never checked
+(it fails on such keys), and the inverse alone is compared after the table (256 blocks of 64).
+
 Achieved FLOP/s uses gdn_core.flops.gdn_rule_flops × 3 (forward + backward) for every
 implementation: the useful work of the problem, not what each implementation executes
-(transformers' solve and our JAX product-form inverse do more). Fractions are of float32 GEMM
-peaks (the dtype all three compute in) measured on the same device: once up front, and by a
+(transformers' solve and our JAX inverse, built explicitly, do more). Fractions are of float32
+GEMM peaks (the dtype all three compute in) measured on the same device: once up front, and by a
 GEMM probe timed inside the same alternation (on a shared host it sees the same contention).
 On CUDA, a bf16 GEMM and the datasheet bf16 peak of a known GPU are added.
 """
@@ -21,6 +29,7 @@ On CUDA, a bf16 GEMM and the datasheet bf16 peak of a known GPU are added.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -32,13 +41,17 @@ from ..flops import gdn_rule_flops
 from ..hardware import (accelerator_type_from_device_name, measure_gemm_flops_per_s,
                         peak_flops_per_chip)
 from ..testing import rel_err
+from .kernel_numerics import (COSINE, compare_inverses, correlated_inputs, float64_output,
+                              print_inverse_comparison, product_form_inverse_in_jax_rule)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OUTPUT_TOLERANCE = 1e-4
 """Largest relative (Frobenius) error of our outputs vs transformers' that may be timed."""
 GRAD_TOLERANCE = 1e-3
 """Largest relative error of any of our input gradients vs transformers' that may be timed."""
-IMPLS = ("ours_torch", "ours_jax", "transformers")
+IMPLS = ("ours_torch", "ours_jax", "transformers", "jax_old_inv")
+UNCHECKED = ("jax_old_inv",)
+"""Timed for comparison only: the replaced JAX inverse, wrong on keys that share a direction."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--dtype", choices=tuple(TORCH_DTYPES), default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inverse-blocks", type=int, default=256,
+                   help="blocks of 64 in the JAX inverse comparison (old vs new); 0: skip it")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's choice); JAX/XLA is not affected")
     return p
@@ -108,8 +123,11 @@ def _torch_runner(rule: Callable, arrays, *, device, dtype, chunk_size, transfor
     return run
 
 
-def _jax_runner(arrays, *, device, dtype, chunk_size):
-    """jit(value_and_grad) over all five inputs; None (with a reason) if JAX lacks the device."""
+def _jax_runner(arrays, *, device, dtype, chunk_size, product_form_inverse=False):
+    """jit(value_and_grad) over all five inputs; None (with a reason) if JAX lacks the device.
+
+    product_form_inverse: compile the rule with the replaced inverse (for timing only).
+    """
     import jax
     import jax.numpy as jnp
 
@@ -130,6 +148,8 @@ def _jax_runner(arrays, *, device, dtype, chunk_size):
         return jnp.sum(o.astype(jnp.float32) * do), o
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
+    with product_form_inverse_in_jax_rule() if product_form_inverse else contextlib.nullcontext():
+        step = step.lower(*inputs, do).compile()
 
     def run():
         (_, o), grads = jax.block_until_ready(step(*inputs, do))
@@ -153,6 +173,9 @@ def _runners(args, arrays, dtype_name):
                                     chunk_size=args.chunk_size)
     if jax_run is not None:
         runners["ours_jax"] = jax_run
+        runners["jax_old_inv"], _ = _jax_runner(arrays, device=args.device, dtype=dtype_name,
+                                                chunk_size=args.chunk_size,
+                                                product_form_inverse=True)
     return {name: runners[name] for name in IMPLS if name in runners}, jax_note
 
 
@@ -162,7 +185,7 @@ def verify(runners) -> dict[str, tuple[float, float]]:
     ref_o, ref_grads = results["transformers"]
     errors = {}
     for name, (o, grads) in results.items():
-        if name != "transformers":
+        if name not in ("transformers", *UNCHECKED):
             errors[name] = (rel_err(ref_o, o),
                             max(rel_err(r, g) for r, g in zip(ref_grads, grads)))
     return errors
@@ -217,17 +240,29 @@ def _peaks(device: str) -> list[tuple[str, float, str]]:
     return peaks
 
 
-def _print_table(times, flops, peaks) -> None:
+def correlated_key_errors(args, shape, dtype_name) -> dict[str, float]:
+    """Each implementation's output error vs the float64 recurrence on correlated keys."""
+    arrays = correlated_inputs(**shape, cosine=COSINE, seed=args.seed)
+    # Rounded to the timed dtype once, so the float64 reference sees the same inputs.
+    arrays = {n: torch.from_numpy(a).to(TORCH_DTYPES[dtype_name]).float().numpy()
+              for n, a in arrays.items()}
+    reference = float64_output(arrays)
+    runners, _ = _runners(args, arrays, dtype_name)
+    return {name: rel_err(reference, run()[0]) for name, run in runners.items()}
+
+
+def _print_table(times, flops, peaks, accuracy) -> None:
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     ref = medians["transformers"]
     labels = [f"of {label}" for label, _, _ in peaks]
     widths = [len(label) + 3 for label in labels]
+    err_label = f"err c={COSINE:g}"
     print(f"{'impl':<13}{'median s':>10}{'min s':>9}{'max s':>9}{'/ HF time':>11}{'GFLOP/s':>10}"
-          + "".join(f"{label:>{w}}" for label, w in zip(labels, widths)))
+          f"{err_label:>13}" + "".join(f"{label:>{w}}" for label, w in zip(labels, widths)))
     for name, med in medians.items():
         achieved = flops / med
         print(f"{name:<13}{med:>10.4f}{min(times[name]):>9.4f}{max(times[name]):>9.4f}"
-              f"{med / ref:>11.3f}{achieved / 1e9:>10.2f}"
+              f"{med / ref:>11.3f}{achieved / 1e9:>10.2f}{accuracy[name]:>13.1e}"
               + "".join(f"{achieved / value:>{w}.2%}" for (_, value, _), w in zip(peaks, widths)))
 
 
@@ -267,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"(output) or {GRAD_TOLERANCE:.0e} (gradients); not timing a wrong kernel")
         return 1
     runners = check_runners if args.dtype == "float32" else _runners(args, arrays, args.dtype)[0]
+    accuracy = correlated_key_errors(args, shape, args.dtype)
+    for name, err in accuracy.items():
+        print(f"correlated keys (cosine {COSINE:g}, {args.dtype}) vs float64 recurrence: "
+              f"{name:<12} output rel err {err:.2e}")
 
     # A float32 GEMM probe of about 0.25 s runs in the same alternation: on a shared, noisy
     # host it sees the same contention as the kernels, so the fractions compare like with like.
@@ -280,7 +319,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"peak fp32 GEMM, interleaved: {gemm_flops_per_s / 1e9:.1f} GFLOP/s "
           f"({peaks[0][2]})")
     print(f"\nfwd+bwd, {args.repeats} timed runs each, alternating after {args.warmup} warm-up")
-    _print_table(times, flops, peaks)
+    _print_table(times, flops, peaks, accuracy)
+    if "ours_jax" in times:
+        ratio = statistics.median(times["jax_old_inv"]) / statistics.median(times["ours_jax"])
+        print(f"JAX rule time, product-form inverse / blockwise inverse: {ratio:.2f}x")
+        if args.inverse_blocks > 0:
+            rows = compare_inverses(blocks=args.inverse_blocks, chunk=64, dim=args.head_k_dim)
+            print_inverse_comparison(rows, blocks=args.inverse_blocks, chunk=64)
     return 0
 
 

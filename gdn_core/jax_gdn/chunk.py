@@ -3,11 +3,23 @@
     S_{n+1} = A_n S_n + b_n,   A_n = e^{G_C} I − k̃ᵀ w,   b_n = k̃ᵀ u,
     w = T (β k e^{G}),  u = T (β v),  k̃ = k e^{G_C − G},  T = (I + L)⁻¹.
 
-T is built as a product, (I + L)⁻¹ = (I − L)(I + L²)(I + L⁴)…(I + L^{C/2}) for strictly-lower
-(hence nilpotent) L: log2(C) − 1 squarings of batched matmuls. This avoids
-`jax.scipy.linalg.solve_triangular`, which hangs inside jit on this project's CPU hosts once
-the batch of blocks is large, and is the shape TPUs and GPUs prefer anyway.
+T is built blockwise (`unit_lower_inverse`, the shape of flash-linear-attention's solve_tril):
+forward substitution inside 16×16 diagonal blocks, then merges 16→32→…→C with
+inv([[A, 0], [C, B]]) = [[A⁻¹, 0], [−B⁻¹ C A⁻¹, B⁻¹]]. It is exact to fp32 round-off for any
+L the rule produces (β ≤ 1, |k| = 1), keys sharing a direction included, where the product form
+(I − L)(I + L²)(I + L⁴)… needs terms near 1e17 to cancel. No LAPACK call: the project's CPU hosts
+hang on `jax.scipy.linalg.solve_triangular` inside jit once the batch of blocks is large.
 Only S_{n+1} = A_n S_n + b_n runs sequentially (lax.scan); everything else is batched.
+
+Precision. float32 inputs: every matmul is float32 at HIGHEST precision (no bf16 passes or TF32
+on TPU/GPU). bfloat16 (or float16) inputs: the chunk-local matmuls that only feed the output —
+q kᵀ, q̃ S and attn (u − w S) — take bf16 operands with float32 accumulation
+(preferred_element_type); βKKᵀ, T, w, u, the (A, b) pairs, their composition and the state S
+stay float32 (in bf16 they bring the correlated-key failure back). Tolerances against the
+float32 rule on the same bf16-rounded inputs, keys at cosine up to 0.97 (relative Frobenius;
+tests/gdn_core/test_correlated_keys.py): output and every input gradient ≤ 2e-2 (measured
+≤ 9e-3: bf16 operands of the output matmuls, bf16 results), final state ≤ 1e-5 (float32 math
+on both sides; measured equal).
 """
 
 from __future__ import annotations
@@ -22,7 +34,8 @@ from .naive import HIGHEST, l2norm
 
 
 class ChunkTerms(NamedTuple):
-    """Chunk-local terms of the rule (float32, chunk axis leading: [N, B, H, ...])."""
+    """Chunk-local terms of the rule (chunk axis leading: [N, B, H, ...]); float32 except
+    q_NBHCK and attn_NBHCC, which are in compute_dtype of the inputs (output-only work)."""
 
     q_NBHCK: jax.Array  # q · Dk^-½ · e^{G}
     attn_NBHCC: jax.Array  # (q kᵀ) ⊙ e^{G_i−G_j}, causal incl. diagonal
@@ -33,25 +46,112 @@ class ChunkTerms(NamedTuple):
 
 
 def mm(a, b):
+    """float32 matmul at HIGHEST precision (the state chain and everything feeding it)."""
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
+def local_mm(a, b):
+    """Matmul of output-only chunk work: HIGHEST in float32, else low-precision operands with
+    float32 accumulation (the way MaxText / torchtitan run bf16 training)."""
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+        return mm(a, b)
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+
+
+def compute_dtype(dtype):
+    """Operand dtype of the output-only matmuls for inputs of `dtype` (see the module doc)."""
+    return dtype if dtype in (jnp.bfloat16, jnp.float16) else jnp.float32
+
+
+def strictly_lower(x_CC):
+    """x with its diagonal and everything above set to 0 (last two dims)."""
+    C = x_CC.shape[-1]
+    return jnp.where(jnp.tril(jnp.ones((C, C), dtype=bool), -1), x_CC, 0.0)
+
+
+SUBSTITUTION_BLOCK = 16
+"""Side of the diagonal blocks solved by forward substitution before the blockwise merges."""
+
+
+def _diagonal_block_inverses(L_MCC, block: int):
+    """(I + L_d)⁻¹ of each block×block diagonal block by forward substitution: [..., C/block, b, b].
+
+    Row i of T = I − L T is e_i − L_i,: T; rows above i are final and rows below are still e_j,
+    which the strictly-lower row L_i,: does not read.
+    """
+    m = L_MCC.shape[-1] // block
+    lead = L_MCC.shape[:-2]
+    L_Mmbmb = L_MCC.reshape(*lead, m, block, m, block)
+    L_Mmbb = jnp.diagonal(L_Mmbmb, axis1=-4, axis2=-2)  # [..., b, b, m]
+    L_Mmbb = jnp.moveaxis(L_Mmbb, -1, -3)
+    eye_bb = jnp.eye(block, dtype=L_MCC.dtype)
+
+    def substitute_row(i, T_Mmbb):
+        L_row_Mmb = jax.lax.dynamic_index_in_dim(L_Mmbb, i, axis=-2, keepdims=True)
+        eye_row = jax.lax.dynamic_index_in_dim(eye_bb, i, axis=0, keepdims=True)
+        T_row = eye_row - mm(L_row_Mmb, T_Mmbb)
+        return jax.lax.dynamic_update_index_in_dim(T_Mmbb, T_row, i, axis=-2)
+
+    # Built from L (not broadcast) so that under shard_map the carry varies over the same axes.
+    T0_Mmbb = eye_bb + jnp.zeros_like(L_Mmbb)
+    return jax.lax.fori_loop(1, block, substitute_row, T0_Mmbb)
+
+
+def _merge_block_pairs(T_Mmss, L_MCC):
+    """Inverses of 2s×2s diagonal blocks from those of s×s: [[A⁻¹,0],[−B⁻¹ C A⁻¹, B⁻¹]]."""
+    *lead, m, s, _ = T_Mmss.shape
+    L_Mmsms = L_MCC.reshape(*lead, m, s, m, s)
+    # Block (2p+1, 2p) of L, for every pair p: the sub-diagonal of the block grid, every other.
+    C_Mqss = jnp.moveaxis(jnp.diagonal(L_Mmsms, offset=-1, axis1=-4, axis2=-2), -1, -3)
+    C_Mpss = C_Mqss[..., ::2, :, :]
+    Ainv_Mpss, Binv_Mpss = T_Mmss[..., 0::2, :, :], T_Mmss[..., 1::2, :, :]
+    lower_Mpss = -mm(mm(Binv_Mpss, C_Mpss), Ainv_Mpss)
+    top = jnp.concatenate([Ainv_Mpss, jnp.zeros_like(Ainv_Mpss)], axis=-1)
+    bottom = jnp.concatenate([lower_Mpss, Binv_Mpss], axis=-1)
+    return jnp.concatenate([top, bottom], axis=-2)
+
+
+@jax.custom_vjp
 def unit_lower_inverse(L_CC):
-    """(I + L)⁻¹ for strictly lower-triangular L [..., C, C], C a power of two."""
+    """(I + L)⁻¹ for the strictly lower part of L [..., C, C], C = 16·2^j; float32.
+
+    Exact to fp32 round-off for the L of the rule: substitution on 16×16 diagonal blocks, then
+    log2(C/16) blockwise merges. Backward: dL = −Tᵀ dT Tᵀ, strictly lower (custom VJP: the
+    residual is T alone, not the substitution loop's 15 intermediate blocks).
+    MACs per C×C block: 240·C (substitution: C/16 blocks × 15 rows × 16·16) + C·(C² − 256)/3
+    (merges: C·s² at each s = 16 … C/2); 97,280 at C = 64, 27× fewer than the product form.
+    Backward: 2·C³.
+    """
     C = L_CC.shape[-1]
-    inverse = jnp.eye(C, dtype=L_CC.dtype) - L_CC
-    power = L_CC
-    for _ in range(C.bit_length() - 2):  # L², L⁴, …, L^{C/2}
-        power = mm(power, power)
-        inverse = inverse + mm(inverse, power)
-    return inverse
+    L_CC = strictly_lower(L_CC)
+    T = _diagonal_block_inverses(L_CC, min(SUBSTITUTION_BLOCK, C))
+    while T.shape[-1] < C:
+        T = _merge_block_pairs(T, L_CC)
+    return T[..., 0, :, :]
+
+
+def _inverse_fwd(L_CC):
+    T_CC = unit_lower_inverse(L_CC)
+    return T_CC, T_CC
+
+
+def _inverse_bwd(T_CC, dT_CC):
+    Tt_CC = jnp.swapaxes(T_CC, -1, -2)
+    return (strictly_lower(-mm(mm(Tt_CC, dT_CC), Tt_CC)),)
+
+
+unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
 def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> ChunkTerms:
-    """Compute every chunk-local term of the rule. Shapes as in chunk_gated_delta_rule."""
+    """Compute every chunk-local term of the rule. Shapes as in chunk_gated_delta_rule.
+
+    Everything is float32 except q_NBHCK and attn_NBHCC, which are in compute_dtype(q.dtype):
+    they only feed the output matmuls (see the module doc).
+    """
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape, None, chunk_size)
-    C, r = chunk_size, Hv // Hk
+    C, r, low = chunk_size, Hv // Hk, compute_dtype(q.dtype)
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     if r > 1:
         q, k = jnp.repeat(q, r, axis=2), jnp.repeat(k, r, axis=2)
@@ -74,8 +174,7 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> C
     decay_NBHCC = jnp.where(causal_CC, jnp.exp(jnp.where(causal_CC, diff, 0.0)), 0.0)
 
     kbeta_NBHCK = k_NBHCK * beta_NBHC[..., None]
-    strict_CC = jnp.tril(jnp.ones((C, C), dtype=bool), -1)
-    L_NBHCC = jnp.where(strict_CC, mm(kbeta_NBHCK, jnp.swapaxes(k_NBHCK, -1, -2)) * decay_NBHCC, 0.0)
+    L_NBHCC = mm(kbeta_NBHCK, jnp.swapaxes(k_NBHCK, -1, -2)) * decay_NBHCC  # read strictly lower
     T_NBHCC = unit_lower_inverse(L_NBHCC)
     u_NBHCV = mm(T_NBHCC, v_NBHCV * beta_NBHC[..., None])
     w_NBHCK = mm(T_NBHCC, kbeta_NBHCK * jnp.exp(G_NBHC)[..., None])
@@ -85,9 +184,10 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> C
     A_NBHKK = (jnp.exp(G_last_NBH)[..., None, None] * jnp.eye(Dk, dtype=jnp.float32)
                - mm(kdecT_NBHKC, w_NBHCK))
     b_NBHKV = mm(kdecT_NBHKC, u_NBHCV)
-    attn_NBHCC = mm(q_NBHCK, jnp.swapaxes(k_NBHCK, -1, -2)) * decay_NBHCC
-    return ChunkTerms(q_NBHCK * jnp.exp(G_NBHC)[..., None], attn_NBHCC, w_NBHCK, u_NBHCV,
-                      A_NBHKK, b_NBHKV)
+    qk_NBHCC = local_mm(q_NBHCK.astype(low), jnp.swapaxes(k_NBHCK, -1, -2).astype(low))
+    attn_NBHCC = (qk_NBHCC * decay_NBHCC).astype(low)
+    q_tilde_NBHCK = (q_NBHCK * jnp.exp(G_NBHC)[..., None]).astype(low)
+    return ChunkTerms(q_tilde_NBHCK, attn_NBHCC, w_NBHCK, u_NBHCV, A_NBHKK, b_NBHKV)
 
 
 def reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV, d_last_BHKV, *,
@@ -162,9 +262,14 @@ def fold_chunk_pairs(A_NBHKK, b_NBHKV):
 
 
 def chunk_outputs(terms: ChunkTerms, states_NBHKV, seq_len: int):
-    """o = q̃ S_n + attn (u − w S_n) for every chunk at once; returns float32 [B, T, H, V]."""
+    """o = q̃ S_n + attn (u − w S_n) for every chunk at once; returns float32 [B, T, H, V].
+
+    u − w S_n is float32; the two output matmuls run in the dtype of q̃ and attn.
+    """
+    low = terms.q_NBHCK.dtype
     v_new_NBHCV = terms.u_NBHCV - mm(terms.w_NBHCK, states_NBHKV)
-    o_NBHCV = mm(terms.q_NBHCK, states_NBHKV) + mm(terms.attn_NBHCC, v_new_NBHCV)
+    o_NBHCV = (local_mm(terms.q_NBHCK, states_NBHKV.astype(low))
+               + local_mm(terms.attn_NBHCC, v_new_NBHCV.astype(low)))
     N, B, H, C, V = o_NBHCV.shape
     return o_NBHCV.transpose(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :seq_len]
 

@@ -11,6 +11,15 @@ chunks; only S_{n+1} = A_n S_n + b_n runs sequentially. Outputs then follow in o
     o = (q e^{G}) S_n + attn (u − w S_n).
 Context parallelism reuses the same pieces: fold the (A_n, b_n) of a shard into one pair,
 exchange pairs, then scan from the incoming state.
+
+Precision. float32 inputs: everything is float32. bfloat16 (or float16) inputs: the matmuls
+that only feed the output — q kᵀ, q̃ S and attn (u − w S) — take bf16 operands (bf16 tensors:
+float32 accumulation inside the GEMM, the product rounded to bf16, then summed in float32);
+βKKᵀ, the triangular solve, w, u, the (A, b) pairs, their composition and the state S stay
+float32 (in bf16 they bring back the failure on keys that share a direction). Tolerances
+against the float32 rule on the same bf16-rounded inputs, keys at cosine up to 0.97 (relative
+Frobenius; tests/gdn_core/test_correlated_keys.py): output and every input gradient ≤ 2e-2
+(measured ≤ 9e-3), final state ≤ 1e-5 (float32 math on both sides; measured equal).
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from .naive import l2norm
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChunkTerms:
-    """Chunk-local terms of the rule (float32, chunk axis leading: [N, B, H, ...])."""
+    """Chunk-local terms of the rule (chunk axis leading: [N, B, H, ...]); float32 except
+    q_NBHCK and attn_NBHCC, in compute_dtype of the inputs (they only feed the output)."""
 
     q_NBHCK: torch.Tensor  # q · Dk^-½ · e^{G}
     attn_NBHCC: torch.Tensor  # (q kᵀ) ⊙ e^{G_i−G_j}, causal incl. diagonal
@@ -37,11 +47,16 @@ class ChunkTerms:
     seq_len: int  # tokens before padding to a multiple of C
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Operand dtype of the output-only matmuls for inputs of `dtype` (see the module doc)."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> ChunkTerms:
     """Compute every chunk-local term of the rule. Shapes as in chunk_gated_delta_rule."""
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape, None, chunk_size)
-    C, r = chunk_size, Hv // Hk
+    C, r, low = chunk_size, Hv // Hk, compute_dtype(q.dtype)
     q, k = q.float(), k.float()
     if r > 1:
         q, k = q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2)
@@ -74,8 +89,10 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> C
     eye_KK = torch.eye(Dk, dtype=torch.float32, device=q.device)
     A_NBHKK = G_last_NBH.exp()[..., None, None] * eye_KK - kdec_NBHCK.transpose(-1, -2) @ w_NBHCK
     b_NBHKV = kdec_NBHCK.transpose(-1, -2) @ u_NBHCV
-    attn_NBHCC = (q_NBHCK @ k_NBHCK.transpose(-1, -2)) * decay_NBHCC
-    return ChunkTerms(q_NBHCK * G_NBHC.exp()[..., None], attn_NBHCC, w_NBHCK, u_NBHCV,
+    qk_NBHCC = q_NBHCK.to(low) @ k_NBHCK.transpose(-1, -2).to(low)
+    attn_NBHCC = (qk_NBHCC.float() * decay_NBHCC).to(low)
+    q_tilde_NBHCK = (q_NBHCK * G_NBHC.exp()[..., None]).to(low)
+    return ChunkTerms(q_tilde_NBHCK, attn_NBHCC, w_NBHCK, u_NBHCV,
                       A_NBHKK.contiguous(), b_NBHKV.contiguous(), T)
 
 
@@ -104,9 +121,14 @@ def compose_affine(A_first, b_first, A_then, b_then):
 
 
 def chunk_outputs(terms: ChunkTerms, states_NBHKV) -> torch.Tensor:
-    """o = q̃ S_n + attn (u − w S_n) for every chunk at once; returns float32 [B, T, H, V]."""
+    """o = q̃ S_n + attn (u − w S_n) for every chunk at once; returns float32 [B, T, H, V].
+
+    u − w S_n is float32; the two output matmuls run in the dtype of q̃ and attn.
+    """
+    low = terms.q_NBHCK.dtype
     v_new_NBHCV = terms.u_NBHCV - terms.w_NBHCK @ states_NBHKV
-    o_NBHCV = terms.q_NBHCK @ states_NBHKV + terms.attn_NBHCC @ v_new_NBHCV
+    o_NBHCV = ((terms.q_NBHCK @ states_NBHKV.to(low)).float()
+               + (terms.attn_NBHCC @ v_new_NBHCV.to(low)).float())
     N, B, H, C, V = o_NBHCV.shape
     return o_NBHCV.permute(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :terms.seq_len]
 

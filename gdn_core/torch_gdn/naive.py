@@ -14,9 +14,14 @@ from ..shapes import check_rule_args
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x²) + eps) over the last dim, in float32."""
-    x = x.float()
+    """x / sqrt(sum(x²) + eps) over the last dim, in float32 (float64 stays float64)."""
+    x = x.to(state_dtype(x.dtype))
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs (a float64 reference), else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
@@ -25,20 +30,21 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_f
 
     Args: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g (log decay) and beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv]. Returns o [B, T, Hv, Dv] in q's dtype and the float32
-    final state [B, Hv, Dk, Dv] (or None).
+    final state [B, Hv, Dk, Dv] (or None). With float64 q it runs, and returns its state, in
+    float64: autograd through it is then the float64 gradient reference.
     """
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape,
         None if initial_state is None else initial_state.shape, 64)
-    r = Hv // Hk
-    q_BTHK = q.float().repeat_interleave(r, dim=2)
-    k_BTHK = k.float().repeat_interleave(r, dim=2)
+    r, dtype = Hv // Hk, state_dtype(q.dtype)
+    q_BTHK = q.to(dtype).repeat_interleave(r, dim=2)
+    k_BTHK = k.to(dtype).repeat_interleave(r, dim=2)
     if use_qk_l2norm:
         q_BTHK, k_BTHK = l2norm(q_BTHK), l2norm(k_BTHK)
     q_BTHK = q_BTHK * Dk ** -0.5
-    v_BTHV, g_BTH, beta_BTH = v.float(), g.float(), beta.float()
-    h_BHKV = (torch.zeros(B, Hv, Dk, Dv, dtype=torch.float32, device=q.device)
-              if initial_state is None else initial_state.float())
+    v_BTHV, g_BTH, beta_BTH = v.to(dtype), g.to(dtype), beta.to(dtype)
+    h_BHKV = (torch.zeros(B, Hv, Dk, Dv, dtype=dtype, device=q.device)
+              if initial_state is None else initial_state.to(dtype))
     outputs = []
     for t in range(T):
         h_BHKV = h_BHKV * g_BTH[:, t].exp()[..., None, None]

@@ -80,10 +80,13 @@ def test_rule_rejects_bad_arguments():
         F.gdn_rule_flops(**dict(TINY_RULE, num_k_heads=2, num_v_heads=3))
 
 
-def test_jax_inverse_product_extra():
-    # C=16: log2(16) − 1 = 3 rounds of two 16³ matmuls per block; 12 blocks.
-    got = F.unit_lower_inverse_product_flops(batch=2, seq_len=40, num_v_heads=2, chunk_size=16)
-    assert got == 2 * 12 * 2 * 3 * 16 ** 3
+def test_jax_inverse_extra():
+    # C=16: one diagonal block, 15 row steps of 16×16 MACs; 12 (batch, head, chunk) blocks.
+    got = F.unit_lower_inverse_flops(batch=2, seq_len=40, num_v_heads=2, chunk_size=16)
+    assert got == 2 * 12 * 15 * 16 * 16
+    # C=64: four diagonal blocks, then merges 16→32 (two, 2·16³ each) and 32→64 (one, 2·32³).
+    got = F.unit_lower_inverse_flops(batch=1, seq_len=64, num_v_heads=1, chunk_size=64)
+    assert got == 2 * (4 * 15 * 16 * 16 + 2 * 2 * 16 ** 3 + 2 * 32 ** 3)
 
 
 def test_model_forward_hand_count():

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from gdn_core import jax_gdn, torch_gdn
+from gdn_core.jax_gdn.chunk import unit_lower_inverse
 from gdn_core.testing import assert_close
 
-from .rule_inputs import RuleCase, make_inputs
+from .rule_inputs import RuleCase, correlated_keys, make_inputs
 
 pytestmark = pytest.mark.timeout(180)
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
@@ -48,7 +49,7 @@ def test_chunk_matches_recurrence_and_torch(case):
 @pytest.mark.timeout(300)
 def test_long_sequence_under_jit_matches_torch_recurrence():
     # T = 4096 with 64-token chunks: the size at which jaxlib's solve_triangular hangs on this
-    # host; the product-form inverse must neither hang nor lose accuracy.
+    # host; the blockwise inverse must neither hang nor lose accuracy.
     case = RuleCase(1, 4096, 1, 2, 32, 32)
     x = make_inputs(case)
     o, h = jax_forward(x)
@@ -105,3 +106,27 @@ def test_rejects_bad_chunk_size():
     x = make_inputs(RuleCase(1, 16, 1, 1, 8, 8))
     with pytest.raises(ValueError, match="chunk_size=24"):
         run(jax_gdn.chunk_gated_delta_rule, x, chunk_size=24)
+
+
+@pytest.mark.parametrize("C", [16, 64, *(pytest.param(C, marks=pytest.mark.slow)
+                                          for C in (32, 128))])
+def test_unit_lower_inverse_and_its_vjp_are_exact_on_correlated_keys(C):
+    # L = β (k kᵀ) e^{G_i−G_j}, strictly lower, keys at cosine 0.97, β near 1, weak decay:
+    # the L on which the product form (I − L)(I + L²)… lost all accuracy (1e4 at C = 64).
+    rng = np.random.default_rng(C)
+    k_NCK = correlated_keys(rng, 1, 8 * C, 1, 32, 0.97).reshape(8, C, 32)
+    beta_NC = rng.uniform(0.9, 1.0, (8, C))
+    G_NC = np.cumsum(np.log(rng.uniform(0.95, 1.0, (8, C))), axis=-1)
+    decay_NCC = np.exp(np.tril(G_NC[:, :, None] - G_NC[:, None, :]))
+    L = np.tril(beta_NC[..., None] * (k_NCK @ k_NCK.transpose(0, 2, 1)) * decay_NCC, -1)
+    L = L.astype(np.float32)
+    exact = np.linalg.inv(np.eye(C) + L.astype(np.float64))
+    W = rng.standard_normal(L.shape)
+    T, vjp = jax.vjp(jax.jit(unit_lower_inverse), jnp.asarray(L))
+    (dL,) = vjp(jnp.asarray(W, jnp.float32))
+    exact_dL = np.tril(-exact.transpose(0, 2, 1) @ W @ exact.transpose(0, 2, 1), -1)
+    assert_close("T", exact, T, 1e-6)
+    assert_close("dL", exact_dL, dL, 1e-6)
+    # Only the strictly lower part of L is read: the diagonal and above are ignored.
+    assert_close("T(L + upper)", exact, jax.jit(unit_lower_inverse)(jnp.asarray(L + np.triu(W))),
+                 1e-6)
