@@ -5,6 +5,7 @@ Same names in both frameworks, the API, the database and the dashboard.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal, get_args
 
 CPMode = Literal["ulysses", "p2p", "all_gather", "log_scan"]
@@ -29,12 +30,67 @@ def check_cp_shape(*, mode: str, chips: int, seq_len: int, num_k_heads: int, num
         raise ValueError(f"chips={chips!r} must be a positive integer")
     if seq_len % chips:
         raise ValueError(f"seq_len={seq_len} is not divisible by chips={chips}")
-    if mode == "ulysses" and (num_k_heads % chips or num_v_heads % chips):
+    if mode == "ulysses" and num_v_heads % chips:
+        divisors = [d for d in range(1, num_v_heads + 1) if num_v_heads % d == 0]
         raise ValueError(
-            f"mode='ulysses' needs key heads ({num_k_heads}) and value heads ({num_v_heads}) "
-            f"divisible by chips={chips}")
+            f"mode='ulysses' needs value heads ({num_v_heads}) divisible by chips={chips}; "
+            f"chips must be one of {', '.join(map(str, divisors))}")
     halo = 0 if conv_kernel_size is None else conv_kernel_size - 1
     if chips > 1 and seq_len // chips < max(halo, 1):
         raise ValueError(
             f"local shard of {seq_len // chips} tokens (seq_len={seq_len} / chips={chips}) is "
             f"shorter than the conv halo of {halo} tokens (conv_kernel_size={conv_kernel_size})")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UlyssesHeads:
+    """The heads chip j holds under ulysses (one plan for both frameworks).
+
+    Value heads j·Hl … (j+1)·Hl − 1 (Hl = Hv/D), and the G key (and query) heads they use,
+    `key_heads(j)`, ordered so that local value head i uses local key head i // (Hl/G) — the
+    single-chip rule's GQA layout. Value head h uses key head h // r (r = Hv/Hk). Three cases:
+        D divides Hk:   G = Hk/D, the contiguous key heads j·G … (nothing replicated);
+        Hk divides D:   G = 1, key head j // (D/Hk) (each sent to D/Hk chips, as
+                        DeepSpeed-Ulysses replicates KV heads);
+        otherwise:      G = Hl, one key head per value head (repeats where they share one).
+    The all-to-all sends D·G key heads (`send_key_heads`, block j for chip j) instead of Hk.
+    """
+
+    num_k_heads: int
+    num_v_heads: int
+    chips: int
+
+    def __post_init__(self):
+        check_cp_shape(mode="ulysses", chips=self.chips, seq_len=self.chips,
+                       num_k_heads=self.num_k_heads, num_v_heads=self.num_v_heads)
+        if self.num_k_heads < 1 or self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"num_v_heads={self.num_v_heads} must be a multiple of "
+                             f"num_k_heads={self.num_k_heads}")
+
+    @property
+    def value_heads_per_chip(self) -> int:
+        return self.num_v_heads // self.chips
+
+    @property
+    def key_heads_per_chip(self) -> int:
+        Hk, D = self.num_k_heads, self.chips
+        return Hk // D if Hk % D == 0 else 1 if D % Hk == 0 else self.value_heads_per_chip
+
+    def value_heads(self, chip: int) -> range:
+        Hl = self.value_heads_per_chip
+        return range(chip * Hl, (chip + 1) * Hl)
+
+    def key_heads(self, chip: int) -> tuple[int, ...]:
+        """The key heads chip `chip` receives, in its local order (length G)."""
+        Hk, D, G = self.num_k_heads, self.chips, self.key_heads_per_chip
+        if Hk % D == 0:
+            return tuple(range(chip * G, (chip + 1) * G))
+        if D % Hk == 0:
+            return (chip // (D // Hk),)
+        r = self.num_v_heads // Hk
+        return tuple(h // r for h in self.value_heads(chip))
+
+    @property
+    def send_key_heads(self) -> tuple[int, ...]:
+        """Key heads in all-to-all order: chip 0's G, then chip 1's, … (D·G in all)."""
+        return tuple(h for chip in range(self.chips) for h in self.key_heads(chip))

@@ -8,6 +8,7 @@ the gradients of q, k, v, g, beta and initial_state; the comm test reads the sam
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -39,6 +40,11 @@ CASES = [("ulysses", "D2"), ("p2p", "D2"), ("all_gather", "D2"), ("log_scan", "D
          ("log_scan", "2x2-ba")]
 SLOW_CASES = [pytest.param(m, "D8", marks=pytest.mark.slow) for m in ("p2p", "all_gather",
                                                                         "log_scan")]
+# ulysses with fewer key heads than chips (key heads copied), and with Hk, D coprime.
+GQA_CASES = [("D2", dataclasses.replace(CASE, Hk=1, Hv=4)),
+             ("D4", dataclasses.replace(CASE, Hk=2, Hv=4)),
+             pytest.param("D4", dataclasses.replace(CASE, Hk=3, Hv=12), marks=pytest.mark.slow),
+             pytest.param("D8", dataclasses.replace(CASE, Hk=2, Hv=8), marks=pytest.mark.slow)]
 
 
 def mesh_of(layout):
@@ -48,20 +54,20 @@ def mesh_of(layout):
 
 
 @functools.cache
-def inputs(dtype=jnp.float32):
-    x = make_inputs(CASE)
+def inputs(dtype=jnp.float32, case=CASE):
+    x = make_inputs(case)
     x["g"][:, 5::7, 1] = -20.0  # strong decay on some tokens, including near shard edges
     x["g"][:, 59:62, 3] = -20.0
     rng = np.random.default_rng(1)  # loss weights so every output element reaches the loss
-    w = (rng.standard_normal((CASE.B, CASE.T, CASE.Hv, CASE.Dv)).astype(np.float32),
-         rng.standard_normal((CASE.B, CASE.Hv, CASE.Dk, CASE.Dv)).astype(np.float32))
+    w = (rng.standard_normal((case.B, case.T, case.Hv, case.Dv)).astype(np.float32),
+         rng.standard_normal((case.B, case.Hv, case.Dk, case.Dv)).astype(np.float32))
     args = [jnp.asarray(x[n], jnp.float32 if n == "initial_state" else dtype) for n in NAMES]
     return args, tuple(jnp.asarray(a) for a in w)
 
 
-def output_and_grads(rule):
+def output_and_grads(rule, case=CASE):
     """Compile once; return (compiled, o, final_state, grads of q, k, v, g, beta, h0)."""
-    args, (w_o, w_h) = inputs()
+    args, (w_o, w_h) = inputs(case=case)
 
     def loss(q, k, v, g, beta, h0):
         o, h = rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
@@ -75,22 +81,22 @@ def output_and_grads(rule):
 
 
 @functools.cache
-def single_chip():
-    return output_and_grads(jax_gdn.chunk_gated_delta_rule)[1:]
+def single_chip(case=CASE):
+    return output_and_grads(jax_gdn.chunk_gated_delta_rule, case)[1:]
 
 
 @functools.cache
-def recurrence():
-    args, _ = inputs()
+def recurrence(case=CASE):
+    args, _ = inputs(case=case)
     return jax.jit(lambda *a: jax_gdn.recurrent_gated_delta_rule(
         *a[:5], initial_state=a[5], use_qk_l2norm=True))(*args)[0]
 
 
 @functools.cache
-def cp_run(mode, layout):
+def cp_run(mode, layout, case=CASE):
     mesh, axis, _ = mesh_of(layout)
     rule = functools.partial(chunk_gated_delta_rule_cp, mesh=mesh, axis=axis, mode=mode)
-    return output_and_grads(rule)
+    return output_and_grads(rule, case)
 
 
 @pytest.mark.timeout(120)
@@ -105,18 +111,23 @@ def test_cp_matches_single_chip(mode, layout):
     assert_close("o vs recurrence", recurrence(), o, TOL)
 
 
-def expected_received_bytes(mode, D, T_local):
+def expected_received_bytes(mode, D, T_local, case=CASE):
     """Per chip, fwd + bwd of the test program, by the ARCHITECTURE.md table plus the state
     extras of this program: with initial_state and output_final_state the sequence-sharded
     modes also all-reduce the final state (forward) and ∂L/∂h0 (backward); ulysses all-gathers
     the final state over heads and all-reduces ∂L/∂h0. All-reduce = ring, 2(D−1)/D of the size.
     """
-    ring = 2 * (D - 1) * STATE_BYTES // D
+    state = case.B * case.Hv * case.Dk * case.Dv * 4
+    ring = 2 * (D - 1) * state // D
     shifts = [2 ** r for r in range(math.ceil(math.log2(D)))]
     if mode == "ulysses":
-        channels = 2 * CASE.Hk * CASE.Dk + 2 * CASE.Hv * CASE.Dv + 2 * CASE.Hv  # q k v o g beta
-        tokens = 2 * (D - 1) * CASE.B * T_local * channels * 4 // D
-        return [tokens + (D - 1) * STATE_BYTES // D + ring] * D
+        # From each of the D − 1 others: q, k of the G key heads this chip's value heads use
+        # (copies when Hk < D), v, g, beta of its Hv/D value heads, o back; × 2 for backward.
+        Hk, Hv = case.Hk, case.Hv
+        G = Hk // D if Hk % D == 0 else 1 if D % Hk == 0 else Hv // D
+        channels = 2 * G * case.Dk + (Hv // D) * (2 * case.Dv + 2)
+        tokens = 2 * (D - 1) * case.B * T_local * channels * 4
+        return [tokens + (D - 1) * state // D + ring] * D
     per_chip = {
         "p2p": lambda j: STATE_BYTES * ((j >= 1) + (j <= D - 2)),
         "all_gather": lambda j: 2 * (D - 1) * PAIR_BYTES,
@@ -184,7 +195,6 @@ def test_conv_halo(layout):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,layout,T,match", [
     ("ring", "D2", 120, "mode='ring' is not one of: ulysses, p2p, all_gather, log_scan"),
-    ("ulysses", "D8", 120, r"key heads \(4\) and value heads \(8\) divisible by chips=8"),
     ("p2p", "2x2", 118, "seq_len=118 is not divisible by chips=4"),
     ("all_gather", "D2", 119, "seq_len=119 is not divisible by chips=2"),
 ])
@@ -228,3 +238,31 @@ def test_hlo_comm_counts_async_pairs_once():
     # all-gather (G−1)·32 = 32; permute 32 to chips 1, 3; all-reduce 2·3/4·32 = 48;
     # all-to-all (G−1)/G · (16 + 16) = 16
     assert comm["per_chip"] == [96, 128, 96, 128] and comm["max_bytes"] == 128
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout,case", GQA_CASES, ids=lambda x: getattr(x, "id", x))
+def test_ulysses_gqa_heads(layout, case):
+    """Hk < D (or coprime with D): values, final state, gradients equal the single chip and the
+    recurrence; the HLO's bytes match the formula with the copied key heads."""
+    compiled, o, h, grads = cp_run("ulysses", layout, case)
+    o_ref, h_ref, grads_ref = single_chip(case)
+    assert_close("o", o_ref, o, TOL)
+    assert_close("final_state", h_ref, h, TOL)
+    for name, ref, got in zip(NAMES, grads_ref, grads):
+        assert_close(f"d{name}", ref, got, TOL)
+    assert_close("o vs recurrence", recurrence(case), o, TOL)
+    D = mesh_of(layout)[2]
+    comm = received_bytes_per_chip(compiled, D)
+    assert comm["per_chip"] == expected_received_bytes("ulysses", D, case.T // D, case), \
+        comm["ops"]
+
+
+@pytest.mark.timeout(60)
+def test_ulysses_value_heads_not_divisible():
+    mesh, axis, _ = mesh_of("D4")
+    q, k, v, g, beta, _ = inputs()[0]
+    with pytest.raises(ValueError, match=r"value heads \(6\) divisible by chips=4; chips must "
+                                         r"be one of 1, 2, 3, 6"):
+        chunk_gated_delta_rule_cp(q[:, :, :3], k[:, :, :3], v[:, :, :6], g[..., :6],
+                                  beta[..., :6], mesh=mesh, axis=axis, mode="ulysses")

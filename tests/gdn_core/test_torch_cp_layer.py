@@ -7,6 +7,7 @@ compare. Legend: D ranks, t tokens per rank, B batch, C conv channels, Hk/Hv hea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -35,15 +36,22 @@ def gdn_cfg(D: int) -> GDNConfig:
                      head_v_dim=8, conv_kernel_size=4, chunk_size=16)
 
 
+def ulysses_cfgs(D: int) -> dict[str, GDNConfig]:
+    """ulysses layouts beyond gdn_cfg's (D divides Hk): fewer key heads than ranks (each key
+    head's q, k conv channels go to every rank that needs them), and Hk, D coprime."""
+    def cfg(Hk: int, Hv: int) -> GDNConfig:
+        return dataclasses.replace(gdn_cfg(D), num_k_heads=Hk, num_v_heads=Hv)
+    return {"Hk<D": cfg(max(1, D // 4), D if D > 2 else 4), "coprime": cfg(3, 3 * D)}
+
+
 def model_cfg(D: int) -> ModelConfig:
     return ModelConfig(name="custom", gdn=gdn_cfg(D), num_layers=2, intermediate_size=64,
                        vocab_size=64)
 TOL = 1e-4
 
 
-def make_layer(D: int) -> GatedDeltaNet:
+def make_layer(cfg: GDNConfig) -> GatedDeltaNet:
     """The test layer: seeded weights, slow decay (A ≤ 0.1) so state crosses the ranks."""
-    cfg = gdn_cfg(D)
     layer = GatedDeltaNet(cfg)
     gen = torch.Generator().manual_seed(0)
     layer.reset_parameters(gen)
@@ -66,11 +74,15 @@ def layer_comm_bytes(cfg: GDNConfig, mode: str, *, D: int, rank: int, B: int, t:
     """(forward, backward) bytes one CP layer receives on `rank`, from ARCHITECTURE.md's table.
 
     Sequence-sharded modes add the conv halo, B·(K−1)·C from the previous rank; ulysses sends
-    pre-conv q, k, v channels with a, b (C + 2·Hv per token) and brings o (Hv·Dv) back.
+    each rank, from each of the D − 1 others, the pre-conv q, k channels of the G key heads its
+    value heads use (copies when Hk < D) and v, a, b of its Hv/D value heads, and brings o back.
     """
-    Hv, Dk, Dv, C = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim, cfg.conv_dim
+    Hk, Hv, Dk, Dv, C = (cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim,
+                         cfg.conv_dim)
     if mode == "ulysses":
-        each = sum(B * t * width * itemsize * (D - 1) // D for width in (C + 2 * Hv, Hv * Dv))
+        G = Hk // D if Hk % D == 0 else 1 if D % Hk == 0 else Hv // D
+        widths = (2 * G * Dk + (Hv // D) * (Dv + 2), (Hv // D) * Dv)  # in, o back
+        each = sum((D - 1) * B * t * width * itemsize for width in widths)
         return each, each
     halo = B * (cfg.conv_kernel_size - 1) * C * itemsize
     fwd, bwd = halo * (rank > 0), halo * (rank < D - 1)
@@ -88,11 +100,11 @@ def np32(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().numpy()
 
 
-def run_layer(rank: int, D: int, mode: str) -> dict:
+def run_layer(rank: int, D: int, mode: str, cfg: GDNConfig) -> dict:
     """One rank: the CP layer's output shard, input and parameter gradients, counted bytes."""
     x, W = layer_data(D)
     seq = slice(rank * T_LOCAL, (rank + 1) * T_LOCAL)
-    layer = make_layer(D)
+    layer = make_layer(cfg)
     cp = context_parallel(layer, group=None, mode=mode)
     x_local = torch.tensor(x[:, seq]).requires_grad_()
     with count_comm() as comm:
@@ -131,10 +143,12 @@ def error_of(cfg: GDNConfig, mode: str, t: int) -> str:
 
 def layer_job(rank: int, D: int) -> dict:
     """Everything one rank computes for world size D (runs inside the spawned process)."""
-    out = {f"layer-{m}": run_layer(rank, D, m) for m in MODES}
+    out = {f"layer-{m}": run_layer(rank, D, m, gdn_cfg(D)) for m in MODES}
+    out.update({f"layer-ulysses-{name}": run_layer(rank, D, "ulysses", cfg)
+                for name, cfg in ulysses_cfgs(D).items()})
     out.update({f"model-{m}": run_model(rank, D, m) for m in MODES})
-    odd_heads = GDNConfig(hidden_size=16, num_k_heads=D + 1, num_v_heads=2 * (D + 1),
-                          head_k_dim=4, head_v_dim=4)
+    odd_heads = GDNConfig(hidden_size=16, num_k_heads=1, num_v_heads=D + 1, head_k_dim=4,
+                          head_v_dim=4)
     out["ulysses_heads"] = error_of(odd_heads, "ulysses", t=8)
     out["short_shard"] = error_of(gdn_cfg(D), "p2p", t=gdn_cfg(D).conv_kernel_size - 2)
     return out
@@ -147,11 +161,11 @@ def layer_results(D: int) -> list[dict]:
 
 
 @functools.cache
-def layer_reference(D: int) -> dict:
+def layer_reference(D: int, cfg: GDNConfig) -> dict:
     """The single-chip layer on the full sequence, with the same loss, plus the last shard
     run alone (no state or halo from earlier ranks)."""
     x, W = layer_data(D)
-    layer = make_layer(D)
+    layer = make_layer(cfg)
     x_full = torch.tensor(x).requires_grad_()
     y = layer(x_full)
     (y * torch.tensor(W)).sum().backward()
@@ -161,13 +175,24 @@ def layer_reference(D: int) -> dict:
             "grads": {n: np32(p.grad) for n, p in layer.named_parameters()}}
 
 
+def layer_case(layout: str, D: int) -> tuple[str, GDNConfig]:
+    """(mode, config) of a layer case: a mode name, or 'ulysses-<name of ulysses_cfgs>'."""
+    if layout.startswith("ulysses-"):
+        return "ulysses", ulysses_cfgs(D)[layout.removeprefix("ulysses-")]
+    return layout, gdn_cfg(D)
+
+
+LAYOUTS = MODES + ("ulysses-Hk<D", "ulysses-coprime")
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("D", DS, ids="D{}".format)
-@pytest.mark.parametrize("mode", MODES)
-def test_cp_layer_matches_single_chip(mode, D):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cp_layer_matches_single_chip(layout, D):
     """Gathered output and input gradient, and rank-summed parameter gradients, equal one chip."""
-    ranks, ref = [r[f"layer-{mode}"] for r in layer_results(D)], layer_reference(D)
-    case = f"{mode}-D{D}-B{B}-t{T_LOCAL}-Hk{gdn_cfg(D).num_k_heads}-Hv{gdn_cfg(D).num_v_heads}"
+    mode, cfg = layer_case(layout, D)
+    ranks, ref = [r[f"layer-{layout}"] for r in layer_results(D)], layer_reference(D, cfg)
+    case = f"{layout}-D{D}-B{B}-t{T_LOCAL}-Hk{cfg.num_k_heads}-Hv{cfg.num_v_heads}"
     # Only meaningful if what crosses ranks (state, halo) changes the last shard's output.
     last = slice((D - 1) * T_LOCAL, None)
     assert rel_err(ref["y"][:, last], ref["y_last_alone"]) > 100 * TOL
@@ -181,13 +206,14 @@ def test_cp_layer_matches_single_chip(mode, D):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("D", DS, ids="D{}".format)
-@pytest.mark.parametrize("mode", MODES)
-def test_cp_layer_comm_bytes(mode, D):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cp_layer_comm_bytes(layout, D):
     """Bytes each rank receives in one forward + backward = the table, halo included."""
+    mode, cfg = layer_case(layout, D)
     for rank, r in enumerate(layer_results(D)):
-        got = r[f"layer-{mode}"]
-        expect = layer_comm_bytes(gdn_cfg(D), mode, D=D, rank=rank, B=B, t=T_LOCAL)
-        assert (got["forward"], got["backward"]) == expect, (mode, D, rank)
+        got = r[f"layer-{layout}"]
+        expect = layer_comm_bytes(cfg, mode, D=D, rank=rank, B=B, t=T_LOCAL)
+        assert (got["forward"], got["backward"]) == expect, (layout, D, rank)
 
 
 @pytest.mark.timeout(200)
@@ -211,8 +237,7 @@ def test_cp_model_logits_match_single_chip(mode, D):
 def test_cp_layer_shape_errors_name_the_numbers(D):
     r = layer_results(D)[0]
     msg = r["ulysses_heads"]
-    assert f"key heads ({D + 1})" in msg and f"value heads ({2 * D + 2})" in msg, msg
-    assert f"chips={D}" in msg, msg
+    assert f"value heads ({D + 1}) divisible by chips={D}" in msg, msg
     msg = r["short_shard"]
     assert "local shard of 2 tokens" in msg and "conv halo of 3 tokens" in msg, msg
 

@@ -22,21 +22,22 @@ def row_counts(session_factory) -> tuple[int, int, int]:
 
 
 def test_create_counts_trials_and_skipped_points(client, session_factory):
-    body = sweep_body(frameworks=["jax", "torch"], modes=["ulysses", "p2p"], chips=[1, 2, 4],
+    body = sweep_body(frameworks=["jax", "torch"], modes=["ulysses", "p2p"], chips=[1, 2, 8],
                       seq_lens=[64, 128])
     r = client.post("/api/sweeps", json=body)
     assert r.status_code == 201, r.text
     created = r.json()
-    # tiny has 2 key heads: ulysses cannot split them over 4 chips (2 frameworks × 2 seq_lens)
+    # tiny has 4 value heads: ulysses cannot split them over 8 chips (2 frameworks × 2 seq_lens)
     assert created == {"id": created["id"], "name": "tiny", "status": "queued", "trials": 24,
                        "skipped": 4}
     sweep = client.get(f"/api/sweeps/{created['id']}").json()
     assert sweep["counts"]["pending"] == 20 and sweep["counts"]["skipped"] == 4
-    assert sweep["trials_done"] == 4 and sweep["spec"]["chips"] == [1, 2, 4]
+    assert sweep["trials_done"] == 4 and sweep["spec"]["chips"] == [1, 2, 8]
     skipped = client.get(f"/api/sweeps/{created['id']}/trials", params={"status": "skipped"})
     assert skipped.json()["count"] == 4
     trial = skipped.json()["data"][0]
-    assert trial["mode"] == "ulysses" and trial["chips"] == 4 and "divisible" in trial["error"]
+    assert trial["mode"] == "ulysses" and trial["chips"] == 8
+    assert "value heads (4) divisible by chips=8" in trial["error"]
     assert row_counts(session_factory) == (1, 24, 4)  # skipped points carry their result row
 
 

@@ -73,7 +73,7 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
     Returns: o [B, T, Hv, Dv] (sequence-sharded over `axis`, q's dtype) and, if asked, the
         float32 final state [B, Hv, Dk, Dv] replicated. jit- and grad-able.
     Raises ValueError naming the numbers: unknown mode or axis, T not divisible by D, ulysses
-        heads not divisible by D, bad rule shapes.
+        value heads not divisible by D, bad rule shapes.
     """
     check_mode(mode)
     D = mesh_chip_count(mesh, axis)

@@ -1,33 +1,51 @@
 """CP mode `ulysses`: all-to-all from sequence shards to head shards, the rule, and back.
 
-Chip j gets the contiguous key heads j·Hk/D … and value heads j·Hv/D … of the whole sequence,
-which keeps GQA intact (key head i serves value heads i·r … i·r+r−1). It then runs the
-single-chip chunk rule from its slice of h0. Bytes received per chip per direction:
-(D−1)/D of q, k, v, g, beta and o's local shards — proportional to the local tokens. Unlike the
+Chip j gets the whole sequence of value heads j·Hv/D … (j+1)·Hv/D − 1 and of the G key (and
+query) heads they use (`cp_modes.UlyssesHeads`: the contiguous key heads j·Hk/D … when D
+divides Hk; with fewer key heads than chips, a key head goes to every chip whose value heads
+use it, as DeepSpeed-Ulysses replicates KV heads). It then runs the single-chip chunk rule from
+its slice of h0. Bytes received per chip per direction:
+    (D−1)·B·t·(2·G·Dk·|q| + (Hv/D)·(Dv·|v| + |g| + |β|) + (Hv/D)·Dv·|o|)
+(t = T/D local tokens, |x| the item size) — proportional to the local tokens. Unlike the
 sequence-sharded modes, each chip holds the full sequence for Hv/D heads.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from jax import lax
 
+from ...cp_modes import UlyssesHeads
 from ..chunk import chunk_gated_delta_rule
 from .common import AxisName, chip_count, chip_index
 
 
+def key_heads_for_chips(x_BtGd, plan: UlyssesHeads):
+    """[B, t, Hk, d] → [B, t, D·G, d]: block j holds chip j's key heads (copies where shared).
+
+    The copies' gradients are summed locally (the gather's transpose): nothing more crosses.
+    """
+    heads = plan.send_key_heads
+    if heads == tuple(range(x_BtGd.shape[2])):
+        return x_BtGd
+    return x_BtGd[:, :, np.asarray(heads)]
+
+
 def ulysses_rule(q, k, v, g, beta, h0_BHKV, *, axis: AxisName, output_final_state: bool,
                  use_qk_l2norm: bool, chunk_size: int):
-    """Per-shard rule. Shapes as sequence_sharded_rule; heads must be divisible by D.
+    """Per-shard rule. Shapes as sequence_sharded_rule; value heads must be divisible by D.
 
-    Inside: q, k [B, T, Hk/D, Dk]; v [B, T, Hv/D, Dv]; g, beta [B, T, Hv/D]; state
+    Inside: q, k [B, T, G, Dk]; v [B, T, Hv/D, Dv]; g, beta [B, T, Hv/D]; state
     [B, Hv/D, Dk, Dv]. The final state is all-gathered over heads into [B, Hv, Dk, Dv].
     """
     D, me = chip_count(axis), chip_index(axis)
-    Hv_local = v.shape[2] // D
+    plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
+    Hv_local = plan.value_heads_per_chip
 
-    def to_heads(x):  # [B, T/D, H, ...] -> [B, T, H/D, ...]
+    def to_heads(x):  # [B, T/D, D·H', ...] -> [B, T, H', ...]
         return lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True)
 
+    q, k = (key_heads_for_chips(x, plan) for x in (q, k))
     h0_local_BHKV = lax.dynamic_slice_in_dim(h0_BHKV, me * Hv_local, Hv_local, axis=1)
     o_heads, final_local_BHKV = chunk_gated_delta_rule(
         *(to_heads(x) for x in (q, k, v, g, beta)), initial_state=h0_local_BHKV,

@@ -11,25 +11,26 @@ from __future__ import annotations
 import torch
 
 from .comm import all_gather, keep_in_backward, rank_size
-from .common import apply_pair, replay_from, shard_pair
+from .common import apply_pair, sequence_sharded
 
 
-def chunk_gated_delta_rule_all_gather(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor,
-                                      output_final_state: bool, use_qk_l2norm: bool,
-                                      chunk_size: int):
-    """This rank's shard of o (float32 [B, T/D, Hv, Dv]) and the global final state (or None)."""
-    rank, D = rank_size(group)
-    pair = shard_pair(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
-    P_DBHKW = all_gather(pair.P_BHKW, group=group, op="all_gather")
+def all_gather_exchange(P_BHKW: torch.Tensor, h0_BHKV: torch.Tensor, *, group,
+                        output_final_state: bool):
+    """(h_in, final state or None) from every rank's packed pair, gathered in one collective."""
+    rank, _ = rank_size(group)
+    P_DBHKW = all_gather(P_BHKW, group=group, op="all_gather")
     h_BHKV = h0_BHKV
-    for P_BHKW in P_DBHKW[:rank]:
-        h_BHKV = apply_pair(P_BHKW, h_BHKV)
+    for P_r in P_DBHKW[:rank]:
+        h_BHKV = apply_pair(P_r, h_BHKV)
     # Rank 0 (and any rank without the final state) leaves some of P unused: keep all of it in
     # the graph so that every rank joins the all-gather's backward.
     h_BHKV = keep_in_backward(h_BHKV, *P_DBHKW)
-    o = replay_from(pair, h_BHKV)
     if not output_final_state:
-        return o, None
-    for P_BHKW in P_DBHKW[rank:]:
-        h_BHKV = apply_pair(P_BHKW, h_BHKV)
-    return o, h_BHKV
+        return h_BHKV, None
+    final_BHKV = h_BHKV
+    for P_r in P_DBHKW[rank:]:
+        final_BHKV = apply_pair(P_r, final_BHKV)
+    return h_BHKV, final_BHKV
+
+
+chunk_gated_delta_rule_all_gather = sequence_sharded(all_gather_exchange)

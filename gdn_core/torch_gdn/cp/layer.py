@@ -8,9 +8,10 @@ a model) into a layer whose forward maps this rank's sequence shard [B, t, D] to
     project → halo (previous rank's last K−1 pre-conv tokens) → causal_conv(halo) → split_heads
     → chunk_gated_delta_rule_cp(mode) → output
   ulysses (head-sharded rule):
-    project → all-to-all q, k, v channels (pre-conv) and a, b: [B, t, all heads] → [B, T, heads
-    of group j] → causal conv with the conv weight of those channels → split_heads (A_log,
-    dt_bias of those heads) → single-chip rule → all-to-all o back → output (z never moves)
+    project → all-to-all q, k, v channels (pre-conv) and a, b: [B, t, all heads] → [B, T, value
+    heads of rank j and the key heads they use (cp_modes.UlyssesHeads: copies when Hk < D)] →
+    causal conv with the conv weight of those channels → gates (A_log, dt_bias of those heads)
+    → single-chip rule → all-to-all o back → output (z never moves)
 
 Parameters are the original layer's objects (no copies) under the same names, so optimizers,
 state_dicts and checkpoints written for the plain model apply unchanged. Parameter gradients
@@ -20,15 +21,18 @@ Legend: B batch, t local tokens, T global tokens, C conv channels, H heads, K/V 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
-from ...cp_modes import CPMode, check_cp_shape, check_mode
+from ...config import GDNConfig
+from ...cp_modes import CPMode, UlyssesHeads, check_cp_shape, check_mode
 from ..layer import GatedDeltaNet, causal_conv1d
 from .comm import rank_size
 from .halo import exchange_conv_halo
 from .rule import chunk_gated_delta_rule_cp
-from .ulysses import heads_to_seq, seq_to_heads
+from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
 
 class ContextParallelGatedDeltaNet(GatedDeltaNet):
@@ -91,29 +95,41 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
     def _forward_ulysses(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         rank, D = rank_size(self.group)
+        plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
         B, t, _ = hidden_BtD.shape
         Hk, Hv, Dk, Dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
         mixed_qkv_BtC, z_BtHV, b_BtH, a_BtH = self.project(hidden_BtD)
         q_pre, k_pre, v_pre = torch.split(mixed_qkv_BtC, [Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # The conv is depthwise, so it commutes with moving channels: move pre-conv channels
         # (one all-to-all for q, k, v, a, b) and convolve the full sequence locally, no halo.
+        # q, k go as the key heads each rank's value heads use (copies when Hk < D).
         q_BTGK, k_BTGK, v_BTHV, b_BTH1, a_BTH1 = seq_to_heads(
-            [q_pre.reshape(B, t, Hk, Dk), k_pre.reshape(B, t, Hk, Dk),
+            [key_heads_for_chips(q_pre.reshape(B, t, Hk, Dk), plan),
+             key_heads_for_chips(k_pre.reshape(B, t, Hk, Dk), plan),
              v_pre.reshape(B, t, Hv, Dv), b_BtH[..., None], a_BtH[..., None]], group=self.group)
-        T = q_BTGK.shape[1]
-        # This rank's head group j: key heads j·Hk/D … and value heads j·Hv/D … (GQA-closed).
-        k_heads = range(rank * Hk // D, (rank + 1) * Hk // D)
-        v_heads = range(rank * Hv // D, (rank + 1) * Hv // D)
-        # [q_j | k_j | v_j]: the channel order of conv_channels(k_heads, v_heads).
+        B, T, G, _ = q_BTGK.shape
+        k_heads, v_heads = plan.key_heads(rank), plan.value_heads(rank)
         mixed_local_BTC = torch.cat([q_BTGK.reshape(B, T, -1), k_BTGK.reshape(B, T, -1),
                                      v_BTHV.reshape(B, T, -1)], dim=-1)
-        weight_CK = self.conv_weight_CK[self.conv_channels(k_heads, v_heads)]
+        weight_CK = self.conv_weight_CK[head_conv_channels(cfg, k_heads, v_heads,
+                                                           device=hidden_BtD.device)]
         conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK)
-        q, k, v, g, beta = self.split_heads(conv_BTC, a_BTH1[..., 0], b_BTH1[..., 0],
-                                            heads=v_heads)
+        q, k, v = torch.split(conv_BTC, [G * Dk, G * Dk, len(v_heads) * Dv], dim=-1)
+        g, beta = self.gates(a_BTH1[..., 0], b_BTH1[..., 0], heads=v_heads)
         with torch.autocast(device_type=hidden_BtD.device.type, enabled=False):
-            o_BTHV, _ = self.rule(q, k, v, g, beta)
+            o_BTHV, _ = self.rule(q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk),
+                                  v.reshape(B, T, -1, Dv), g, beta)
         return self.output(heads_to_seq(o_BTHV, group=self.group), z_BtHV)
+
+
+def head_conv_channels(cfg: GDNConfig, key_heads: Sequence[int], value_heads: range, *,
+                       device) -> torch.Tensor:
+    """Conv channels [q of key_heads | k of key_heads | v of value_heads] (repeats allowed)."""
+    Dk, Dv, kd = cfg.head_k_dim, cfg.head_v_dim, cfg.key_dim
+    q_idx = (torch.tensor(key_heads, device=device)[:, None] * Dk
+             + torch.arange(Dk, device=device)).flatten()
+    v_idx = torch.arange(value_heads.start * Dv, value_heads.stop * Dv, device=device)
+    return torch.cat([q_idx, kd + q_idx, 2 * kd + v_idx])
 
 
 def context_parallel(module: nn.Module, *, group, mode: CPMode) -> nn.Module:

@@ -17,18 +17,16 @@ from __future__ import annotations
 import torch
 
 from .comm import broadcast, keep_in_backward, rank_size, shift
-from .common import apply_pair, compose_pairs, replay_from, shard_pair
+from .common import apply_pair, compose_pairs, sequence_sharded
 
 _TAG = 40  # round i uses tags _TAG + 2i (forward) and _TAG + 2i + 1 (backward)
 
 
-def chunk_gated_delta_rule_log_scan(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor,
-                                    output_final_state: bool, use_qk_l2norm: bool,
-                                    chunk_size: int):
-    """This rank's shard of o (float32 [B, T/D, Hv, Dv]) and the global final state (or None)."""
+def log_scan_exchange(P_BHKW: torch.Tensor, h0_BHKV: torch.Tensor, *, group,
+                      output_final_state: bool):
+    """(h_in, final state or None) by ⌈log2 D⌉ rounds of shifted inclusive pairs."""
     rank, D = rank_size(group)
-    pair = shard_pair(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
-    I_BHKW, E_BHKW, received = pair.P_BHKW, None, []
+    I_BHKW, E_BHKW, received = P_BHKW, None, []
     d, round_idx = 1, 0
     while d < D:
         R_BHKW = shift(I_BHKW, d, group=group, tag=_TAG + 2 * round_idx, op="log_scan")
@@ -42,10 +40,12 @@ def chunk_gated_delta_rule_log_scan(q, k, v, g, beta, *, group, h0_BHKV: torch.T
     # Every round's shift must run its backward on every rank (its peer r+d waits for it), also
     # where nothing arrived: tie the received tensors to h_in, which always reaches the loss.
     h_in_BHKV = keep_in_backward(h_in_BHKV, *received)
-    o = replay_from(pair, h_in_BHKV)
     if not output_final_state:
-        return o, None
+        return h_in_BHKV, None
     # Every rank passes its own I(h0), tied to every round's output, so that on every rank the
     # broadcast's backward (a collective) runs before any round's backward (point-to-point).
     final_BHKV = keep_in_backward(apply_pair(I_BHKW, h0_BHKV), *received)
-    return o, broadcast(final_BHKV, src=D - 1, group=group, op="log_scan_final_state")
+    return h_in_BHKV, broadcast(final_BHKV, src=D - 1, group=group, op="log_scan_final_state")
+
+
+chunk_gated_delta_rule_log_scan = sequence_sharded(log_scan_exchange)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .comm import broadcast, rank_size, send_recv
-from .common import shard_pair, replay_from
+from .common import sequence_sharded
 
 _TAG = 20
 
@@ -58,15 +58,16 @@ class _Wavefront(torch.autograd.Function):
         return dA, dh_out, dh_in, None
 
 
-def chunk_gated_delta_rule_p2p(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor,
-                               output_final_state: bool, use_qk_l2norm: bool, chunk_size: int):
-    """This rank's shard of o (float32 [B, T/D, Hv, Dv]) and the global final state (or None)."""
+def p2p_exchange(P_BHKW: torch.Tensor, h0_BHKV: torch.Tensor, *, group,
+                 output_final_state: bool):
+    """(h_in, final state or None): the wavefront, then the last rank's h_out broadcast."""
     _, D = rank_size(group)
-    pair = shard_pair(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
-    K = pair.Dk
-    h_in, h_out = _Wavefront.apply(pair.P_BHKW[..., :K], pair.P_BHKW[..., K:], h0_BHKV, group)
-    o = replay_from(pair, h_in)
+    K = P_BHKW.shape[-2]
+    h_in, h_out = _Wavefront.apply(P_BHKW[..., :K], P_BHKW[..., K:], h0_BHKV, group)
     if not output_final_state:
-        return o, None
+        return h_in, None
     # Every rank passes its own h_out so the broadcast's backward precedes the wavefront's.
-    return o, broadcast(h_out, src=D - 1, group=group, op="p2p_final_state")
+    return h_in, broadcast(h_out, src=D - 1, group=group, op="p2p_final_state")
+
+
+chunk_gated_delta_rule_p2p = sequence_sharded(p2p_exchange)

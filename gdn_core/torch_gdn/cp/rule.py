@@ -35,8 +35,8 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode, initial_
         o: this rank's shard [B, T/D, Hv, Dv] in q's dtype, and, if asked, the float32 state
         after the whole global sequence [B, Hv, Dk, Dv], identical on every rank.
     Raises:
-        ValueError naming the numbers: unknown mode, bad shapes, ulysses with heads not
-        divisible by D.
+        ValueError naming the numbers: unknown mode, bad shapes, ulysses with value heads
+        not divisible by D (fewer key heads than ranks is fine: they are copied).
 
     Backward exchanges too (the forward's exchange in reverse). Every rank must backpropagate
     through o, and through final_state on all ranks or on none: a rank whose loss skips it

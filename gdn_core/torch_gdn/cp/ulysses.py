@@ -1,17 +1,21 @@
 """CP mode `ulysses`: all-to-all from sequence shards to head shards, the rule, and back.
 
-Rank j holds tokens [j·t, (j+1)·t) of every head (t = T/D). One all-to-all per input dtype
-turns q, k [B, t, Hk, Dk], v [B, t, Hv, Dv], g, beta [B, t, Hv] into the full sequence of
-head group j: key heads j·Hk/D … and value heads j·Hv/D … (key head i serves value heads
-i·r … i·r+r−1, so a group is closed under GQA). The one-chip rule runs on [B, T, H/D, ·],
-and one all-to-all brings o back to [B, t, Hv, Dv]. The final state, if asked, is an
-all-gather over heads. Received per rank and direction: (D−1)/D of the local tokens × channels.
+Rank j holds tokens [j·t, (j+1)·t) of every head (t = T/D) and receives the whole sequence of
+value heads j·Hv/D … and of the G key (and query) heads they use (`cp_modes.UlyssesHeads`:
+G = Hk/D when D divides Hk; with fewer key heads than chips a key head goes to every chip whose
+value heads use it, as DeepSpeed-Ulysses replicates KV heads). One all-to-all per input dtype
+turns q, k [B, t, Hk, Dk], v [B, t, Hv, Dv], g, beta [B, t, Hv] into [B, T, G or Hv/D, ·];
+the one-chip rule runs there, and one all-to-all brings o back to [B, t, Hv, Dv]. The final
+state, if asked, is an all-gather over heads. Received per rank and direction:
+    (D−1)·B·t·(2·G·Dk·|q| + (Hv/D)·(Dv·|v| + |g| + |β|) + (Hv/D)·Dv·|o|)   bytes
+(|x| the item size) — (D−1)/D of the local tokens × channels, with D·G key heads for Hk.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...cp_modes import UlyssesHeads
 from ..chunk import chunk_gated_delta_rule
 from .comm import all_gather, all_to_all_single, rank_size
 
@@ -20,6 +24,17 @@ def _to_dest_blocks(x_BtHd: torch.Tensor, D: int) -> torch.Tensor:
     """[B, t, H, d] → [D, B·t·(H/D)·d]: block j holds head group j (what rank j receives)."""
     B, t, H, d = x_BtHd.shape
     return x_BtHd.reshape(B, t, D, H // D, d).permute(2, 0, 1, 3, 4).reshape(D, -1)
+
+
+def key_heads_for_chips(x_BtGd: torch.Tensor, plan: UlyssesHeads) -> torch.Tensor:
+    """[B, t, Hk, d] → [B, t, D·G, d]: block j holds chip j's key heads (copies where shared).
+
+    Its backward sums the copies' gradients locally (index_select's), so nothing more crosses.
+    """
+    heads = plan.send_key_heads
+    if heads == tuple(range(x_BtGd.shape[2])):
+        return x_BtGd
+    return x_BtGd.index_select(2, torch.tensor(heads, device=x_BtGd.device))
 
 
 def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group) -> list[torch.Tensor]:
@@ -54,18 +69,18 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
                                    chunk_size: int):
     """This rank's shard of o ([B, T/D, Hv, Dv], q's dtype) and the global final state (or None).
 
-    Heads must be divisible by D (checked by the caller via check_cp_shape).
+    Value heads must be divisible by D (checked by the caller via check_cp_shape).
     """
     rank, D = rank_size(group)
-    Hv = v.shape[2]
+    plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
     q_h, k_h, v_h, g_h, beta_h = seq_to_heads(
-        [q, k, v, g.unsqueeze(-1), beta.unsqueeze(-1)], group=group)
-    Hl = Hv // D
-    h0_local = h0_BHKV[:, rank * Hl:(rank + 1) * Hl]
+        [key_heads_for_chips(q, plan), key_heads_for_chips(k, plan), v, g.unsqueeze(-1),
+         beta.unsqueeze(-1)], group=group)
+    heads = plan.value_heads(rank)
     o_h, final_local = chunk_gated_delta_rule(
-        q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1), initial_state=h0_local,
-        output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-        chunk_size=chunk_size)
+        q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1),
+        initial_state=h0_BHKV[:, heads.start:heads.stop], output_final_state=output_final_state,
+        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
     o = heads_to_seq(o_h, group=group)
     if not output_final_state:
         return o, None

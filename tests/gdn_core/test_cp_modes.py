@@ -1,0 +1,53 @@
+"""The CP mode set's shape rules (gdn_core.cp_modes): check_cp_shape and the ulysses head plan."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gdn_core.cp_modes import UlyssesHeads, check_cp_shape
+
+# (Hk, Hv) × D with Hv % D == 0: D divides Hk, Hk divides D (copies), and neither.
+HEAD_GRID = [(Hk, Hv, D) for Hk, r, D in itertools.product((1, 2, 3, 4, 16), (1, 2, 3, 4),
+                                                           (1, 2, 3, 4, 8, 16, 32, 64))
+             if (Hv := Hk * r) % D == 0]
+
+
+@pytest.mark.parametrize("Hk,Hv,D", HEAD_GRID, ids=lambda x: str(x))
+def test_ulysses_heads_serve_every_value_head(Hk, Hv, D):
+    """Chip j's local value head i finds key head i // (Hl/G) of its G = key_heads(j), and that
+    is the head the single-chip rule pairs with it (value head h uses key head h // (Hv/Hk))."""
+    plan = UlyssesHeads(num_k_heads=Hk, num_v_heads=Hv, chips=D)
+    G, Hl = plan.key_heads_per_chip, plan.value_heads_per_chip
+    assert Hl * D == Hv and Hl % G == 0
+    for chip in range(D):
+        keys = plan.key_heads(chip)
+        assert len(keys) == G
+        for i, h in enumerate(plan.value_heads(chip)):
+            assert keys[i // (Hl // G)] == h // (Hv // Hk), (chip, i, keys)
+    assert plan.send_key_heads == sum((plan.key_heads(j) for j in range(D)), ())
+    # No copies where the key heads split evenly; every key head is sent at least once.
+    assert len(plan.send_key_heads) == (Hk if Hk % D == 0 else D if D % Hk == 0 else Hv)
+    assert set(plan.send_key_heads) == set(range(Hk))
+
+
+def test_ulysses_heads_of_the_qwen35_presets():
+    """16 key heads, 32 value heads: 32 chips get one key head each, each sent to 2 chips."""
+    plan = UlyssesHeads(num_k_heads=16, num_v_heads=32, chips=32)
+    assert plan.key_heads_per_chip == 1 and plan.key_heads(5) == (2,)
+    assert plan.send_key_heads == tuple(h // 2 for h in range(32))
+    assert UlyssesHeads(num_k_heads=16, num_v_heads=32, chips=8).key_heads(1) == (2, 3)
+
+
+def test_check_cp_shape_ulysses_needs_only_value_heads_divisible():
+    check_cp_shape(mode="ulysses", chips=64, seq_len=64 * 8, num_k_heads=16, num_v_heads=64)
+    with pytest.raises(ValueError, match=r"mode='ulysses' needs value heads \(48\) divisible by "
+                                         r"chips=32; chips must be one of 1, 2, 3, 4, 6, 8, 12, "
+                                         r"16, 24, 48"):
+        check_cp_shape(mode="ulysses", chips=32, seq_len=32 * 8, num_k_heads=16,
+                       num_v_heads=48)
+    with pytest.raises(ValueError, match=r"value heads \(6\) divisible by chips=4"):
+        UlyssesHeads(num_k_heads=3, num_v_heads=6, chips=4)
+    with pytest.raises(ValueError, match=r"num_v_heads=6 must be a multiple of num_k_heads=4"):
+        UlyssesHeads(num_k_heads=4, num_v_heads=6, chips=2)
