@@ -2,26 +2,33 @@
 
 Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallelism,
 `chunk_gated_delta_rule_cp` and `context_parallel`; `GatedDeltaNet` (the Qwen3.5 layer),
-`GDNLanguageModel`, and the training step `train_step` / `run_training`.
+`GDNLanguageModel` (with `set_remat` and its chunked cross-entropy,
+`chunked_cross_entropy_sum`), and the training step `train_step` / `run_training` (under CP:
+`run_cp_training`, with param_sharding applied by `cp.sharding`).
 """
 
 from .chunk import chunk_gated_delta_rule
 from .cp import chunk_gated_delta_rule_cp, context_parallel, run_cp_training
 from .layer import GatedDeltaNet, causal_conv1d
-from .model import GDNLanguageModel
+from .loss import chunked_cross_entropy_sum
+from .model import GDNLanguageModel, set_remat
 from .naive import recurrent_gated_delta_rule
-from .train import build_training, run_training, train_step
+from .train import build_model, build_optimizer, build_training, run_training, train_step
 
 __all__ = [
     "GDNLanguageModel",
     "GatedDeltaNet",
+    "build_model",
+    "build_optimizer",
     "build_training",
     "causal_conv1d",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_cp",
+    "chunked_cross_entropy_sum",
     "context_parallel",
     "recurrent_gated_delta_rule",
     "run_cp_training",
     "run_training",
+    "set_remat",
     "train_step",
 ]

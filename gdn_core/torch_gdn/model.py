@@ -4,6 +4,13 @@ Parameter names (shared with the JAX twin, do not rename):
     embed_tokens.weight, layers.{i}.gdn_norm.weight, layers.{i}.gdn.<transformers GDN names>,
     layers.{i}.mlp_norm.weight, layers.{i}.mlp.{gate_proj,up_proj,down_proj}.weight,
     norm.weight, lm_head.weight.
+Activation recomputation (`set_remat`, TrainConfig.remat) is a setting of each block:
+    none — autograd keeps every activation;
+    full — the whole block runs under torch.utils.checkpoint: only its input is kept, and
+           backward re-runs its forward;
+    gdn  — only the token mixer (block.gdn, a context-parallel module included) is recomputed.
+Recomputation re-runs the whole region (early stop off), so a context-parallel token mixer
+re-issues every one of its exchanges in backward, in forward order, on every rank.
 Shape legend: B batch, T tokens, D hidden, F MLP width, V vocabulary (logits only).
 """
 
@@ -12,9 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from ..config import ModelConfig
+from ..train_config import REMATS, Remat
 from .layer import GatedDeltaNet
+from .loss import chunked_cross_entropy_sum
 
 INIT_STD = 0.02
 
@@ -48,6 +58,14 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
 
 
+def _recomputed(function, *args):
+    """function(*args) under non-reentrant checkpoint, recomputing all of it in backward."""
+    # Early stop would end the recomputation once every saved tensor is back; a collective
+    # after the last one would then run in forward but not in its recomputation.
+    with set_checkpoint_early_stop(False):
+        return checkpoint(function, *args, use_reentrant=False)
+
+
 class GDNBlock(nn.Module):
     """Pre-norm residual pair: x + gdn(gdn_norm(x)), then + mlp(mlp_norm(·))."""
 
@@ -58,11 +76,31 @@ class GDNBlock(nn.Module):
         self.gdn = GatedDeltaNet(cfg.gdn)
         self.mlp_norm = RMSNorm(cfg.hidden_size, eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.remat: Remat = "none"
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """Map the residual stream [B, T, D] to [B, T, D]."""
-        x_BTD = x_BTD + self.gdn(self.gdn_norm(x_BTD))
+        if self.remat == "full":
+            return _recomputed(self._residual_pair, x_BTD)
+        return self._residual_pair(x_BTD)
+
+    def _residual_pair(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        normed_BTD = self.gdn_norm(x_BTD)
+        if self.remat == "gdn":
+            x_BTD = x_BTD + _recomputed(self.gdn, normed_BTD)
+        else:
+            x_BTD = x_BTD + self.gdn(normed_BTD)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+
+
+def set_remat(model: nn.Module, remat: Remat) -> nn.Module:
+    """Set every GDNBlock of `model` to recompute `remat` (REMATS) in backward; returns model."""
+    if remat not in REMATS:
+        raise ValueError(f"remat={remat!r} is not one of: {', '.join(REMATS)}")
+    for block in model.modules():
+        if isinstance(block, GDNBlock):
+            block.remat = remat
+    return model
 
 
 class GDNLanguageModel(nn.Module):
@@ -98,9 +136,24 @@ class GDNLanguageModel(nn.Module):
         for weight in (self.embed_tokens.weight, self.lm_head.weight):
             nn.init.normal_(weight, 0.0, INIT_STD, generator=gen)
 
-    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        """Return float32 logits [B, T, V] for integer tokens [B, T]."""
+    def hidden_states(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """Return the final normed hidden states [B, T, D] (the LM head's input)."""
         x_BTD = self.embed_tokens(tokens_BT.long())
         for block in self.layers:
             x_BTD = block(x_BTD)
-        return self.lm_head(self.norm(x_BTD)).float()
+        return self.norm(x_BTD)
+
+    def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
+                loss_chunk_tokens: int | None = None) -> torch.Tensor:
+        """Return float32 logits [B, T, V] for integer tokens [B, T]; given targets [B, T],
+        instead the summed cross-entropy over all B·T tokens (a float32 scalar), computed over
+        token chunks without a [B·T, V] logits buffer (loss.chunked_cross_entropy_sum).
+
+        The loss lives in forward so that wrappers that hook forward (FSDP2's gathers of
+        lm_head.weight) cover it.
+        """
+        hidden_BTD = self.hidden_states(tokens_BT)
+        if targets_BT is None:
+            return self.lm_head(hidden_BTD).float()
+        return chunked_cross_entropy_sum(hidden_BTD, self.lm_head.weight, targets_BT,
+                                         chunk_tokens=loss_chunk_tokens)

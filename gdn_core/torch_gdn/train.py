@@ -3,6 +3,10 @@
 The loss is written as (sum of this process's token losses) / (global token count), so the
 losses of context-parallel ranks, each holding a sequence shard, sum to the global mean; their
 gradients sum likewise, which is what the `grad_sync` hook (an all-reduce-sum under CP) does.
+The loss is the model's chunked cross-entropy (no [tokens, V] float32 logits); TrainConfig.remat
+is applied by build_model. dtype 'bfloat16' is torch.autocast to bf16 (CPU and CUDA alike: both
+run bf16 matmuls there) over fp32 master weights and fp32 AdamW state; the GDN rule's state chain
+stays float32 inside the layer.
 """
 
 from __future__ import annotations
@@ -14,13 +18,12 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
 from ..data import synthetic_tokens
 from ..train_config import COMPUTE_DTYPES, TrainConfig, TrainReport
-from .model import GDNLanguageModel
+from .model import GDNLanguageModel, set_remat
 
 GradSync = Callable[[nn.Module], None]
 
@@ -36,7 +39,7 @@ def autocast_context(device_type: str, dtype: str):
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: torch.Tensor,
                targets_BT: torch.Tensor, *, global_tokens: int, dtype: str,
-               grad_sync: GradSync | None = None) -> float:
+               grad_sync: GradSync | None = None, loss_chunk_tokens: int | None = None) -> float:
     """Run forward, backward, grad_sync(model) if given, and one optimizer step.
 
     Args:
@@ -44,6 +47,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
         global_tokens: tokens over all processes; the loss is sum(token losses here) / it.
         dtype: 'float32', or 'bfloat16' for autocast compute over fp32 master weights.
         grad_sync: called after backward, before the update (CP all-reduces gradients there).
+        loss_chunk_tokens: tokens per cross-entropy chunk (default: loss.loss_chunk_tokens(V)).
     Returns:
         This process's share of the mean loss (a float; CP ranks' shares sum to the mean).
     """
@@ -52,9 +56,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
                          f"{targets_BT.numel()} target tokens")
     optimizer.zero_grad(set_to_none=True)
     with autocast_context(inputs_BT.device.type, dtype):
-        logits_BTV = model(inputs_BT)
-    loss_sum = F.cross_entropy(logits_BTV.flatten(0, 1).float(), targets_BT.flatten().long(),
-                               reduction="sum")
+        loss_sum = model(inputs_BT, targets_BT, loss_chunk_tokens=loss_chunk_tokens)
     loss = loss_sum / global_tokens
     loss.backward()
     if grad_sync is not None:
@@ -63,13 +65,28 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
     return loss.item()
 
 
+def build_model(model_cfg: ModelConfig, train_cfg: TrainConfig,
+                device: str | torch.device = "cpu") -> GDNLanguageModel:
+    """Return the model: fp32 weights seeded by train_cfg.seed, on `device`, train_cfg.remat set."""
+    model = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
+    return set_remat(model, train_cfg.remat)
+
+
+def build_optimizer(params, train_cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over `params` with train_cfg's learning rate and weight decay."""
+    return torch.optim.AdamW(params, lr=train_cfg.learning_rate,
+                             weight_decay=train_cfg.weight_decay)
+
+
 def build_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
                    device: str | torch.device = "cpu"):
-    """Return (model, AdamW optimizer): fp32 weights seeded by train_cfg.seed, on `device`."""
-    model = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg.learning_rate,
-                                  weight_decay=train_cfg.weight_decay)
-    return model, optimizer
+    """Return (model, AdamW optimizer) for one chip (build_model, build_optimizer).
+
+    On one chip every param_sharding is the replicated layout, so it is not read here
+    (cp.sharding applies it over a CP group).
+    """
+    model = build_model(model_cfg, train_cfg, device)
+    return model, build_optimizer(model.parameters(), train_cfg)
 
 
 def _synchronize(device: torch.device) -> None:

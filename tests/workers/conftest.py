@@ -100,9 +100,10 @@ def assert_consistent_metrics(result) -> None:
     assert m.peak_flops_per_chip > 0 and m.peak_flops_source
     assert 0 < m.mfu <= m.hfu
     assert m.peak_memory_bytes_per_chip > 0 and m.memory_source
-    assert m.comm_bytes_per_step_per_chip >= 0
+    assert m.comm_bytes_per_step_per_chip == (m.cp_comm_bytes_per_step_per_chip
+                                              + m.grad_sync_bytes_per_step_per_chip)
     if t.chips > 1:
-        assert m.comm_bytes_per_step_per_chip > 0
+        assert m.cp_comm_bytes_per_step_per_chip > 0 and m.grad_sync_bytes_per_step_per_chip > 0
     assert set(result.versions) >= {"python", "torch", "jax", "jaxlib", "ray", "gdn-sweep"}
     assert result.hosts and result.attempts >= 1
     assert result.started_at <= result.finished_at

@@ -1,10 +1,11 @@
 """Context-parallel training: the gradient sum over the CP group and a per-rank runner.
 
-Every rank of the CP group holds the whole model and a contiguous sequence shard of the batch.
+Every rank of the CP group holds a contiguous sequence shard of the batch and the model in the
+layout of TrainConfig.param_sharding (cp.sharding: replicated, zero1 or fsdp over the group).
 Its loss is (sum of its token losses) / (global token count) (train_step's global_tokens), so
 the ranks' losses and parameter gradients each sum to the single-chip ones: `sum_gradients`
-all-reduces the gradients (SUM; gloo has no AVG) before the optimizer step, after which every
-rank applies the same update and the weights stay identical.
+all-reduces the gradients (SUM; gloo has no AVG) before the optimizer step (fsdp: FSDP2's
+reduce-scatter, also SUM), after which the ranks' weights are the single-chip step's.
 Legend: B batch, T global tokens, t = T/D tokens per rank.
 """
 
@@ -24,9 +25,17 @@ from ...data import synthetic_tokens
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..model import GDNLanguageModel
-from ..train import build_training, peak_memory, train_step
+from ..train import build_model, peak_memory, train_step
 from .comm import count_comm, nbytes, rank_size, record
 from .layer import context_parallel
+from .sharding import (
+    COMM_SOURCE,
+    build_sharded_optimizer,
+    check_param_sharding,
+    full_gradients,
+    shard_parameters,
+    weight_sync_bytes,
+)
 
 GRAD_SYNC_OP = "grad_sync"  # the op name sum_gradients records its bytes under (comm.py)
 
@@ -58,6 +67,23 @@ def sum_gradients(model: nn.Module, group) -> int:
         record(GRAD_SYNC_OP, ring_bytes, backward=True)
         received += ring_bytes
     return received
+
+
+def gradient_sync(param_sharding: str, *, group):
+    """train_step's grad_sync: sum_gradients over `group`, or None under fsdp (FSDP2 sums)."""
+    check_param_sharding(param_sharding)
+    return None if param_sharding == "fsdp" else functools.partial(sum_gradients, group=group)
+
+
+def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
+                      device: str | torch.device = "cpu"):
+    """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
+    made context-parallel, train_cfg.remat set, laid out per train_cfg.param_sharding."""
+    model = build_model(model_cfg, train_cfg, device)
+    check_same_weights(model, group=group)
+    context_parallel(model, group=group, mode=mode)  # in place, before FSDP2 wraps the blocks
+    shard_parameters(model, train_cfg, group=group)
+    return model, build_sharded_optimizer(model, train_cfg, group=group)
 
 
 @torch.no_grad()
@@ -108,8 +134,9 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     Each gradient's error is relative to max(its norm, testing.VERIFY_GRAD_FLOOR × the norm of the
     whole reference gradient), so round-off on near-zero gradients does not dominate.
 
-    `model` is the context-parallel model at its current weights; rank 0 also builds the
-    single-chip model from train_cfg.seed (the same weights while nothing has been trained)
+    `model` is the context-parallel model at its current weights, in train_cfg's
+    param_sharding and remat; rank 0 also builds the plain single-chip model from
+    train_cfg.seed (the same weights while nothing has been trained; replicated, no remat)
     and runs it on the full sequence tokens_BT1 [B, T+1]. Every rank returns the same value.
     Leaves no gradients behind.
     """
@@ -118,19 +145,20 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     global_tokens = tokens_BT1.shape[0] * (tokens_BT1.shape[1] - 1)
     share = train_step(model, _GradientsOnly(model.parameters()), inputs_Bt, targets_Bt,
                        global_tokens=global_tokens, dtype=train_cfg.dtype,
-                       grad_sync=functools.partial(sum_gradients, group=group))
+                       grad_sync=gradient_sync(train_cfg.param_sharding, group=group))
     (cp_loss,) = _global_sum([share], group=group, device=device)
+    # Same parameter names: the CP layers (and FSDP2) keep the plain layers' names.
+    cp_grads = dict(zip([name for name, _ in model.named_parameters()],
+                        full_gradients(list(model.parameters()))))  # collective: every rank
     err = torch.zeros(1, dtype=torch.float64, device=device)
     if rank == 0:
         ref = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
         ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
                               tokens_BT1[:, 1:], global_tokens=global_tokens,
                               dtype=train_cfg.dtype)
-        # Same parameter names: the CP layers keep the plain layers' names.
-        cp_params = dict(model.named_parameters())
         names = [name for name, _ in ref.named_parameters()]
         err.fill_(max_verify_error(ref_loss, cp_loss, [p.grad for p in ref.parameters()],
-                                   [cp_params[name].grad for name in names]))
+                                   [cp_grads[name] for name in names]))
     dist.broadcast(err, group_src=0, group=group)
     model.zero_grad(set_to_none=True)
     return err.item()
@@ -141,12 +169,15 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
                     verify: bool = False) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group`.
 
-    Every rank builds the same model (seed train_cfg.seed, checked by a checksum), makes it
-    context-parallel, takes its contiguous shard of the train_cfg.seq_len tokens, and runs
-    warmup_steps untimed then `steps` timed steps of train_step with sum_gradients as
-    grad_sync. A step's time starts after a barrier (ranks start together) and ends with the
-    device synchronised. Comm bytes are counted over the first timed step. verify=True first
-    compares loss and gradients at the initial weights against one chip (max_rel_err).
+    Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
+    checked by a checksum; context-parallel; train_cfg.remat and param_sharding applied),
+    takes its contiguous shard of the train_cfg.seq_len tokens, and runs warmup_steps untimed
+    then `steps` timed steps of train_step (grad_sync: gradient_sync). A step's time starts
+    after a barrier (ranks start together) and ends with the device synchronised. CP bytes are
+    counted over the first timed step (under remat they include the exchanges its backward
+    re-issues); grad_sync_bytes_per_step adds to the counted gradient all-reduce the weight
+    collectives of zero1 / fsdp (sharding.weight_sync_bytes, comm_source says so). verify=True
+    first compares loss and gradients at the initial weights against one chip (max_rel_err).
     Returns this rank's report; losses (every step, global mean) are equal on every rank.
     On CPU the peak memory is the process's peak RSS: with verify it includes, on rank 0,
     the single-chip reference run on the full sequence.
@@ -159,9 +190,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     check_cp_shape(mode=mode, chips=D, seq_len=train_cfg.seq_len, num_k_heads=gdn.num_k_heads,
                    num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
     device = torch.device(device)
-    model, optimizer = build_training(model_cfg, train_cfg, device)
-    check_same_weights(model, group=group)
-    context_parallel(model, group=group, mode=mode)  # in place; the optimizer's params stay
+    model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=mode,
+                                         device=device)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
@@ -173,7 +203,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
                                                  group=group)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    grad_sync = functools.partial(sum_gradients, group=group)
+    grad_sync = gradient_sync(train_cfg.param_sharding, group=group)
     shares, times, comm = [], [], None
     for step in range(warmup_steps + steps):
         dist.barrier(group=group)
@@ -195,9 +225,10 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     peak_bytes, source = peak_memory(device)
     # One all-reduce after the loop (outside the timed steps) turns the shares into global losses.
     losses = _global_sum(shares, group=group, device=device)
-    grad_sync_bytes = comm.bytes_of(GRAD_SYNC_OP)
+    counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
     return CPTrainReport(
         losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
-        mode=mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - grad_sync_bytes,
-        grad_sync_bytes_per_step=grad_sync_bytes, comm_source="counted_collectives",
-        max_rel_err=max_rel_err)
+        mode=mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
+        grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
+            model, optimizer, train_cfg, group=group),
+        comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err)
