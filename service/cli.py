@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gdn_core.train_config import COMPUTE_DTYPES, REMATS
+
 FRAMEWORKS = ("torch", "jax")
 
 
@@ -25,7 +27,7 @@ def _train(args: argparse.Namespace) -> int:
 
     model_cfg = get_preset(args.preset, num_layers=args.num_layers, vocab_size=args.vocab_size)
     train_cfg = TrainConfig(batch_size=args.batch_size, seq_len=args.seq_len, dtype=args.dtype,
-                            learning_rate=args.learning_rate, seed=args.seed)
+                            remat=args.remat, learning_rate=args.learning_rate, seed=args.seed)
     if args.framework == "torch":
         from gdn_core.torch_gdn.train import run_training
     else:
@@ -36,7 +38,8 @@ def _train(args: argparse.Namespace) -> int:
                                              seq_len=args.seq_len).total
     step_time = report.step_time_s
     print(f"framework={args.framework} preset={model_cfg.name} layers={model_cfg.num_layers} "
-          f"batch={args.batch_size} seq_len={args.seq_len} dtype={args.dtype} chips=1")
+          f"batch={args.batch_size} seq_len={args.seq_len} dtype={args.dtype} "
+          f"remat={args.remat} chips=1")
     print(f"loss: first={report.losses[0]:.4f} last={report.losses[-1]:.4f}")
     print(f"step_time_s={step_time:.4f}  tokens_per_s_per_chip="
           f"{flops.tokens_per_s_per_chip(args.batch_size, args.seq_len, step_time, 1):.1f}")
@@ -113,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--vocab-size", type=int, default=None)
     train.add_argument("--batch-size", type=int, default=1)
     train.add_argument("--seq-len", type=int, default=512)
-    train.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    train.add_argument("--dtype", choices=COMPUTE_DTYPES, default="float32")
+    train.add_argument("--remat", choices=REMATS, default="none",
+                       help="activation recomputation: none, full (each layer), gdn (GDN core)")
     train.add_argument("--learning-rate", type=float, default=3e-3)
     train.add_argument("--steps", type=int, default=30)
     train.add_argument("--warmup-steps", type=int, default=2)
