@@ -12,15 +12,17 @@ PARAM_SHARDINGS: tuple[str, ...] = get_args(ParamSharding)
 """How weights, gradients and AdamW state are laid out over the CP chips (which double as the
 data/FSDP axis, as MaxText's ici_fsdp × context meshes do):
 replicated — every chip holds everything; gradients all-reduced.
-zero1 — optimizer state sharded over the group; gradients reduce-scattered, updated shards
-    all-gathered back into replicated weights.
+zero1 — optimizer state sharded over the group; weights stay replicated. JAX: gradients
+    reduce-scattered, each chip updates its shard, updated shards all-gathered. PyTorch:
+    ZeroRedundancyOptimizer (gradients all-reduced, each rank updates its shard, updated
+    parameters broadcast: more bytes than JAX's, as counted).
 fsdp — parameters, gradients and optimizer state sharded; each layer's weights gathered just
     before it runs (and again in backward), gradients reduce-scattered."""
 Remat = Literal["none", "full", "gdn"]
 REMATS: tuple[str, ...] = get_args(Remat)
 """Activation recomputation: none — keep every activation; full — each decoder layer is
-recomputed in backward (only its input is saved); gdn — only the GDN core (conv, gates, rule)
-is recomputed, as Megatron's `gdn` recompute."""
+recomputed in backward (only its input is saved); gdn — only the GDN token mixer is recomputed,
+as Megatron's `gdn` recompute, the MLP's activations kept."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
