@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from ..config import GDNConfig
 from .chunk import chunk_gated_delta_rule
@@ -166,12 +167,34 @@ class GatedDeltaNet(nn.Module):
         B, T = o_BTHV.shape[:2]
         return self.out_proj(self.norm(o_BTHV, z_BTHV).reshape(B, T, -1))
 
-    def forward(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
-        """Map hidden states [B, T, D] to [B, T, D]."""
-        mixed_qkv_BTC, z_BTHV, b_BTH, a_BTH = self.project(hidden_BTD)
+    recompute_core: bool = False
+    """remat 'gdn': recompute the core (conv, gates, rule) in backward, keeping the projections'
+    outputs; set by model.set_remat."""
+
+    def core(self, mixed_qkv_BTC: torch.Tensor, a_BTH: torch.Tensor,
+             b_BTH: torch.Tensor) -> torch.Tensor:
+        """conv, gates and the rule on the projections' outputs; returns o [B, T, H, V]."""
         conv_BTC = self.causal_conv(mixed_qkv_BTC)
         q, k, v, g, beta = self.split_heads(conv_BTC, a_BTH, b_BTH)
         # Under autocast the rule's matmuls would drop to bf16; it must accumulate in fp32.
-        with torch.autocast(device_type=hidden_BTD.device.type, enabled=False):
+        with torch.autocast(device_type=mixed_qkv_BTC.device.type, enabled=False):
             o_BTHV, _ = self.rule(q, k, v, g, beta)
+        return o_BTHV
+
+    def forward(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
+        """Map hidden states [B, T, D] to [B, T, D]."""
+        mixed_qkv_BTC, z_BTHV, b_BTH, a_BTH = self.project(hidden_BTD)
+        core = self.core
+        if self.recompute_core:
+            o_BTHV = recomputed(core, mixed_qkv_BTC, a_BTH, b_BTH)
+        else:
+            o_BTHV = core(mixed_qkv_BTC, a_BTH, b_BTH)
         return self.output(o_BTHV, z_BTHV)
+
+
+def recomputed(function, *args):
+    """function(*args) under non-reentrant checkpoint, recomputing all of it in backward."""
+    # Early stop would end the recomputation once every saved tensor is back; a collective
+    # after the last one would then run in forward but not in its recomputation.
+    with set_checkpoint_early_stop(False):
+        return checkpoint(function, *args, use_reentrant=False)

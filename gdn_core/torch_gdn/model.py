@@ -8,7 +8,8 @@ Activation recomputation (`set_remat`, TrainConfig.remat) is a setting of each b
     none — autograd keeps every activation;
     full — the whole block runs under torch.utils.checkpoint: only its input is kept, and
            backward re-runs its forward;
-    gdn  — only the token mixer (block.gdn, a context-parallel module included) is recomputed.
+    gdn  — only the GDN core (conv, gates and rule: GatedDeltaNet.core, a context-parallel
+           layer's with its exchanges) is recomputed; the projections' outputs are kept.
 Recomputation re-runs the whole region (early stop off), so a context-parallel token mixer
 re-issues every one of its exchanges in backward, in forward order, on every rank.
 Shape legend: B batch, T tokens, D hidden, F MLP width, V vocabulary (logits only).
@@ -19,11 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from ..config import ModelConfig
 from ..train_config import REMATS, Remat
-from .layer import GatedDeltaNet
+from .layer import GatedDeltaNet, recomputed
 from .loss import chunked_cross_entropy_sum
 
 INIT_STD = 0.02
@@ -58,14 +58,6 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
 
 
-def _recomputed(function, *args):
-    """function(*args) under non-reentrant checkpoint, recomputing all of it in backward."""
-    # Early stop would end the recomputation once every saved tensor is back; a collective
-    # after the last one would then run in forward but not in its recomputation.
-    with set_checkpoint_early_stop(False):
-        return checkpoint(function, *args, use_reentrant=False)
-
-
 class GDNBlock(nn.Module):
     """Pre-norm residual pair: x + gdn(gdn_norm(x)), then + mlp(mlp_norm(·))."""
 
@@ -81,15 +73,11 @@ class GDNBlock(nn.Module):
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """Map the residual stream [B, T, D] to [B, T, D]."""
         if self.remat == "full":
-            return _recomputed(self._residual_pair, x_BTD)
+            return recomputed(self._residual_pair, x_BTD)
         return self._residual_pair(x_BTD)
 
     def _residual_pair(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        normed_BTD = self.gdn_norm(x_BTD)
-        if self.remat == "gdn":
-            x_BTD = x_BTD + _recomputed(self.gdn, normed_BTD)
-        else:
-            x_BTD = x_BTD + self.gdn(normed_BTD)
+        x_BTD = x_BTD + self.gdn(self.gdn_norm(x_BTD))
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
@@ -97,9 +85,11 @@ def set_remat(model: nn.Module, remat: Remat) -> nn.Module:
     """Set every GDNBlock of `model` to recompute `remat` (REMATS) in backward; returns model."""
     if remat not in REMATS:
         raise ValueError(f"remat={remat!r} is not one of: {', '.join(REMATS)}")
-    for block in model.modules():
-        if isinstance(block, GDNBlock):
-            block.remat = remat
+    for module in model.modules():
+        if isinstance(module, GDNBlock):
+            module.remat = remat
+        elif isinstance(module, GatedDeltaNet):  # plain or context-parallel
+            module.recompute_core = remat == "gdn"
     return model
 
 

@@ -57,6 +57,7 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         for name, param in layer.named_parameters(recurse=False):
             self.register_parameter(name, param)
         self.train(layer.training)
+        self.recompute_core = layer.recompute_core
         self.group, self.mode = group, mode
 
     def extra_repr(self) -> str:
@@ -75,30 +76,31 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         """
         # Validate before any exchange, so that every rank raises and none waits on a peer.
         self.check_shape(hidden_BtD.shape[1])
-        if self.mode == "ulysses":
-            return self._forward_ulysses(hidden_BtD)
-        return self._forward_sequence_sharded(hidden_BtD)
+        return super().forward(hidden_BtD)
 
-    def _forward_sequence_sharded(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
-        mixed_qkv_BtC, z_BtHV, b_BtH, a_BtH = self.project(hidden_BtD)
+    def core(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
+             b_BtH: torch.Tensor) -> torch.Tensor:
+        """GatedDeltaNet.core on this rank's shard, exchanges included: o [B, t, H, V]."""
+        if self.mode == "ulysses":
+            return self._core_ulysses(mixed_qkv_BtC, a_BtH, b_BtH)
         halo_BKC = exchange_conv_halo(mixed_qkv_BtC, halo=self.cfg.conv_kernel_size - 1,
                                       group=self.group)
         conv_BtC = self.causal_conv(mixed_qkv_BtC, halo_BKC)
         q, k, v, g, beta = self.split_heads(conv_BtC, a_BtH, b_BtH)
-        # As GatedDeltaNet.forward: the rule accumulates in fp32 even under autocast.
-        with torch.autocast(device_type=hidden_BtD.device.type, enabled=False):
+        # As GatedDeltaNet.core: the rule accumulates in fp32 even under autocast.
+        with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             o_BtHV, _ = chunk_gated_delta_rule_cp(
                 q, k, v, g, beta, group=self.group, mode=self.mode, use_qk_l2norm=True,
                 chunk_size=self.cfg.chunk_size)
-        return self.output(o_BtHV, z_BtHV)
+        return o_BtHV
 
-    def _forward_ulysses(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
+    def _core_ulysses(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
+                      b_BtH: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         rank, D = rank_size(self.group)
         plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
-        B, t, _ = hidden_BtD.shape
+        B, t, _ = mixed_qkv_BtC.shape
         Hk, Hv, Dk, Dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
-        mixed_qkv_BtC, z_BtHV, b_BtH, a_BtH = self.project(hidden_BtD)
         q_pre, k_pre, v_pre = torch.split(mixed_qkv_BtC, [Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # The conv is depthwise, so it commutes with moving channels: move pre-conv channels
         # (one all-to-all for q, k, v, a, b) and convolve the full sequence locally, no halo.
@@ -112,14 +114,14 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         mixed_local_BTC = torch.cat([q_BTGK.reshape(B, T, -1), k_BTGK.reshape(B, T, -1),
                                      v_BTHV.reshape(B, T, -1)], dim=-1)
         weight_CK = self.conv_weight_CK[head_conv_channels(cfg, k_heads, v_heads,
-                                                           device=hidden_BtD.device)]
+                                                           device=mixed_qkv_BtC.device)]
         conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK)
         q, k, v = torch.split(conv_BTC, [G * Dk, G * Dk, len(v_heads) * Dv], dim=-1)
         g, beta = self.gates(a_BTH1[..., 0], b_BTH1[..., 0], heads=v_heads)
-        with torch.autocast(device_type=hidden_BtD.device.type, enabled=False):
+        with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             o_BTHV, _ = self.rule(q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk),
                                   v.reshape(B, T, -1, Dv), g, beta)
-        return self.output(heads_to_seq(o_BTHV, group=self.group), z_BtHV)
+        return heads_to_seq(o_BTHV, group=self.group)
 
 
 def head_conv_channels(cfg: GDNConfig, key_heads: Sequence[int], value_heads: range, *,
