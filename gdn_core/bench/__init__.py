@@ -15,6 +15,7 @@ from collections.abc import Sequence
 BENCHMARKS: dict[str, str] = {
     "kernel": "gdn_core.bench.kernel:main",
     "cp": "gdn_core.bench.cp:main",
+    "memory": "gdn_core.bench.memory:main",
 }
 """Benchmark name → "module:function" taking argv (the options after the name)."""
 

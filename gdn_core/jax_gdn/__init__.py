@@ -1,10 +1,12 @@
 """JAX Gated DeltaNet: the chunked rule, its token-by-token reference, layer, model, CP.
 
 Main entry points: `chunk_gated_delta_rule` (one chip) and, for context parallelism over a
-mesh axis, `chunk_gated_delta_rule_cp`; `gdn_layer`, `model_forward` and `make_train_step` /
-`run_training` for the layer, the language model and its training step (parameters are
-nested dicts in PyTorch state_dict layout, see params.py), and under CP `gdn_layer_cp`,
-`make_cp_train_step` / `run_cp_training`.
+mesh axis, `chunk_gated_delta_rule_cp`; `gdn_layer`, `model_forward` / `model_loss` (layers
+under lax.scan, chunked cross-entropy, remat policies) and `make_train_step` / `run_training`
+for the layer, the language model and its training step (parameters are nested dicts in
+PyTorch state_dict layout with the decoder layers stacked, see params.py), and under CP
+`gdn_layer_cp`, `make_cp_train_step` / `run_cp_training` (weights replicated, zero1 or fsdp
+over the CP chips, cp/param_sharding.py).
 """
 
 from .chunk import chunk_gated_delta_rule
@@ -15,7 +17,7 @@ from .cp import (
     run_cp_training,
 )
 from .layer import gdn_layer
-from .model import model_forward, model_loss, token_loss_sum
+from .model import chunked_token_loss_sum, model_forward, model_loss, token_loss_sum
 from .naive import recurrent_gated_delta_rule
 from .params import from_state_dict, init_layer_params, init_model_params, to_state_dict
 from .train import make_train_step, run_training
@@ -23,6 +25,7 @@ from .train import make_train_step, run_training
 __all__ = [
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_cp",
+    "chunked_token_loss_sum",
     "from_state_dict",
     "gdn_layer",
     "gdn_layer_cp",

@@ -1,11 +1,20 @@
 """Functional GDN language model: embedding, num_layers × (GDN block, SwiGLU MLP block), LM head.
 
     x = embed[tokens];  for each layer: x += gdn(rmsnorm(x));  x += mlp(rmsnorm(x))
-    logits = lm_head(rmsnorm(x)) in float32;   mlp(x) = down(SiLU(gate(x)) · up(x))
+    logits = lm_head(rmsnorm(x));   mlp(x) = down(SiLU(gate(x)) · up(x))
 
-Parameters: see params.py (params["layers"] is a list). The GDN layer is swappable
-(`gdn_layer_fn`) so a context-parallel run substitutes its layer without another model.
-Legend: B batch, T tokens, D hidden, F MLP width, V vocabulary.
+The decoder runs under lax.scan over the stacked params["block"] (params.py): one scan step is
+one repeat of the layer pattern's block, so the program's size does not grow with depth.
+Activation recomputation (`remat`, TrainConfig.remat) is a jax.checkpoint policy on each
+decoder layer. The loss never holds [tokens, vocab] logits: it scans over token chunks, each
+chunk's logits recomputed in backward.
+
+Hooks, so a context-parallel run reuses this model unchanged: `gdn_layer_fn` replaces the GDN
+layer; `fetch(name, tree, dtype)` turns stored weights into compute weights — by default a
+cast, under FSDP a per-layer all-gather (named GATHERED_WEIGHTS, so no policy saves them:
+backward gathers again). Names: "embed_tokens", "norm", "lm_head", "block.{p}" (one layer of
+block position p, its stacking axis already sliced off).
+Legend: B batch, T tokens, D hidden, F MLP width, V vocabulary, N tokens flattened, n per chunk.
 """
 
 from __future__ import annotations
@@ -14,57 +23,179 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from ..config import ModelConfig
-from .layer import gdn_layer, linear
+from ..train_config import REMATS
+from .layer import GDN_OUTPUT, GDN_PROJECTIONS, gdn_layer, linear
 from .params import Params, cast_floating
 
 GDNLayerFn = Callable[..., jax.Array]  # (params, x_BTD, cfg, *, dtype) -> [B, T, D]
+Fetch = Callable[[str, Params, jnp.dtype], Params]
+
+LOSS_CHUNK_TOKENS = 1024
+"""Tokens per cross-entropy chunk: 1024 × Qwen3.5's 248,320 vocab × 4 bytes = 1 GiB of logits."""
+DECODER_NORM = "decoder_norm"
+MLP_GATE_UP = "mlp_gate_up"
+GATHERED_WEIGHTS = "gathered_weights"
+
+
+def cast_fetch(name: str, tree: Params, dtype) -> Params:
+    """The default fetch: the stored (float32 master) weights cast to the compute dtype."""
+    del name
+    return cast_floating(tree, dtype)
+
+
+def _is_weight_gather(prim, params) -> bool:
+    """Whether a value is a gathered weight: named GATHERED_WEIGHTS, or the output of the
+    custom_vjp that gathers it (a body of all_gather and casts only; see cp.param_sharding)."""
+    if prim.name == "name":
+        return params["name"] == GATHERED_WEIGHTS
+    body = params.get("call_jaxpr") if prim.name == "custom_vjp_call" else None
+    ops = {eqn.primitive.name for eqn in body.jaxpr.eqns} if body is not None else set()
+    return "all_gather" in ops and ops <= {"all_gather", "convert_element_type"}
+
+
+def _save_all_but_gathered(prim, *_, **params) -> bool:
+    # save_anything_except_these_names(GATHERED_WEIGHTS) would not do: it refuses the named
+    # value but then saves its unnamed input, the gather's output, which is the same array.
+    return not _is_weight_gather(prim, params)
+
+
+def remat_policy(remat: str):
+    """jax.checkpoint policy of one decoder layer for TrainConfig.remat.
+
+    none: save everything but gathered weights; full: save nothing (the layer's input is kept
+    by the scan); gdn: save the projections around the GDN core, the norms and the MLP's
+    gate/up outputs, so only conv, gates and rule run again in backward.
+    """
+    policies = jax.checkpoint_policies
+    if remat == "none":
+        return _save_all_but_gathered
+    if remat == "full":
+        return policies.nothing_saveable
+    if remat == "gdn":
+        return policies.save_only_these_names(GDN_PROJECTIONS, GDN_OUTPUT, DECODER_NORM,
+                                              MLP_GATE_UP)
+    raise ValueError(f"remat={remat!r} is not one of: {', '.join(REMATS)}")
 
 
 def rms_norm(weight_D, x_BTD, eps: float):
     """x · rsqrt(mean(x²) + eps) · weight, computed in float32, returned in x's dtype."""
     x32 = x_BTD.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * weight_D.astype(jnp.float32)).astype(x_BTD.dtype)
+    y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return checkpoint_name((y * weight_D.astype(jnp.float32)).astype(x_BTD.dtype), DECODER_NORM)
 
 
 def mlp(params: Params, x_BTD):
     """SwiGLU MLP: down(SiLU(gate(x)) · up(x)); [B, T, D] -> [B, T, D]."""
-    h_BTF = jax.nn.silu(linear(x_BTD, params["gate_proj"]["weight"])) * linear(
-        x_BTD, params["up_proj"]["weight"])
-    return linear(h_BTF, params["down_proj"]["weight"])
+    gate_BTF = checkpoint_name(linear(x_BTD, params["gate_proj"]["weight"]), MLP_GATE_UP)
+    up_BTF = checkpoint_name(linear(x_BTD, params["up_proj"]["weight"]), MLP_GATE_UP)
+    return linear(jax.nn.silu(gate_BTF) * up_BTF, params["down_proj"]["weight"])
+
+
+def decoder_layer(layer: Params, x_BTD, model_cfg: ModelConfig, *, dtype,
+                  gdn_layer_fn: GDNLayerFn | None = None):
+    """One decoder layer (compute-dtype weights, unstacked): x + gdn(norm x), then + mlp(norm x)."""
+    gdn_layer_fn = gdn_layer if gdn_layer_fn is None else gdn_layer_fn
+    eps = model_cfg.gdn.rms_norm_eps
+    x_BTD = x_BTD + gdn_layer_fn(layer["gdn"], rms_norm(layer["gdn_norm"]["weight"], x_BTD, eps),
+                                 model_cfg.gdn, dtype=dtype)
+    return x_BTD + mlp(layer["mlp"], rms_norm(layer["mlp_norm"]["weight"], x_BTD, eps))
+
+
+def hidden_states(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jnp.float32,
+                  gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
+                  remat: str = "none"):
+    """Token ids [B, T] -> final normed hidden states [B, T, D] in dtype (the LM head's input)."""
+    policy = remat_policy(remat)
+    # Rows are taken from the float32 table, so the embedding's gradient accumulates in float32.
+    embed_VD = fetch("embed_tokens", params["embed_tokens"], jnp.float32)["weight"]
+    x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(dtype)
+
+    def layer_at(p):
+        def run(stored_layer, x_BTD):
+            return decoder_layer(fetch(f"block.{p}", stored_layer, dtype), x_BTD, model_cfg,
+                                 dtype=dtype, gdn_layer_fn=gdn_layer_fn)
+        return jax.checkpoint(run, policy=policy, prevent_cse=False)
+
+    layers = [layer_at(p) for p in range(len(params["block"]))]
+
+    def one_block(x_BTD, block_slice):
+        for layer_fn, stored_layer in zip(layers, block_slice, strict=True):
+            x_BTD = layer_fn(stored_layer, x_BTD)
+        return x_BTD, None
+
+    x_BTD, _ = lax.scan(one_block, x_BTD, params["block"])
+    norm = fetch("norm", params["norm"], dtype)["weight"]
+    return rms_norm(norm, x_BTD, model_cfg.gdn.rms_norm_eps)
 
 
 def model_forward(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jnp.float32,
-                  gdn_layer_fn: GDNLayerFn | None = None):
-    """Token ids [B, T] (int) -> logits [B, T, V] float32; params and activations in dtype."""
-    gdn_layer_fn = gdn_layer if gdn_layer_fn is None else gdn_layer_fn
-    params = cast_floating(params, dtype)
-    eps = model_cfg.gdn.rms_norm_eps
-    x_BTD = jnp.take(params["embed_tokens"]["weight"], tokens_BT, axis=0)
-    for layer in params["layers"]:
-        x_BTD = x_BTD + gdn_layer_fn(
-            layer["gdn"], rms_norm(layer["gdn_norm"]["weight"], x_BTD, eps), model_cfg.gdn,
-            dtype=dtype)
-        x_BTD = x_BTD + mlp(layer["mlp"], rms_norm(layer["mlp_norm"]["weight"], x_BTD, eps))
-    x_BTD = rms_norm(params["norm"]["weight"], x_BTD, eps)
-    return linear(x_BTD, params["lm_head"]["weight"]).astype(jnp.float32)
+                  gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
+                  remat: str = "none"):
+    """Token ids [B, T] (int) -> logits [B, T, V] float32 (bf16 matmul inputs under bf16)."""
+    x_BTD = hidden_states(params, tokens_BT, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn,
+                          fetch=fetch, remat=remat)
+    head_VD = fetch("lm_head", params["lm_head"], dtype)["weight"]
+    return linear(x_BTD, head_VD, jnp.float32)
+
+
+def token_losses(logits_BTV, targets_BT):
+    """Per-token cross-entropy −log softmax(logits)[target] [B, T], float32."""
+    logits = logits_BTV.astype(jnp.float32)
+    target_BT = jnp.take_along_axis(logits, targets_BT[..., None].astype(jnp.int32), axis=-1)
+    return jax.nn.logsumexp(logits, axis=-1) - target_BT[..., 0]
 
 
 def token_loss_sum(logits_BTV, targets_BT):
     """Sum over tokens of the cross-entropy −log softmax(logits)[target], float32 scalar."""
-    logits = logits_BTV.astype(jnp.float32)
-    target_BT = jnp.take_along_axis(logits, targets_BT[..., None].astype(jnp.int32), axis=-1)
-    return jnp.sum(jax.nn.logsumexp(logits, axis=-1) - target_BT[..., 0])
+    return jnp.sum(token_losses(logits_BTV, targets_BT))
+
+
+def chunked_token_loss_sum(x_BTD, head_VD, targets_BT, *, chunk_tokens: int = LOSS_CHUNK_TOKENS):
+    """token_loss_sum(linear(x, head), targets) without the [B·T, V] logits buffer.
+
+    x_BTD: final hidden states (compute dtype); head_VD: float32 LM head, cast to x's dtype per
+    chunk (its gradient accumulates over chunks in float32). A lax.scan over chunks of
+    chunk_tokens tokens (the last padded and masked), each chunk's loss under jax.checkpoint:
+    backward recomputes that chunk's logits instead of keeping them.
+    """
+    if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens={chunk_tokens!r} must be a positive integer")
+    B, T, D = x_BTD.shape
+    N = B * T
+    n = min(chunk_tokens, N)
+    chunks = -(-N // n)
+    pad = chunks * n - N
+    x_CnD = jnp.pad(x_BTD.reshape(N, D), ((0, pad), (0, 0))).reshape(chunks, n, D)
+    targets_Cn = jnp.pad(targets_BT.reshape(N), (0, pad)).reshape(chunks, n)
+    mask_Cn = (jnp.arange(chunks * n) < N).reshape(chunks, n)
+
+    @jax.checkpoint
+    def chunk_loss(head_VD, x_nD, targets_n, mask_n):
+        logits_nV = linear(x_nD, head_VD, jnp.float32)
+        return jnp.sum(jnp.where(mask_n, token_losses(logits_nV, targets_n), 0.0))
+
+    def step(total, chunk):
+        return total + chunk_loss(head_VD, *chunk), None
+
+    total, _ = lax.scan(step, jnp.zeros((), jnp.float32), (x_CnD, targets_Cn, mask_Cn))
+    return total
 
 
 def model_loss(params: Params, inputs_BT, targets_BT, model_cfg: ModelConfig, *,
-               global_tokens: int, dtype=jnp.float32, gdn_layer_fn: GDNLayerFn | None = None):
+               global_tokens: int, dtype=jnp.float32, gdn_layer_fn: GDNLayerFn | None = None,
+               fetch: Fetch = cast_fetch, remat: str = "none",
+               loss_chunk_tokens: int = LOSS_CHUNK_TOKENS):
     """Token loss sum / global_tokens: the mean loss, and on a CP shard its share of it.
 
     global_tokens: B × T of the whole (unsharded) batch, so shards' losses sum to the mean.
+    The loss is chunked_token_loss_sum (no [tokens, vocab] buffer).
     """
-    logits_BTV = model_forward(params, inputs_BT, model_cfg, dtype=dtype,
-                               gdn_layer_fn=gdn_layer_fn)
-    return token_loss_sum(logits_BTV, targets_BT) / global_tokens
+    x_BTD = hidden_states(params, inputs_BT, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn,
+                          fetch=fetch, remat=remat)
+    head_VD = fetch("lm_head", params["lm_head"], jnp.float32)["weight"]
+    return chunked_token_loss_sum(x_BTD, head_VD, targets_BT,
+                                  chunk_tokens=loss_chunk_tokens) / global_tokens

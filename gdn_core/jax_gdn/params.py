@@ -1,15 +1,20 @@
 """JAX parameter pytrees for the GDN layer and language model, in PyTorch state_dict layout.
 
 A pytree mirrors the dotted state_dict names of gdn_core.torch_gdn (and of transformers'
-Qwen3_5GatedDeltaNet): "layers.0.gdn.in_proj_qkv.weight" lives at
-params["layers"][0]["gdn"]["in_proj_qkv"]["weight"]. Numeric name parts become list indices
-(`layers` is a Python list, one dict per decoder layer). Arrays keep the torch layout (Linear
-weights [out, in], conv1d.weight [conv_dim, 1, K]), so conversion is a pure re-nesting.
+Qwen3_5GatedDeltaNet): "conv1d.weight" lives at params["conv1d"]["weight"]. Arrays keep the
+torch layout (Linear weights [out, in], conv1d.weight [conv_dim, 1, K]).
+
+The decoder layers are stacked for lax.scan. A decoder repeats a block of P layer kinds
+(all-GDN: P = 1; Qwen3.5's hybrid: three GDN layers then one attention layer, P = 4), so
+params["block"] is a list of P layer trees, position p's leaves stacked on a leading axis over
+the L/P repeats: layer i is params["block"][i % P] at index i // P. from_state_dict stacks
+"layers.{i}.…" this way (P = the shortest period of the layers' tree structure) and
+to_state_dict unstacks it back, so the torch/HF names round-trip unchanged.
 
 Layer tree:  in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj  -> {"weight": [out, in]}
              conv1d -> {"weight": [conv_dim, 1, K]};  norm -> {"weight": [Dv]};  dt_bias, A_log [Hv]
 Model tree:  embed_tokens {"weight": [V, D]},
-             layers [ {gdn_norm, gdn, mlp_norm, mlp {gate_proj, up_proj, down_proj}} ],
+             block [ {gdn_norm, gdn, mlp_norm, mlp {gate_proj, up_proj, down_proj}}, stacked [L/P, …] ],
              norm {"weight": [D]}, lm_head {"weight": [V, D]}
 """
 
@@ -49,8 +54,39 @@ def _listify(node):
     return node
 
 
+def block_period(layers: list[Params]) -> int:
+    """The shortest P dividing len(layers) such that layer i has layer i % P's tree structure."""
+    structures = [jax.tree.structure(layer) for layer in layers]
+    for P in range(1, len(layers) + 1):
+        if len(layers) % P == 0 and all(s == structures[i % P] for i, s in enumerate(structures)):
+            return P
+    raise AssertionError("unreachable: P = len(layers) always qualifies")
+
+
+def stack_layers(layers: list[Params]) -> list[Params]:
+    """Per-layer trees -> params["block"]: P trees, leaves stacked [L/P, …] (module docstring)."""
+    P = block_period(layers)
+    return [jax.tree.map(lambda *xs: jnp.stack(xs), *layers[p::P]) for p in range(P)]
+
+
+def unstack_layers(block: list[Params]) -> list[Params]:
+    """params["block"] -> the per-layer trees in decoder order (inverse of stack_layers)."""
+    repeats = jax.tree.leaves(block[0])[0].shape[0]
+    return [jax.tree.map(lambda x, r=r: x[r], block[p])
+            for r in range(repeats) for p in range(len(block))]
+
+
+def num_decoder_layers(params: Params) -> int:
+    """L of a model tree: block positions × repeats."""
+    return len(params["block"]) * jax.tree.leaves(params["block"][0])[0].shape[0]
+
+
 def from_state_dict(state_dict: Mapping[str, Any]) -> Params:
-    """Nest a flat {dotted name: array (numpy or torch)} mapping into a float32 pytree."""
+    """Nest a flat {dotted name: array (numpy or torch)} mapping into a float32 pytree.
+
+    Numeric name parts become list indices; a top-level "layers" list is stacked into
+    params["block"] (module docstring).
+    """
     root: dict = {}
     for name, value in state_dict.items():
         *parents, leaf = name.split(".")
@@ -62,11 +98,17 @@ def from_state_dict(state_dict: Mapping[str, Any]) -> Params:
         if leaf in node:
             raise ValueError(f"state_dict name {name!r} collides with another entry")
         node[leaf] = _to_float32(value)
-    return _listify(root)
+    root = _listify(root)
+    if isinstance(root.get("layers"), list):
+        root["block"] = stack_layers(root.pop("layers"))
+    return root
 
 
 def to_state_dict(params: Params) -> dict[str, np.ndarray]:
     """Flatten a pytree back to {dotted name: numpy array} (the inverse of from_state_dict)."""
+    if "block" in params:
+        params = {k: v for k, v in params.items() if k != "block"} | {
+            "layers": unstack_layers(params["block"])}
     flat: dict[str, np.ndarray] = {}
 
     def walk(node, prefix):
@@ -114,7 +156,7 @@ def init_layer_params(cfg: GDNConfig, key: jax.Array) -> Params:
 
 
 def init_model_params(model_cfg: ModelConfig, key: jax.Array) -> Params:
-    """Fresh float32 language-model parameters; layers is a list of per-layer dicts."""
+    """Fresh float32 language-model parameters, the layers stacked in params["block"]."""
     D, F, V = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
     k_embed, k_head, *k_layers = jax.random.split(key, 2 + model_cfg.num_layers)
     layers = []
@@ -132,7 +174,7 @@ def init_model_params(model_cfg: ModelConfig, key: jax.Array) -> Params:
         })
     return {
         "embed_tokens": {"weight": _normal(k_embed, (V, D))},
-        "layers": layers,
+        "block": stack_layers(layers),
         "norm": {"weight": jnp.ones((D,), jnp.float32)},
         "lm_head": {"weight": _normal(k_head, (V, D))},
     }

@@ -1,7 +1,10 @@
 """JAX training step for the GDN language model: AdamW on float32 master weights.
 
-With dtype "bfloat16" the loss function casts the parameters (hence activations) to bf16; the
-gradients come back float32 through the cast, and the rule keeps its state in float32.
+With dtype "bfloat16" each layer's weights are cast to bf16 where they are used (activations
+follow), matmuls run bf16 × bf16 accumulating in float32, the gradients come back float32
+through the cast, and the rule keeps its state in float32. train_cfg.remat picks the decoder
+layers' jax.checkpoint policy (model.remat_policy). On one chip param_sharding has nothing to
+shard: every setting runs the replicated step.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import optax
 from ..config import ModelConfig
 from ..data import synthetic_tokens
 from ..train_config import TrainConfig, TrainReport
-from .model import GDNLayerFn, model_loss
+from .model import LOSS_CHUNK_TOKENS, Fetch, GDNLayerFn, cast_fetch, model_loss
 from .params import Params, init_model_params
 
 GradTransform = Callable[[Params], Params]
+ApplyUpdate = Callable[[Params, optax.OptState, Params], tuple[Params, optax.OptState]]
+"""(grads, opt_state, params) -> (new params, new opt_state)."""
 StepFn = Callable[..., tuple[Params, optax.OptState, jax.Array]]
 
 MEMORY_SOURCE = "xla_memory_analysis"
@@ -32,41 +37,56 @@ def make_optimizer(train_cfg: TrainConfig) -> optax.GradientTransformation:
                        weight_decay=train_cfg.weight_decay)
 
 
+def adamw_update(optimizer: optax.GradientTransformation) -> ApplyUpdate:
+    """The plain update: optimizer.update on whole (or, FSDP, equally sharded) trees."""
+    def apply(grads, opt_state, params):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+    return apply
+
+
 def build_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_tokens: int,
                   grad_transform: GradTransform | None = None,
-                  gdn_layer_fn: GDNLayerFn | None = None) -> StepFn:
+                  gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
+                  apply_update: ApplyUpdate | None = None,
+                  loss_chunk_tokens: int = LOSS_CHUNK_TOKENS) -> StepFn:
     """Return the un-jitted step; see make_train_step for its signature.
 
     Un-jitted so CP can wrap it in shard_map before jit. grad_transform runs on the float32
     gradients before the update (CP: sum over shards); the returned loss is this shard's
-    loss_sum / global_tokens (single chip: the mean loss).
+    loss_sum / global_tokens (single chip: the mean loss). fetch and apply_update are the
+    hooks a sharded step replaces (model.Fetch; default: cast, and AdamW on whole trees).
     """
     dtype = jnp.dtype(train_cfg.dtype)
-    optimizer = make_optimizer(train_cfg)
+    apply_update = adamw_update(make_optimizer(train_cfg)) if apply_update is None \
+        else apply_update
 
     def loss_fn(params, inputs_BT, targets_BT):
         return model_loss(params, inputs_BT, targets_BT, model_cfg, global_tokens=global_tokens,
-                          dtype=dtype, gdn_layer_fn=gdn_layer_fn)
+                          dtype=dtype, gdn_layer_fn=gdn_layer_fn, fetch=fetch,
+                          remat=train_cfg.remat, loss_chunk_tokens=loss_chunk_tokens)
 
     def step(params, opt_state, inputs_BT, targets_BT):
         loss, grads = jax.value_and_grad(loss_fn)(params, inputs_BT, targets_BT)
         if grad_transform is not None:
             grads = grad_transform(grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        params, opt_state = apply_update(grads, opt_state, params)
+        return params, opt_state, loss
 
     return step
 
 
 def make_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_tokens: int,
                     grad_transform: GradTransform | None = None,
-                    gdn_layer_fn: GDNLayerFn | None = None) -> StepFn:
+                    gdn_layer_fn: GDNLayerFn | None = None,
+                    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS) -> StepFn:
     """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
 
     params and opt_state are donated (do not reuse the passed-in ones); loss is float32.
     """
     step = build_step_fn(model_cfg, train_cfg, global_tokens=global_tokens,
-                         grad_transform=grad_transform, gdn_layer_fn=gdn_layer_fn)
+                         grad_transform=grad_transform, gdn_layer_fn=gdn_layer_fn,
+                         loss_chunk_tokens=loss_chunk_tokens)
     return jax.jit(step, donate_argnums=(0, 1))
 
 

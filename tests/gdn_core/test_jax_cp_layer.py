@@ -9,6 +9,7 @@ per (mode, layout) returns the output, the input gradient and every parameter gr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -39,6 +40,11 @@ MODES = ("ulysses", "p2p", "all_gather", "log_scan")
 LAYOUTS = {"D2": ((2,), ("cp",), "cp"), "D4": ((4,), ("cp",), "cp"),
            "2x2-ba": ((2, 2), ("a", "b"), ("b", "a")), "D8": ((8,), ("cp",), "cp")}
 CASES = [(mode, layout) for layout in ("D2", "D4") for mode in MODES]
+# ulysses with fewer key heads than chips (their q, k conv channels copied), and Hk, D coprime.
+GQA_CASES = [("D2", dataclasses.replace(CFG, num_k_heads=1, num_v_heads=4)),
+             ("D4", dataclasses.replace(CFG, num_k_heads=2, num_v_heads=4)),
+             pytest.param("D4", dataclasses.replace(CFG, num_k_heads=3, num_v_heads=12),
+                          marks=pytest.mark.slow)]
 SLOW_CASES = [pytest.param(mode, layout, marks=pytest.mark.slow) for mode, layout in (
     ("ulysses", "2x2-ba"), ("p2p", "2x2-ba"), ("p2p", "D8"), ("all_gather", "D8"),
     ("log_scan", "D8"))]
@@ -51,20 +57,20 @@ def mesh_of(layout):
 
 
 @functools.cache
-def layer_inputs():
+def layer_inputs(cfg=CFG):
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    params = init_layer_params(CFG, keys[0])
-    x_BTD = jax.random.normal(keys[1], (B, T, CFG.hidden_size), jnp.float32)
-    w_BTD = jax.random.normal(keys[2], (B, T, CFG.hidden_size), jnp.float32)
+    params = init_layer_params(cfg, keys[0])
+    x_BTD = jax.random.normal(keys[1], (B, T, cfg.hidden_size), jnp.float32)
+    w_BTD = jax.random.normal(keys[2], (B, T, cfg.hidden_size), jnp.float32)
     return params, x_BTD, w_BTD
 
 
-def output_and_grads(layer):
+def output_and_grads(layer, cfg=CFG):
     """(y, dx, dparams) of Σ layer(params, x)·w, one compile."""
-    params, x_BTD, w_BTD = layer_inputs()
+    params, x_BTD, w_BTD = layer_inputs(cfg)
 
     def loss(params, x_BTD):
-        y_BTD = layer(params, x_BTD, CFG)
+        y_BTD = layer(params, x_BTD, cfg)
         return jnp.sum(y_BTD * w_BTD), y_BTD
 
     (dparams, dx_BTD), y_BTD = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True),
@@ -73,8 +79,17 @@ def output_and_grads(layer):
 
 
 @functools.cache
-def single_chip():
-    return output_and_grads(gdn_layer)
+def single_chip(cfg=CFG):
+    return output_and_grads(gdn_layer, cfg)
+
+
+def assert_layer_matches(y, dx, dparams, cfg=CFG):
+    y_ref, dx_ref, dparams_ref = single_chip(cfg)
+    assert_close("y", y_ref, y, TOL)
+    assert_close("dx", dx_ref, dx, TOL)
+    for path, ref in jax.tree_util.tree_leaves_with_path(dparams_ref):
+        got = functools.reduce(lambda node, key: node[key.key], path, dparams)
+        assert_close(f"d{jax.tree_util.keystr(path)}", ref, got, TOL)
 
 
 @pytest.mark.timeout(180)
@@ -83,18 +98,24 @@ def test_cp_layer_matches_single_chip(mode, layout):
     mesh, axis = mesh_of(layout)
     y, dx, dparams = output_and_grads(functools.partial(gdn_layer_cp, mesh=mesh, axis=axis,
                                                         mode=mode))
-    y_ref, dx_ref, dparams_ref = single_chip()
-    assert_close("y", y_ref, y, TOL)
-    assert_close("dx", dx_ref, dx, TOL)
-    for path, ref in jax.tree_util.tree_leaves_with_path(dparams_ref):
-        got = functools.reduce(lambda node, key: node[key.key], path, dparams)
-        assert_close(f"d{jax.tree_util.keystr(path)}", ref, got, TOL)
+    assert_layer_matches(y, dx, dparams)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout,cfg", GQA_CASES,
+                         ids=lambda x: f"Hk{x.num_k_heads}-Hv{x.num_v_heads}"
+                         if isinstance(x, GDNConfig) else x)
+def test_ulysses_layer_gqa_heads(layout, cfg):
+    """Every chip gets the q, k conv channels of the key heads its value heads use."""
+    mesh, axis = mesh_of(layout)
+    y, dx, dparams = output_and_grads(functools.partial(gdn_layer_cp, mesh=mesh, axis=axis,
+                                                        mode="ulysses"), cfg)
+    assert_layer_matches(y, dx, dparams, cfg)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode,layout,T_bad,match", [
     ("ring", "D2", T, "mode='ring' is not one of: ulysses, p2p, all_gather, log_scan"),
-    ("ulysses", "D8", T, r"key heads \(4\) and value heads \(8\) divisible by chips=8"),
     ("p2p", "D4", 122, "seq_len=122 is not divisible by chips=4"),
     ("log_scan", "D4", 8, (r"local shard of 2 tokens \(seq_len=8 / chips=4\) is shorter than "
                            r"the conv halo of 3 tokens \(conv_kernel_size=4\)")),
@@ -131,3 +152,12 @@ def test_cp_model_logits_match_single_chip(mode, layout):
                          compiler_options=FAST)(params, tokens_BT)
     assert logits.shape == (B, T, MODEL.vocab_size)
     assert_close("logits", logits_ref, logits, TOL)
+
+
+@pytest.mark.timeout(60)
+def test_ulysses_layer_value_heads_not_divisible():
+    cfg = dataclasses.replace(CFG, num_k_heads=3, num_v_heads=6)
+    mesh, axis = mesh_of("D4")
+    params, x_BTD, _ = layer_inputs(cfg)
+    with pytest.raises(ValueError, match=r"value heads \(6\) divisible by chips=4"):
+        gdn_layer_cp(params, x_BTD, cfg, mesh=mesh, axis=axis, mode="ulysses")

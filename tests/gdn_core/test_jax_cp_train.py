@@ -30,11 +30,12 @@ from gdn_core.jax_gdn.cp.train import (
     compile_cp_train_step,
     cp_training_inputs,
     synthetic_batch,
+    verify_against_single_chip,
 )
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import make_optimizer, make_train_step
 from gdn_core.testing import assert_close
-from gdn_core.train_config import TrainConfig
+from gdn_core.train_config import PARAM_SHARDINGS, REMATS, TrainConfig
 
 # GQA r = 2, heads divisible by 4 (ulysses); T/D = 60, 30: not multiples of the 16-token chunk.
 CFG = GDNConfig(hidden_size=32, num_k_heads=4, num_v_heads=8, head_k_dim=8, head_v_dim=16,
@@ -47,7 +48,7 @@ MODEL = ModelConfig(name="cp-test", gdn=CFG, num_layers=2, intermediate_size=64,
 TRAIN = TrainConfig(batch_size=2, seq_len=120, learning_rate=1e-5, weight_decay=0.1, seed=3)
 TOL = 1e-4
 FAST = {"xla_backend_optimization_level": 0}
-LAYOUTS = {"D2": 2, "D4": 4}
+LAYOUTS = {"D2": 2, "D4": 4, "D8": 8}
 CASES = [("ulysses", "D2"), ("p2p", "D2"), ("all_gather", "D2"), ("log_scan", "D2"),
          ("ulysses", "D4"), ("log_scan", "D4")]
 
@@ -164,6 +165,61 @@ def test_validation_errors_name_numbers():
         run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=0)
 
 
+def weight_traffic_bytes(sharding, remat, D):
+    """Float32 bytes a chip receives per step for the weights (no leaf of MODEL stays whole:
+    every one has a dim divisible by 2, 4 and 8). Ring convention, S = all parameters' bytes:
+    replicated: all-reduce 2·(D−1)/D·S; zero1: reduce-scatter + all-gather, the same;
+    fsdp: reduce-scatter (D−1)/D·S plus one gather of every weight where used, and one more in
+    backward of what backward needs again: every layer weight under remat full/gdn, only the
+    matmul weights under none (the other layer leaves' derived values are saved)."""
+    params = init_model_params(MODEL, jax.random.PRNGKey(0))
+    size = lambda tree: 4 * sum(x.size for x in jax.tree.leaves(tree))  # noqa: E731
+    share = (D - 1) / D
+    if sharding != "fsdp":
+        return round(2 * share * size(params))
+    layers = params["block"][0]
+    matmuls = [layers["gdn"][name] for name in ("in_proj_qkv", "in_proj_z", "in_proj_b",
+                                                 "in_proj_a", "out_proj")] + [layers["mlp"]]
+    regathered = size(layers) if remat != "none" else size(matmuls)
+    return round(share * (2 * size(params) + regathered))
+
+
+WEIGHT_CASES = [(layout, sharding, remat) for layout in LAYOUTS
+                for sharding in PARAM_SHARDINGS for remat in REMATS]
+# Every sharding and remat at least once in CI (replicated + none: the tests above).
+CI_WEIGHT_CASES = {("D2", "zero1", "gdn"), ("D2", "fsdp", "none"), ("D4", "fsdp", "full")}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout,sharding,remat", [
+    case if case in CI_WEIGHT_CASES else pytest.param(*case, marks=pytest.mark.slow)
+    for case in WEIGHT_CASES])
+def test_weight_layout_and_remat_match_single_chip(layout, sharding, remat):
+    # One AdamW step under (param_sharding, remat) equals the replicated one-chip step, the
+    # weights' bytes are reported apart from the CP exchanges, and verify works.
+    D, mesh = LAYOUTS[layout], mesh_of(layout)
+    train_cfg = dataclasses.replace(TRAIN, param_sharding=sharding, remat=remat)
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode="log_scan",
+                                    compiler_options=FAST)
+    inputs = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp")
+    error = verify_against_single_chip(inputs[0], synthetic_batch(MODEL, train_cfg), MODEL,
+                                       train_cfg, mesh=mesh, axis="cp", mode="log_scan")
+    assert error < TOL
+    params, opt_state, loss = jax.device_get(program.compiled(*inputs))
+    params_ref, opt_state_ref, loss_ref = single_chip_step()
+    assert_close("loss", loss_ref, loss, TOL)
+    for (name, ref), (_, got) in zip(leaves(params_ref), leaves(params), strict=True):
+        assert_close(f"params{name}", ref, got, TOL)
+    for (name, ref), (_, got) in zip(leaves(opt_state_ref), leaves(opt_state), strict=True):
+        assert_close(f"opt_state{name}", ref, got, TOL)
+    assert program.grad_sync_bytes_per_step == weight_traffic_bytes(sharding, remat, D)
+    cp_bytes = expected_cp_bytes("log_scan", D, TRAIN.seq_len)
+    if remat == "none":
+        assert program.cp_comm_bytes_per_step == cp_bytes
+    else:  # backward runs the rule's forward (its exchanges) again
+        assert cp_bytes < program.cp_comm_bytes_per_step < 2 * cp_bytes
+
+
 # Two processes × 2 CPU chips, one 4-chip mesh (gloo collectives): each process feeds only its
 # own chips. The configs travel as JSON; the report comes back as the last line of stdout.
 WORKER = """
@@ -177,7 +233,7 @@ import numpy as np
 from jax.sharding import Mesh
 from gdn_core.config import GDNConfig, ModelConfig
 from gdn_core.jax_gdn.cp import run_cp_training
-from gdn_core.train_config import TrainConfig
+from gdn_core.train_config import PARAM_SHARDINGS, REMATS, TrainConfig
 model = json.loads(model)
 model_cfg = ModelConfig(**{**model, "gdn": GDNConfig(**model["gdn"])})
 report = run_cp_training(model_cfg, TrainConfig(**json.loads(train)),

@@ -75,8 +75,10 @@ def test_state_dict_round_trip_is_exact():
     for name, value in state_dict.items():
         assert back[name].dtype == np.float32
         np.testing.assert_array_equal(back[name], value.numpy(), err_msg=name)
+    # A top-level "layers" list is stacked for lax.scan (one block position here) and unstacks.
     nested = from_state_dict({"layers.1.w": np.ones(2), "layers.0.w": np.zeros(2)})
-    assert isinstance(nested["layers"], list) and float(nested["layers"][1]["w"][0]) == 1.0
+    assert nested["block"][0]["w"].shape == (2, 2) and float(nested["block"][0]["w"][1, 0]) == 1.0
+    assert sorted(to_state_dict(nested)) == ["layers.0.w", "layers.1.w"]
     with pytest.raises(ValueError, match="0..1"):
         from_state_dict({"layers.0.w": np.ones(1), "layers.2.w": np.ones(1)})
 

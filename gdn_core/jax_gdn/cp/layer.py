@@ -9,7 +9,8 @@ arrays. Two layouts, as in ARCHITECTURE.md (and torch_gdn.cp.layer):
     rule = chunk_gated_delta_rule_cp_shard(mode)
   ulysses (head-sharded rule):
     project → one all-to-all of the pre-conv q, k, v channels and a, b: [B, t, all heads] →
-    [B, T, heads of chip j] → causal conv with the conv weight of those channels (no halo: the
+    [B, T, value heads of chip j and the key heads they use (cp_modes.UlyssesHeads: copies
+    when Hk < D)] → causal conv with the conv weight of those channels (no halo: the
     chip holds the whole sequence) → split_heads with A_log, dt_bias of those heads → the
     single-chip rule → all-to-all o back → output (z never moves)
 
@@ -27,11 +28,12 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from ...config import GDNConfig
-from ...cp_modes import CPMode, check_cp_shape, check_mode
+from ...cp_modes import CPMode, UlyssesHeads, check_cp_shape, check_mode
 from ..chunk import chunk_gated_delta_rule
 from ..layer import causal_conv, gdn_layer, output, project, run_rule, split_heads
 from ..model import GDNLayerFn
@@ -40,6 +42,7 @@ from .common import AxisName, chip_count, chip_index, vary_like
 from .halo import conv_halo
 from .common import mesh_chip_count, place_on_mesh
 from .rule import chunk_gated_delta_rule_cp_shard
+from .ulysses import key_heads_for_chips
 
 
 def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int) -> None:
@@ -50,50 +53,60 @@ def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int) ->
                    conv_kernel_size=cfg.conv_kernel_size)
 
 
-def _local_heads(params: Params, cfg: GDNConfig, me, D: int):
-    """Chip me's conv weight [C/D, 1, K] (its q | k | v channels) and gate params [H/D].
+def _conv_rows(cfg: GDNConfig, key_heads, value_heads: range) -> np.ndarray:
+    """Conv channels [q of key_heads | k of key_heads | v of value_heads] (repeats allowed)."""
+    q_rows = (np.asarray(key_heads)[:, None] * cfg.head_k_dim
+              + np.arange(cfg.head_k_dim)).ravel()
+    v_rows = np.arange(value_heads.start * cfg.head_v_dim, value_heads.stop * cfg.head_v_dim)
+    return np.concatenate([q_rows, cfg.key_dim + q_rows, 2 * cfg.key_dim + v_rows])
 
-    Head group me: key heads me·G/D … and value heads me·H/D … — contiguous, so GQA stays
-    intact (key head i serves value heads i·r … i·r+r−1).
+
+def _local_heads(params: Params, cfg: GDNConfig, me, plan: UlyssesHeads):
+    """Chip me's conv weight [P, 1, K] (its q | k | v channels) and gate params [H/D].
+
+    Value heads me·H/D … and the key heads they use (plan.key_heads: copies when Hk < D), in
+    the single-chip rule's GQA order.
     """
-    kd, vd = cfg.key_dim, cfg.value_dim
-    w_CIK = params["conv1d"]["weight"]
-
-    def piece(x, start, size):  # the me-th of D blocks of `size` rows from row `start`
-        return lax.dynamic_slice_in_dim(x, start + me * size, size, axis=0)
-
-    w_local = jnp.concatenate([piece(w_CIK, 0, kd // D), piece(w_CIK, kd, kd // D),
-                               piece(w_CIK, 2 * kd, vd // D)], axis=0)
-    Hl = cfg.num_v_heads // D
-    gates = {"A_log": piece(params["A_log"], 0, Hl), "dt_bias": piece(params["dt_bias"], 0, Hl)}
+    rows_DP = np.stack([_conv_rows(cfg, plan.key_heads(j), plan.value_heads(j))
+                        for j in range(plan.chips)])
+    w_local = jnp.take(params["conv1d"]["weight"], jnp.asarray(rows_DP)[me], axis=0)
+    Hl = plan.value_heads_per_chip
+    gates = {name: lax.dynamic_slice_in_dim(params[name], me * Hl, Hl, axis=0)
+             for name in ("A_log", "dt_bias")}
     return w_local, gates
 
 
 def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, dtype):
     """The ulysses layout (module docstring) on this chip's shard; [B, t, D] -> [B, t, D]."""
     D, me = chip_count(axis), chip_index(axis)
+    plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
     params = cast_floating(params, dtype)
     mixed_BtC, z_BtHV, b_BtH, a_BtH = project(params, x_BtD.astype(dtype))
     B, t, _ = mixed_BtC.shape
-    kd, vd, H = cfg.key_dim, cfg.value_dim, cfg.num_v_heads
+    kd, Dk = cfg.key_dim, cfg.head_k_dim
+    G, Hl = plan.key_heads_per_chip, plan.value_heads_per_chip
+
+    def key_heads(x_BtC):  # [B, t, Hk·Dk] -> [B, t, D·G·Dk], chip j's key heads in block j
+        return key_heads_for_chips(x_BtC.reshape(B, t, -1, Dk), plan).reshape(B, t, -1)
+
     # Pack, per destination chip j, [q_j | k_j | v_j | b_j | a_j] along a D-sized axis, so one
     # all-to-all moves everything (q/k/v pre-conv: the conv is depthwise, it commutes with
     # moving channels, and after the move the chip convolves the whole sequence, no halo).
-    parts = (mixed_BtC[..., :kd], mixed_BtC[..., kd:2 * kd], mixed_BtC[..., 2 * kd:], b_BtH,
-             a_BtH)
+    parts = (key_heads(mixed_BtC[..., :kd]), key_heads(mixed_BtC[..., kd:2 * kd]),
+             mixed_BtC[..., 2 * kd:], b_BtH, a_BtH)
     packed_BtDP = jnp.concatenate([p.reshape(B, t, D, -1) for p in parts], axis=-1)
     local_BTP = lax.all_to_all(packed_BtDP, axis, split_axis=2, concat_axis=1,
                                tiled=True)[:, :, 0]
-    conv_channels = (2 * kd + vd) // D
-    w_local, gates = _local_heads(params, cfg, me, D)
+    conv_channels = 2 * G * Dk + Hl * cfg.head_v_dim
+    w_local, gates = _local_heads(params, cfg, me, plan)
     conv_BTC = causal_conv(w_local, local_BTP[..., :conv_channels])
-    b_BTH = local_BTP[..., conv_channels:conv_channels + H // D]
-    a_BTH = local_BTP[..., conv_channels + H // D:]
-    local_cfg = dataclasses.replace(cfg, num_k_heads=cfg.num_k_heads // D, num_v_heads=H // D)
+    b_BTH = local_BTP[..., conv_channels:conv_channels + Hl]
+    a_BTH = local_BTP[..., conv_channels + Hl:]
+    local_cfg = dataclasses.replace(cfg, num_k_heads=G, num_v_heads=Hl)
     q, k, v, g, beta = split_heads(gates, conv_BTC, a_BTH, b_BTH, local_cfg)
     # The rule's default zero state would be replicated while q … beta vary per chip, and a
     # scan carry must keep one type under shard_map's check: start from a per-chip zero state.
-    h0_BHKV = vary_like(jnp.zeros((B, H // D, cfg.head_k_dim, cfg.head_v_dim), jnp.float32),
+    h0_BHKV = vary_like(jnp.zeros((B, Hl, Dk, cfg.head_v_dim), jnp.float32),
                         g[:, 0, :, None, None])
     o_BTHV = run_rule(q, k, v, g, beta, local_cfg,
                       rule=partial(chunk_gated_delta_rule, initial_state=h0_BHKV))
@@ -111,7 +124,7 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
             `axis`, a name or a tuple flattened major-to-minor).
         mode: ulysses, p2p, all_gather or log_scan.
     Returns: [B, T/D, hidden] in dtype — this chip's shard of the single-chip gdn_layer output.
-    Raises ValueError naming the numbers: unknown mode, ulysses heads not divisible by D,
+    Raises ValueError naming the numbers: unknown mode, ulysses value heads not divisible by D,
         a local shard shorter than the conv halo (K−1 tokens).
     """
     check_mode(mode)

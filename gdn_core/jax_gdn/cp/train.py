@@ -1,10 +1,11 @@
 """Context-parallel JAX training: the whole model in one shard_map over the sequence axis.
 
-Every chip holds the whole model (params and AdamW state replicated) and a contiguous sequence
-shard of the batch (tokens [B, T] split on T over `axis`). Its loss is (sum of its token
-losses) / (global token count), so the chips' losses and parameter gradients each sum to the
-single-chip ones: the step psums the loss and — once, as train.build_step_fn's grad_transform —
-the gradient tree, after which every chip applies the same AdamW update.
+Every chip holds a contiguous sequence shard of the batch (tokens [B, T] split on T over
+`axis`) and the weights laid out by train_cfg.param_sharding (param_sharding.py: replicated,
+zero1 or fsdp over the same chips). Its loss is (sum of its token losses) / (global token
+count), so the chips' losses and parameter gradients each sum to the single-chip ones: the step
+psums the loss and reduces the gradients once (WeightLayout.reduce_grads, as
+train.build_step_fn's grad_transform), then applies AdamW (zero1: to its slice).
 
 The shard_map runs with check_vma=False: with the check on, JAX would sum each replicated
 parameter's gradient itself (the transpose of its implicit per-chip cast, one psum per use),
@@ -41,11 +42,15 @@ from ..train import (
     make_optimizer,
     run_timed_steps,
 )
-from .common import AxisName
+from .common import AxisName, mesh_chip_count
 from .layer import check_layer_shape, cp_layer_fn
-from .common import mesh_chip_count
+from .param_sharding import WeightLayout, weight_layout
 
 COMM_SOURCE = "xla_hlo"
+
+
+FAST = {"xla_backend_optimization_level": 0}
+"""Compiler options of the reference program that is only inspected (same HLO, collectives)."""
 
 
 def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: AxisName, mode: str):
@@ -56,65 +61,93 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: AxisName,
     return (axis if isinstance(axis, str) else tuple(axis)), D
 
 
+@functools.lru_cache(maxsize=16)
+def _param_shapes(model_cfg: ModelConfig):
+    return jax.eval_shape(lambda: init_model_params(model_cfg, jax.random.PRNGKey(0)))
+
+
+def _layout(model_cfg: ModelConfig, train_cfg: TrainConfig, axis, D: int) -> WeightLayout:
+    return weight_layout(train_cfg.param_sharding, _param_shapes(model_cfg), chips=D, axis=axis)
+
+
+def _specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis, D: int):
+    """(layout, param specs, opt_state specs) of the step's weights."""
+    layout = _layout(model_cfg, train_cfg, axis, D)
+    optimizer = make_optimizer(train_cfg)
+    opt_shapes = jax.eval_shape(optimizer.init, _param_shapes(model_cfg))
+    return layout, layout.param_specs(), layout.opt_state_specs(optimizer, opt_shapes)
+
+
 def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
                      mode: CPMode, sync_grads: bool = True) -> StepFn:
     """The un-jitted, shard_mapped step; see make_cp_train_step.
 
-    sync_grads=False leaves out the gradient psum (each chip updates with its own share): only
-    for counting what the sync costs, never for training.
+    sync_grads=False builds the reference that prices the weights' traffic: replicated weights
+    (whatever train_cfg.param_sharding says) and no gradient reduction, each chip updating with
+    its own share — only for counting bytes, never for training.
     """
-    axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
+    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
+    if not sync_grads:
+        train_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
+    layout, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, D)
     step = build_step_fn(
         model_cfg, train_cfg, global_tokens=train_cfg.batch_size * train_cfg.seq_len,
-        grad_transform=(lambda grads: lax.psum(grads, axis)) if sync_grads else None,
-        gdn_layer_fn=cp_layer_fn(axis=axis, mode=mode))
+        grad_transform=layout.reduce_grads if sync_grads else None,
+        gdn_layer_fn=cp_layer_fn(axis=axis, mode=mode), fetch=layout.fetch(),
+        apply_update=layout.apply_update(make_optimizer(train_cfg)))
 
     def shard_step(params, opt_state, inputs_Bt, targets_Bt):
         params, opt_state, loss_share = step(params, opt_state, inputs_Bt, targets_Bt)
         return params, opt_state, lax.psum(loss_share, axis)
 
     seq = P(None, axis)
-    return jax.shard_map(shard_step, mesh=mesh, in_specs=(P(), P(), seq, seq),
-                         out_specs=(P(), P(), P()), check_vma=False)
+    return jax.shard_map(shard_step, mesh=mesh, in_specs=(param_specs, opt_specs, seq, seq),
+                         out_specs=(param_specs, opt_specs, P()), check_vma=False)
 
 
 def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                        axis: AxisName, mode: CPMode) -> StepFn:
     """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
 
-    params, opt_state: replicated over `mesh` (donated: do not reuse the passed-in ones).
-    inputs_BT, targets_BT: int [B, T] global, T split over mesh axis `axis` (a name or a tuple
-    flattened major-to-minor; D = the product of their sizes). loss: the global mean loss
-    (float32, replicated). Every chip applies the same AdamW update to the summed gradients.
+    params, opt_state: global arrays laid out as cp_training_inputs makes them (per
+    train_cfg.param_sharding; donated: do not reuse the passed-in ones). inputs_BT,
+    targets_BT: int [B, T] global, T split over mesh axis `axis` (a name or a tuple flattened
+    major-to-minor; D = the product of their sizes). loss: the global mean loss (float32,
+    replicated). The update equals one chip's AdamW step on the summed gradients.
     The same arguments return the same jitted function, so `.lower(...).compile()` of equal
     shapes and shardings compiles once per process (compile_cp_train_step relies on it).
     Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D.
     """
     axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
-    return _jitted_step(model_cfg, train_cfg, mesh, axis, mode)
+    return _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True)
 
 
-@functools.lru_cache(maxsize=16)
-def _jitted_step(model_cfg, train_cfg, mesh, axis, mode):
-    step = build_cp_step_fn(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode)
-    return jax.jit(step, donate_argnums=(0, 1))
+@functools.lru_cache(maxsize=32)
+def _jitted_step(model_cfg, train_cfg, mesh, axis, mode, sync_grads):
+    step = build_cp_step_fn(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode,
+                            sync_grads=sync_grads)
+    return jax.jit(step, donate_argnums=(0, 1) if sync_grads else ())
 
 
-def _global(tree, sharding):
+def _global(tree, shardings):
     """Global arrays from host values that every process holds in full.
 
     make_array_from_callback asks each process only for its own devices' shards, so the same
-    code feeds a single- or multi-process mesh.
+    code feeds a single- or multi-process mesh. shardings: one, or a tree matching `tree`.
     """
-    def one(x):
+    def one(x, sharding):
         x_np = np.asarray(x)
         return jax.make_array_from_callback(x_np.shape, sharding, lambda index: x_np[index])
 
-    return jax.tree.map(one, tree)
+    if isinstance(shardings, NamedSharding):
+        return jax.tree.map(lambda x: one(x, shardings), tree)
+    return jax.tree.map(one, tree, shardings)
 
 
-def _host(tree):
-    """numpy copies of replicated global arrays (this process's first shard holds the value)."""
+def _host(tree, mesh=None):
+    """numpy copies of global arrays; sharded ones (pass their mesh) are gathered first."""
+    if mesh is not None:
+        tree = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
     return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
 
 
@@ -124,34 +157,42 @@ def synthetic_batch(model_cfg: ModelConfig, train_cfg: TrainConfig) -> np.ndarra
                             vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
 
 
+def _named(mesh, specs):
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
+                        is_leaf=lambda x: isinstance(x, P))
+
+
 def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                        axis: AxisName):
     """(params, opt_state, inputs_BT, targets_BT) as global arrays for make_cp_train_step.
 
-    Fresh weights (seed train_cfg.seed) and AdamW state, replicated; the synthetic batch's
-    inputs tokens[:, :-1] and targets tokens[:, 1:] [B, T], T split over `axis`. Call on every
-    process of a multi-process mesh (each feeds only its own devices).
+    Fresh weights (seed train_cfg.seed) and AdamW state, laid out by train_cfg.param_sharding;
+    the synthetic batch's inputs tokens[:, :-1] and targets tokens[:, 1:] [B, T], T split over
+    `axis`. Call on every process of a multi-process mesh (each feeds only its own devices).
     """
     axis = axis if isinstance(axis, str) else tuple(axis)
-    replicated, seq = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axis))
+    _, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, mesh_chip_count(mesh, axis))
     tokens_BT1 = synthetic_batch(model_cfg, train_cfg)
     params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
     opt_state = make_optimizer(train_cfg).init(params)
-    return (*_global((params, opt_state), replicated),
-            *_global((tokens_BT1[:, :-1], tokens_BT1[:, 1:]), seq))
+    return (_global(params, _named(mesh, param_specs)), _global(opt_state, _named(mesh, opt_specs)),
+            *_global((tokens_BT1[:, :-1], tokens_BT1[:, 1:]), NamedSharding(mesh, P(None, axis))))
 
 
 def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName):
     """cp_training_inputs as jax.ShapeDtypeStruct (shapes, dtypes, shardings; no data)."""
     axis = axis if isinstance(axis, str) else tuple(axis)
-    replicated, seq = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, axis))
-    params = jax.eval_shape(functools.partial(init_model_params, model_cfg),
-                            jax.random.PRNGKey(train_cfg.seed))
+    _, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, mesh_chip_count(mesh, axis))
+    params = _param_shapes(model_cfg)
     opt_state = jax.eval_shape(make_optimizer(train_cfg).init, params)
+
+    def shaped(tree, specs):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            tree, _named(mesh, specs))
+
     tokens_BT = jax.ShapeDtypeStruct((train_cfg.batch_size, train_cfg.seq_len), jnp.int32,
-                                     sharding=seq)
-    return (*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                          (params, opt_state)), tokens_BT, tokens_BT)
+                                     sharding=NamedSharding(mesh, P(None, axis)))
+    return shaped(params, param_specs), shaped(opt_state, opt_specs), tokens_BT, tokens_BT
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,9 +204,9 @@ class CompiledCPStep:
     peak_memory_bytes: int | None
     """Per chip, compiled_peak_bytes (XLA memory analysis)."""
     cp_comm_bytes_per_step: int
-    """Most bytes any chip receives per step outside the gradient sync (comm_bytes_per_chip)."""
+    """Most bytes any chip receives per step outside the weights' traffic (comm_bytes_per_chip)."""
     grad_sync_bytes_per_step: int
-    """Most bytes any chip receives per step in the gradient psum."""
+    """Most bytes any chip receives per step for the weights: gradient reduction + gathers."""
 
 
 def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
@@ -176,37 +217,36 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     For sizing (memory, comm) without running, and for run_cp_training. Equal arguments reuse
     the compile within a process. compiler_options: XLA options (e.g. a lower backend
     optimisation level for quick tests); they change code generation, not the collectives.
+    The bytes also compile the sync_grads=False reference (at FAST).
     """
     axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
     shapes = cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis=axis)
-    lowered = make_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis=axis,
-                                 mode=mode).lower(*shapes)
-    compiled = lowered.compile(compiler_options)
-    without_sync = jax.jit(build_cp_step_fn(model_cfg, train_cfg, mesh=mesh, axis=axis,
-                                            mode=mode, sync_grads=False)).lower(*shapes)
-    cp_bytes, sync_bytes = comm_bytes_per_chip(compiled, lowered, without_sync,
-                                               mesh.devices.size)
+    compiled = _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True).lower(
+        *shapes).compile(compiler_options)
+    reference_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
+    reference = _jitted_step(model_cfg, reference_cfg, mesh, axis, mode, False).lower(
+        *cp_step_shapes(model_cfg, reference_cfg, mesh=mesh, axis=axis)).compile(FAST)
+    cp_bytes, sync_bytes = comm_bytes_per_chip(compiled, reference, mesh.devices.size)
     return CompiledCPStep(compiled=compiled, peak_memory_bytes=compiled_peak_bytes(compiled),
                           cp_comm_bytes_per_step=cp_bytes, grad_sync_bytes_per_step=sync_bytes)
 
 
-def comm_bytes_per_chip(compiled, lowered_with_sync, lowered_without_sync, num_chips: int):
-    """(cp bytes, grad-sync bytes): the most any chip receives per step in each.
+def comm_bytes_per_chip(compiled, reference, num_chips: int):
+    """(cp bytes, weight-traffic bytes): the most any chip receives per step in each.
 
-    The gradient sync is the difference between the step lowered with and without its
-    gradient psum, read from the unoptimised HLO (same program otherwise; XLA may later fuse
-    or combine the psum with other all-reduces, but not change its ring bytes). CP bytes are
-    the compiled step's per-chip total minus that: the mode's exchanges, the conv halo and the
-    loss psum, as XLA really runs them.
+    reference: the same step compiled with sync_grads=False (replicated weights, no gradient
+    reduction), so it runs the mode's exchanges, the conv halo and the loss psum exactly as
+    the step does (remat included) and nothing else. CP bytes are its per-chip total; the
+    weights' traffic (gradient all-reduce or reduce-scatter, zero1's and fsdp's all-gathers,
+    loops counted per trip) is what the step receives beyond it.
     """
     def per_chip(program):
         return np.asarray(received_bytes_per_chip(program, num_chips)["per_chip"])
 
-    sync_per_chip = per_chip(lowered_with_sync.as_text(dialect="hlo")) - per_chip(
-        lowered_without_sync.as_text(dialect="hlo"))
-    cp_per_chip = per_chip(compiled) - sync_per_chip
-    if (sync_per_chip < 0).any() or (cp_per_chip < 0).any():
-        raise RuntimeError(f"could not separate the gradient sync: per chip {sync_per_chip} "
+    cp_per_chip = per_chip(reference)
+    sync_per_chip = per_chip(compiled) - cp_per_chip
+    if (sync_per_chip < 0).any():
+        raise RuntimeError(f"could not separate the weights' traffic: per chip {sync_per_chip} "
                            f"of {per_chip(compiled)} received")
     return int(cp_per_chip.max()), int(sync_per_chip.max())
 
@@ -216,30 +256,35 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
                                mode: CPMode) -> float:
     """Max relative error of the CP loss and summed gradients against one chip, same data.
 
-    params: replicated global arrays; tokens_BT1: host int [B, T+1] (inputs [:, :-1], targets
-    [:, 1:]), the same on every process. The reference is model_loss under jax.value_and_grad
-    on this process's first device. Each gradient's error is relative to max(its norm,
-    testing.VERIFY_GRAD_FLOOR × the whole reference gradient's norm). Every process returns the same.
+    params: global arrays as cp_training_inputs lays them out; tokens_BT1: host int [B, T+1]
+    (inputs [:, :-1], targets [:, 1:]), the same on every process. The CP side runs the step's
+    own loss (param_sharding, remat) and gradient reduction; the reference is model_loss under
+    jax.value_and_grad on this process's first device, no remat. Each gradient's error is
+    relative to max(its norm, testing.VERIFY_GRAD_FLOOR × the whole reference gradient's
+    norm). Every process returns the same.
     """
-    axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
+    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
     dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
     inputs_BT, targets_BT = tokens_BT1[:, :-1], tokens_BT1[:, 1:]
+    layout, param_specs, _ = _specs(model_cfg, train_cfg, axis, D)
 
     def cp_loss_and_grads(params, inputs_Bt, targets_Bt):
         share, grads = jax.value_and_grad(model_loss)(
             params, inputs_Bt, targets_Bt, model_cfg, global_tokens=global_tokens, dtype=dtype,
-            gdn_layer_fn=cp_layer_fn(axis=axis, mode=mode))
-        return lax.psum(share, axis), lax.psum(grads, axis)
+            gdn_layer_fn=cp_layer_fn(axis=axis, mode=mode), fetch=layout.fetch(),
+            remat=train_cfg.remat)
+        return lax.psum(share, axis), layout.reduce_grads(grads)
 
     seq = P(None, axis)
     cp_loss, cp_grads = _host(jax.jit(jax.shard_map(
-        cp_loss_and_grads, mesh=mesh, in_specs=(P(), seq, seq), out_specs=(P(), P()),
-        check_vma=False))(params, *_global((inputs_BT, targets_BT), NamedSharding(mesh, seq))))
+        cp_loss_and_grads, mesh=mesh, in_specs=(param_specs, seq, seq),
+        out_specs=(P(), layout.grad_specs()), check_vma=False))(
+            params, *_global((inputs_BT, targets_BT), NamedSharding(mesh, seq))), mesh)
     device = jax.local_devices()[0]
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(
         lambda p, i, t: model_loss(p, i, t, model_cfg, global_tokens=global_tokens,
                                    dtype=dtype)))(*jax.device_put(
-                                       (_host(params), inputs_BT, targets_BT), device))
+                                       (_host(params, mesh), inputs_BT, targets_BT), device))
     return max_verify_error(ref_loss, cp_loss, jax.tree.leaves(ref_grads),
                             jax.tree.leaves(cp_grads))
 
