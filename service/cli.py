@@ -1,7 +1,7 @@
 """The `gdn-sweep` command line.
 
     gdn-sweep train --preset tiny --framework torch   train on one chip, print the metrics
-    gdn-sweep bench kernel|cp [options]               benchmarks (python -m gdn_core.bench)
+    gdn-sweep bench kernel|cp|memory [options]        benchmarks (python -m gdn_core.bench)
     gdn-sweep bench scheduling [options]              Ray's per-trial overhead (workers)
     gdn-sweep bench api [options]                     REST latency over 100,000 result rows
     gdn-sweep run sweep.yaml [--db URL|--jsonl F]     run a sweep on Ray (local or a cluster)
@@ -124,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-steps", type=int, default=2)
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(run=_train)
-    bench = sub.add_parser("bench", help="benchmarks: kernel, cp (see python -m gdn_core.bench), "
-                           "scheduling (Ray's per-trial overhead)", add_help=False)
+    bench = sub.add_parser("bench", help="benchmarks: kernel, cp, memory (see python -m "
+                           "gdn_core.bench), scheduling (Ray's per-trial overhead)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda args: _bench(args.bench_args))
     _add_run_parser(sub)
