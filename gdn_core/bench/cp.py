@@ -26,6 +26,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .virtual_chips import ensure_virtual_chips
+
 CHIPS = (1, 2, 4, 8)
 
 
@@ -43,19 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-steps", type=int, default=0,
                    help="also run each compiled step this many times and report the median")
     return p
-
-
-def _ensure_virtual_chips(count: int) -> None:
-    """Give JAX `count` CPU chips; must run before JAX initialises its backends."""
-    import jax
-
-    try:
-        jax.config.update("jax_num_cpu_devices", count)
-    except RuntimeError:  # already initialised (e.g. imported by a caller): check it suffices
-        pass
-    if len(jax.devices()) < count:
-        raise SystemExit(f"need {count} JAX devices, have {len(jax.devices())}: run the "
-                         "benchmark in a fresh process (python -m gdn_core.bench cp)")
 
 
 def _layer_step(cfg, mode: str | None, chips: int, dtype):
@@ -122,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Virtual chips are CPU devices; on a GPU host the compiled CPU programs still give the
     # per-chip memory/flops/comm structure (time it on real chips through the sweep instead).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    _ensure_virtual_chips(max(args.chips))
+    ensure_virtual_chips(max(args.chips), benchmark="cp")
     import jax.numpy as jnp
 
     from ..cp_modes import check_cp_shape

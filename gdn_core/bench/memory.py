@@ -26,6 +26,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .virtual_chips import ensure_virtual_chips
+
 GIB = 2 ** 30
 USABLE_BYTES = {"H200": 139 * GIB, "v5p": 95 * GIB, "H100": 80 * GIB}
 """Usable memory per chip: the H200 as its runtime reports it; v5p and H100 from
@@ -52,19 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-depths", type=int, nargs="*", default=[4, 32],
                    help="layer counts whose compile time is measured (fsdp, remat full)")
     return p
-
-
-def _ensure_virtual_chips(count: int) -> None:
-    """Give JAX `count` CPU chips; must run before JAX initialises its backends."""
-    import jax
-
-    try:
-        jax.config.update("jax_num_cpu_devices", count)
-    except RuntimeError:  # already initialised (e.g. imported by a caller): check it suffices
-        pass
-    if len(jax.devices()) < count:
-        raise SystemExit(f"need {count} JAX devices, have {len(jax.devices())}: run the "
-                         "benchmark in a fresh process (python -m gdn_core.bench memory)")
 
 
 def compile_step(model_cfg, train_cfg, *, chips: int, mode: str):
@@ -128,7 +117,7 @@ def _compile_times(model_cfg, args) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    _ensure_virtual_chips(args.chips)
+    ensure_virtual_chips(args.chips, benchmark="memory")
     import jax
 
     from ..jax_gdn.cp.param_sharding import replicated_leaves

@@ -1,0 +1,16 @@
+"""The virtual CPU chips a multi-chip JAX benchmark compiles for."""
+
+from __future__ import annotations
+
+
+def ensure_virtual_chips(count: int, *, benchmark: str) -> None:
+    """Give JAX `count` CPU chips; must run before JAX initialises its backends."""
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # already initialised (e.g. imported by a caller): check it suffices
+        pass
+    if len(jax.devices()) < count:
+        raise SystemExit(f"need {count} JAX devices, have {len(jax.devices())}: run the "
+                         f"benchmark in a fresh process (python -m gdn_core.bench {benchmark})")
