@@ -69,3 +69,45 @@ def test_torch_cp_modes_match_float64(D):
             assert_close(f"{mode} final_state", ref["final_state"], s["final_state"], TOL)
         for n in ("o",) + NAMES:
             assert_close(f"{mode} {'o' if n == 'o' else 'd' + n}", ref[n], got[n], TOL)
+
+
+STEP_CASES = [("ulysses", "replicated", "none"), ("p2p", "fsdp", "full"),
+              ("all_gather", "zero1", "gdn"), ("log_scan", "replicated", "full")]
+STEP_TOL = 1e-4  # verify's metric (testing.max_verify_error); measured ≤ 1e-6
+
+
+def step_job(rank: int, D: int) -> dict:
+    """The CP training step's loss and gradients against one chip, with key weights that make
+    a head's keys share a direction (test_torch_step_settings.realistic_gdn), per case."""
+    from gdn_core.data import synthetic_tokens
+    from gdn_core.torch_gdn.cp import context_parallel
+    from gdn_core.torch_gdn.cp.sharding import shard_parameters
+    from gdn_core.torch_gdn.cp.train import shard_batch, verify_against_single_chip
+    from gdn_core.torch_gdn.train import build_model
+    from gdn_core.train_config import TrainConfig
+
+    from .test_torch_step_settings import CFG, mean_key_cosine, realistic_gdn
+
+    errors = {}
+    for mode, sharding, remat in STEP_CASES:
+        train_cfg = TrainConfig(batch_size=1, seq_len=128, param_sharding=sharding, remat=remat)
+        tokens_BT1 = torch.from_numpy(synthetic_tokens(batch_size=1, seq_len=128,
+                                                       vocab_size=CFG.vocab_size)).long()
+        model = realistic_gdn(build_model(CFG, train_cfg))
+        cosine = mean_key_cosine(model, tokens_BT1[:, :-1])
+        context_parallel(model, group=None, mode=mode)
+        shard_parameters(model, train_cfg, group=None)
+        inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D)
+        errors[(mode, sharding, remat)] = (cosine, verify_against_single_chip(
+            model, inputs_Bt, targets_Bt, tokens_BT1, model_cfg=CFG, train_cfg=train_cfg,
+            group=None))
+    return errors
+
+
+@pytest.mark.timeout(240)
+def test_cp_training_step_on_correlated_keys():
+    """Every mode (with a sharding and remat each) equals one chip on keys sharing a direction."""
+    errors = run_in_process_group(step_job, world_size=2, timeout_s=200)[0]
+    for case, (cosine, err) in errors.items():
+        assert cosine > 0.6, f"{case}: keys' mean |cosine| {cosine:.2f}: weights not realistic"
+        assert err <= STEP_TOL, f"{case}: CP step vs one chip {err:.2e} > {STEP_TOL:.0e}"

@@ -24,7 +24,7 @@ from gdn_core.torch_gdn import build_training, context_parallel, run_cp_training
 from gdn_core.torch_gdn.cp import count_comm
 from gdn_core.torch_gdn.cp.sharding import (
     build_sharded_optimizer,
-    full_gradients,
+    full_tensors,
     shard_parameters,
     state_bytes_per_rank,
     weight_sync_bytes,
@@ -96,7 +96,8 @@ def one_step(rank: int, D: int, sharding: str, remat: str) -> dict:
     model, optimizer = sharded_cp_model(D, cfg)
     train_step(model, _GradientsOnly(model.parameters()), inputs, targets, **kwargs)
     names = [n for n, _ in model.named_parameters()]
-    grads = {n: g.numpy().copy() for n, g in zip(names, full_gradients(list(model.parameters())))}
+    full_grads = full_tensors([p.grad for p in model.parameters()])
+    grads = {n: g.numpy().copy() for n, g in zip(names, full_grads)}
     model.zero_grad(set_to_none=True)
     spy = FSDPCollectiveSpy()
     with count_comm() as comm, spy:

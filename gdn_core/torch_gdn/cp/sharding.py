@@ -87,9 +87,10 @@ def build_sharded_optimizer(model: nn.Module, train_cfg: TrainConfig,
     return torch.optim.AdamW(model.parameters(), **kwargs)
 
 
-def full_gradients(params: list[nn.Parameter]) -> list[torch.Tensor | None]:
-    """Each parameter's whole gradient: DTensor shards all-gathered (call on every rank)."""
-    return [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in params]
+def full_tensors(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Each tensor whole (parameters or their gradients): DTensor shards all-gathered (call on
+    every rank, in the same order)."""
+    return [t.full_tensor() if isinstance(t, DTensor) else t for t in tensors]
 
 
 def _padded_shard_numel(param: torch.Tensor, D: int) -> int:

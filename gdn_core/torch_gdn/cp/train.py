@@ -32,7 +32,7 @@ from .sharding import (
     COMM_SOURCE,
     build_sharded_optimizer,
     check_param_sharding,
-    full_gradients,
+    full_tensors,
     shard_parameters,
     weight_sync_bytes,
 )
@@ -135,10 +135,9 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     whole reference gradient), so round-off on near-zero gradients does not dominate.
 
     `model` is the context-parallel model at its current weights, in train_cfg's
-    param_sharding and remat; rank 0 also builds the plain single-chip model from
-    train_cfg.seed (the same weights while nothing has been trained; replicated, no remat)
-    and runs it on the full sequence tokens_BT1 [B, T+1]. Every rank returns the same value.
-    Leaves no gradients behind.
+    param_sharding and remat; rank 0 also builds the plain single-chip model (replicated, no
+    remat) with those same weights (fsdp shards gathered) and runs it on the full sequence
+    tokens_BT1 [B, T+1]. Every rank returns the same value. Leaves no gradients behind.
     """
     rank, _ = rank_size(group)
     device = inputs_Bt.device
@@ -148,17 +147,18 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
                        grad_sync=gradient_sync(train_cfg.param_sharding, group=group))
     (cp_loss,) = _global_sum([share], group=group, device=device)
     # Same parameter names: the CP layers (and FSDP2) keep the plain layers' names.
-    cp_grads = dict(zip([name for name, _ in model.named_parameters()],
-                        full_gradients(list(model.parameters()))))  # collective: every rank
+    names, params = zip(*model.named_parameters())
+    cp_grads = dict(zip(names, full_tensors([p.grad for p in params])))  # collectives: all ranks
+    weights = {name: p.detach() for name, p in zip(names, full_tensors(list(params)))}
     err = torch.zeros(1, dtype=torch.float64, device=device)
     if rank == 0:
         ref = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
+        ref.load_state_dict(weights)
         ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
                               tokens_BT1[:, 1:], global_tokens=global_tokens,
                               dtype=train_cfg.dtype)
-        names = [name for name, _ in ref.named_parameters()]
         err.fill_(max_verify_error(ref_loss, cp_loss, [p.grad for p in ref.parameters()],
-                                   [cp_grads[name] for name in names]))
+                                   [cp_grads[name] for name, _ in ref.named_parameters()]))
     dist.broadcast(err, group_src=0, group=group)
     model.zero_grad(set_to_none=True)
     return err.item()
