@@ -268,3 +268,31 @@ def test_run_cp_training_across_two_processes():
         assert_close("losses", single.losses, report["losses"], TOL)
         assert report["cp_comm_bytes_per_step"] == expected_cp_bytes("p2p", 4, TRAIN.seq_len)
         assert report["grad_sync_bytes_per_step"] == 2 * 3 * 4 * parameter_count() // 4
+
+
+CORRELATED_CASES = [("p2p", "fsdp", "full"), ("ulysses", "replicated", "none"),
+                    pytest.param("all_gather", "zero1", "gdn", marks=pytest.mark.slow),
+                    pytest.param("log_scan", "replicated", "full", marks=pytest.mark.slow)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode, sharding, remat", CORRELATED_CASES)
+def test_cp_step_on_correlated_keys(mode, sharding, remat):
+    """The CP step's loss and gradients equal one chip's when a head's keys share a direction:
+    the weights of test_torch_step_settings.realistic_gdn, through the state_dict conversion."""
+    torch = pytest.importorskip("torch")
+    from gdn_core.jax_gdn.params import from_state_dict
+    from gdn_core.torch_gdn import GDNLanguageModel
+
+    from .test_torch_step_settings import mean_key_cosine, realistic_gdn
+
+    torch_model = realistic_gdn(GDNLanguageModel(MODEL, seed=TRAIN.seed))
+    train_cfg = dataclasses.replace(TRAIN, param_sharding=sharding, remat=remat)
+    tokens_BT1 = synthetic_batch(MODEL, train_cfg)
+    assert mean_key_cosine(torch_model, torch.from_numpy(tokens_BT1[:, :-1]).long()) > 0.6
+    mesh = mesh_of("D2")
+    params, *_ = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp",
+                                    params=from_state_dict(torch_model.state_dict()))
+    err = verify_against_single_chip(params, tokens_BT1, MODEL, train_cfg, mesh=mesh,
+                                     axis="cp", mode=mode)
+    assert err < TOL, f"{mode} {sharding} remat={remat}: {err:.2e}"

@@ -163,17 +163,20 @@ def _named(mesh, specs):
 
 
 def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                       axis: AxisName):
+                       axis: AxisName, params=None):
     """(params, opt_state, inputs_BT, targets_BT) as global arrays for make_cp_train_step.
 
-    Fresh weights (seed train_cfg.seed) and AdamW state, laid out by train_cfg.param_sharding;
-    the synthetic batch's inputs tokens[:, :-1] and targets tokens[:, 1:] [B, T], T split over
-    `axis`. Call on every process of a multi-process mesh (each feeds only its own devices).
+    Fresh weights (seed train_cfg.seed), or the host pytree `params` given (e.g.
+    params.from_state_dict of a checkpoint), and fresh AdamW state, laid out by
+    train_cfg.param_sharding; the synthetic batch's inputs tokens[:, :-1] and targets
+    tokens[:, 1:] [B, T], T split over `axis`. Call on every process of a multi-process mesh
+    (each feeds only its own devices).
     """
     axis = axis if isinstance(axis, str) else tuple(axis)
     _, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, mesh_chip_count(mesh, axis))
     tokens_BT1 = synthetic_batch(model_cfg, train_cfg)
-    params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
+    if params is None:
+        params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
     opt_state = make_optimizer(train_cfg).init(params)
     return (_global(params, _named(mesh, param_specs)), _global(opt_state, _named(mesh, opt_specs)),
             *_global((tokens_BT1[:, :-1], tokens_BT1[:, 1:]), NamedSharding(mesh, P(None, axis))))
