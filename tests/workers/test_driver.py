@@ -73,8 +73,11 @@ def test_jax_every_mode_on_4_chips(local_ray):
 def test_step_settings_reach_the_step(local_ray, framework):
     # fsdp + remat full through Ray: exact against one chip, and the weight traffic of fsdp
     # (gathers as well as the gradient reduce-scatter) is more than replicated's all-reduce.
+    # Two layers: with one, XLA drops the one-trip layer loop and reuses the forward's
+    # gathered weights in backward, so fsdp then moves exactly what replicated does.
     sink = MemorySink()
     spec = tiny_spec(frameworks=[framework], modes=["p2p"], chips=[2], seq_lens=[128],
+                     model={"preset": "tiny", "num_layers": 2},
                      param_shardings=["replicated", "fsdp"], remats=["none", "full"],
                      verify=True)
     results = {(r.trial.param_sharding, r.trial.remat): r for r in run_sweep(spec, sink)}
