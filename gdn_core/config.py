@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 SUPPORTED_CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -57,6 +60,14 @@ class GDNConfig:
     def conv_dim(self) -> int:
         """Channels of the depthwise conv (q, k and v together)."""
         return 2 * self.key_dim + self.value_dim
+
+    def conv_channels(self, key_heads: Sequence[int], value_heads: range) -> np.ndarray:
+        """Conv channels [q of key_heads | k of key_heads | v of value_heads] (repeats allowed):
+        the rows of conv1d.weight a head group (e.g. a ulysses chip's) convolves."""
+        q_rows = (np.asarray(key_heads, dtype=np.int64)[:, None] * self.head_k_dim
+                  + np.arange(self.head_k_dim)).ravel()
+        v_rows = np.arange(value_heads.start * self.head_v_dim, value_heads.stop * self.head_v_dim)
+        return np.concatenate([q_rows, self.key_dim + q_rows, 2 * self.key_dim + v_rows])
 
     @classmethod
     def from_hf(cls, hf_config: Any, *, chunk_size: int = 64) -> "GDNConfig":

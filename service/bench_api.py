@@ -25,6 +25,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
 
 from gdn_core.presets import PRESETS
+from workers.spec import trial_key
 
 from .core.config import Settings
 from .core.db import make_engine, upgrade_database
@@ -66,11 +67,13 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
                 trial_id += 1
                 status = _status(rng, chips, seq_len)
                 trials.append(dict(
-                    id=trial_id, sweep_id=sweep_id, key=f"{framework}/{mode}/chips={chips}/"
-                    f"seq_len={seq_len}/dtype={dtype}/param_sharding=replicated/remat=none",
+                    id=trial_id, sweep_id=sweep_id, key=trial_key(
+                        framework=framework, mode=mode, chips=chips, seq_len=seq_len,
+                        dtype=dtype, param_sharding="replicated", remat="none"),
                     framework=framework, mode=mode, chips=chips, seq_len=seq_len, batch_size=1,
                     preset=preset, num_layers=8, vocab_size=1024, dtype=dtype,
-                    param_sharding="replicated", remat="none", steps=3, warmup_steps=1, accelerator_kind=kind,
+                    param_sharding="replicated", remat="none", steps=3, warmup_steps=1,
+                    accelerator_kind=kind,
                     accelerator_type=chip, verify=False, timeout_s=600.0, skip_reason=None,
                     status=status, created_at=now, started_at=now))
                 ok = status == "succeeded"

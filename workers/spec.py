@@ -112,17 +112,26 @@ class SweepSpec(BaseModel):
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
 
+    def _dimensions(self) -> tuple[list, ...]:
+        return (self.frameworks, self.modes, self.chips, self.seq_lens, self.dtypes,
+                self.param_shardings, self.remats)
+
     def grid(self):
         """Every grid point as (framework, mode, chips, seq_len, dtype, param_sharding, remat),
         in a stable order."""
-        return itertools.product(self.frameworks, self.modes, self.chips, self.seq_lens,
-                                 self.dtypes, self.param_shardings, self.remats)
+        return itertools.product(*self._dimensions())
 
     @property
     def grid_size(self) -> int:
-        return math.prod(len(values) for values in (
-            self.frameworks, self.modes, self.chips, self.seq_lens, self.dtypes,
-            self.param_shardings, self.remats))
+        return math.prod(len(values) for values in self._dimensions())
+
+
+def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
+              param_sharding: str, remat: str) -> str:
+    """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
+    every grid dimension, so no two points collide."""
+    return (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
+            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
 
 
 class TrialSpec(BaseModel):
@@ -150,10 +159,10 @@ class TrialSpec(BaseModel):
 
     @property
     def key(self) -> str:
-        """Identity of the point within its sweep (used to resume and to refuse duplicates):
-        every grid dimension, so no two points collide."""
-        return (f"{self.framework}/{self.mode}/chips={self.chips}/seq_len={self.seq_len}"
-                f"/dtype={self.dtype}/param_sharding={self.param_sharding}/remat={self.remat}")
+        """Identity of the point within its sweep (trial_key)."""
+        return trial_key(framework=self.framework, mode=self.mode, chips=self.chips,
+                         seq_len=self.seq_len, dtype=self.dtype,
+                         param_sharding=self.param_sharding, remat=self.remat)
 
     def to_model_config(self) -> ModelConfig:
         """The model this trial trains (its preset, depth and vocabulary)."""
@@ -190,4 +199,4 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
 
 
 __all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "ModelSpec", "SweepSpec", "TrialSpec",
-           "expand_trials"]
+           "expand_trials", "trial_key"]

@@ -26,10 +26,11 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ..hardware import GIB, HBM_BYTES_PER_CHIP
 from .virtual_chips import ensure_virtual_chips
 
-GIB = 2 ** 30
-USABLE_BYTES = {"H200": 139 * GIB, "v5p": 95 * GIB, "H100": 80 * GIB}
+USABLE_BYTES = {"H200": 139 * GIB, "v5p": HBM_BYTES_PER_CHIP["v5p"],
+                "H100": HBM_BYTES_PER_CHIP["h100"]}
 """Usable memory per chip: the H200 as its runtime reports it; v5p and H100 from
 gdn_core.hardware.HBM_BYTES_PER_CHIP (vendor figures)."""
 

@@ -109,13 +109,11 @@ class GatedDeltaNet(nn.Module):
         """The depthwise conv weight as [C, K] (a view of conv1d.weight [C, 1, K])."""
         return self.conv1d.weight[:, 0, :]
 
-    def conv_channels(self, k_heads: range, v_heads: range) -> torch.Tensor:
-        """Return the conv channels of key heads `k_heads` (q and k) and value heads `v_heads`."""
-        Dk, Dv, kd = self.cfg.head_k_dim, self.cfg.head_v_dim, self.cfg.key_dim
-        device = self.conv1d.weight.device
-        q_idx = torch.arange(k_heads.start * Dk, k_heads.stop * Dk, device=device)
-        v_idx = torch.arange(v_heads.start * Dv, v_heads.stop * Dv, device=device)
-        return torch.cat([q_idx, kd + q_idx, 2 * kd + v_idx])
+    def conv_channels(self, k_heads, v_heads: range) -> torch.Tensor:
+        """Return the conv channels of key heads `k_heads` (q and k; repeats allowed) and value
+        heads `v_heads` (GDNConfig.conv_channels), as an index tensor on the weights' device."""
+        return torch.as_tensor(self.cfg.conv_channels(k_heads, v_heads),
+                               device=self.conv1d.weight.device)
 
     def project(self, hidden_BTD: torch.Tensor):
         """Return (mixed_qkv_BTC pre-conv, z_BTHV, b_BTH, a_BTH)."""

@@ -53,21 +53,13 @@ def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int) ->
                    conv_kernel_size=cfg.conv_kernel_size)
 
 
-def _conv_rows(cfg: GDNConfig, key_heads, value_heads: range) -> np.ndarray:
-    """Conv channels [q of key_heads | k of key_heads | v of value_heads] (repeats allowed)."""
-    q_rows = (np.asarray(key_heads)[:, None] * cfg.head_k_dim
-              + np.arange(cfg.head_k_dim)).ravel()
-    v_rows = np.arange(value_heads.start * cfg.head_v_dim, value_heads.stop * cfg.head_v_dim)
-    return np.concatenate([q_rows, cfg.key_dim + q_rows, 2 * cfg.key_dim + v_rows])
-
-
 def _local_heads(params: Params, cfg: GDNConfig, me, plan: UlyssesHeads):
     """Chip me's conv weight [P, 1, K] (its q | k | v channels) and gate params [H/D].
 
     Value heads me·H/D … and the key heads they use (plan.key_heads: copies when Hk < D), in
     the single-chip rule's GQA order.
     """
-    rows_DP = np.stack([_conv_rows(cfg, plan.key_heads(j), plan.value_heads(j))
+    rows_DP = np.stack([cfg.conv_channels(plan.key_heads(j), plan.value_heads(j))
                         for j in range(plan.chips)])
     w_local = jnp.take(params["conv1d"]["weight"], jnp.asarray(rows_DP)[me], axis=0)
     Hl = plan.value_heads_per_chip

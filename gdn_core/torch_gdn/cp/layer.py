@@ -21,12 +21,9 @@ Legend: B batch, t local tokens, T global tokens, C conv channels, H heads, K/V 
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 from torch import nn
 
-from ...config import GDNConfig
 from ...cp_modes import CPMode, UlyssesHeads, check_cp_shape, check_mode
 from ..layer import GatedDeltaNet, causal_conv1d
 from .comm import rank_size
@@ -113,8 +110,7 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         k_heads, v_heads = plan.key_heads(rank), plan.value_heads(rank)
         mixed_local_BTC = torch.cat([q_BTGK.reshape(B, T, -1), k_BTGK.reshape(B, T, -1),
                                      v_BTHV.reshape(B, T, -1)], dim=-1)
-        weight_CK = self.conv_weight_CK[head_conv_channels(cfg, k_heads, v_heads,
-                                                           device=mixed_qkv_BtC.device)]
+        weight_CK = self.conv_weight_CK[self.conv_channels(k_heads, v_heads)]
         conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK)
         q, k, v = torch.split(conv_BTC, [G * Dk, G * Dk, len(v_heads) * Dv], dim=-1)
         g, beta = self.gates(a_BTH1[..., 0], b_BTH1[..., 0], heads=v_heads)
@@ -122,16 +118,6 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
             o_BTHV, _ = self.rule(q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk),
                                   v.reshape(B, T, -1, Dv), g, beta)
         return heads_to_seq(o_BTHV, group=self.group)
-
-
-def head_conv_channels(cfg: GDNConfig, key_heads: Sequence[int], value_heads: range, *,
-                       device) -> torch.Tensor:
-    """Conv channels [q of key_heads | k of key_heads | v of value_heads] (repeats allowed)."""
-    Dk, Dv, kd = cfg.head_k_dim, cfg.head_v_dim, cfg.key_dim
-    q_idx = (torch.tensor(key_heads, device=device)[:, None] * Dk
-             + torch.arange(Dk, device=device)).flatten()
-    v_idx = torch.arange(value_heads.start * Dv, value_heads.stop * Dv, device=device)
-    return torch.cat([q_idx, kd + q_idx, 2 * kd + v_idx])
 
 
 def context_parallel(module: nn.Module, *, group, mode: CPMode) -> nn.Module:

@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from ...train_config import PARAM_SHARDINGS, TrainConfig
 from ..model import GDNBlock
+from ..train import build_optimizer
 from .comm import rank_size
 
 COMM_SOURCE = {
@@ -54,7 +55,6 @@ def shard_parameters(model: nn.Module, train_cfg: TrainConfig, *, group) -> nn.M
     Only fsdp changes the model (its parameters become DTensor shards), so call it after
     context_parallel and before building the optimizer.
     """
-    check_param_sharding(train_cfg.param_sharding)
     if train_cfg.param_sharding != "fsdp":
         return model
     device_type = next(model.parameters()).device.type
@@ -79,12 +79,11 @@ def build_sharded_optimizer(model: nn.Module, train_cfg: TrainConfig,
                             *, group) -> torch.optim.Optimizer:
     """AdamW for train_cfg.param_sharding: ZeroRedundancyOptimizer over `group` under zero1,
     else plain AdamW over the (fsdp: sharded) parameters."""
-    check_param_sharding(train_cfg.param_sharding)
-    kwargs = dict(lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay)
     if train_cfg.param_sharding == "zero1":
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
-                                       process_group=group, **kwargs)
-    return torch.optim.AdamW(model.parameters(), **kwargs)
+                                       process_group=group, lr=train_cfg.learning_rate,
+                                       weight_decay=train_cfg.weight_decay)
+    return build_optimizer(model.parameters(), train_cfg)
 
 
 def full_tensors(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -109,7 +108,6 @@ def weight_sync_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, train_
     convention: (D−1)/D of the unit's padded gradient bytes).
     replicated: 0 (its all-reduce is recorded by sum_gradients).
     """
-    check_param_sharding(train_cfg.param_sharding)
     _, D = rank_size(group)
     if train_cfg.param_sharding == "zero1":
         own = {id(p) for g in optimizer.optim.param_groups for p in g["params"]}

@@ -152,7 +152,7 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     weights = {name: p.detach() for name, p in zip(names, full_tensors(list(params)))}
     err = torch.zeros(1, dtype=torch.float64, device=device)
     if rank == 0:
-        ref = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
+        ref = GDNLanguageModel(model_cfg).to(device)
         ref.load_state_dict(weights)
         ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
                               tokens_BT1[:, 1:], global_tokens=global_tokens,
