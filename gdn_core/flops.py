@@ -26,6 +26,7 @@ import numbers
 
 from .config import SUPPORTED_CHUNK_SIZES, ModelConfig
 from .cp_modes import check_cp_shape, check_mode
+from .train_config import check_framework
 
 FLOPS_PER_MAC = 2
 """A multiply-accumulate is a multiply and an add."""
@@ -94,7 +95,9 @@ def gdn_rule_flops(*, batch: int, seq_len: int, num_k_heads: int, num_v_heads: i
     the Dv + Dk right-hand sides is counted as applying a dense C×C matrix, C²·(Dv + Dk) MACs
     (a triangular solve does about half of that; the JAX rule applies an explicit inverse of
     exactly this size, and builds that inverse at the extra cost given by
-    `unit_lower_inverse_flops`). The padded N = ceil(T / C) chunks are all counted.
+    `unit_lower_inverse_flops`). Model FLOPs keep this one convention for both frameworks;
+    hardware FLOPs replace it by what each framework runs (`solve_flops`). The padded
+    N = ceil(T / C) chunks are all counted.
     """
     _check_positive(batch=batch, seq_len=seq_len, num_k_heads=num_k_heads,
                     num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
@@ -453,23 +456,92 @@ def recompute_flops(model_cfg: ModelConfig, *, remat: str, batch: int, seq_len: 
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SolveFlops:
+    """(I + L)⁻¹ applied to [β v | β k e^G] as a framework runs it, against the count above.
+
+    total = ran − counted: what hardware FLOPs add to the model count's dense-apply
+    convention (negative for torch, whose triangular solve does less than a dense apply).
+    """
+
+    framework: str
+    ran_forward: int
+    """Forward, every rule block the step runs (padded shard chunks included)."""
+    ran_backward: int
+    ran_recompute: int
+    """The forward again where remat recomputes the rule (gdn, full); else 0."""
+    counted: int
+    """What model FLOPs, CP shard padding and recompute count for it: C²·(Dv + Dk) MACs per
+    block and forward, × 3 for forward + backward, + 1 forward where recomputed."""
+
+    @property
+    def total(self) -> int:
+        return self.ran_forward + self.ran_backward + self.ran_recompute - self.counted
+
+
+def solve_flops(framework: str, *, mode: str, chips: int, batch: int, seq_len: int,
+                num_v_heads: int, head_k_dim: int, head_v_dim: int, chunk_size: int,
+                num_layers: int, remat: str) -> SolveFlops:
+    """Count the step's (I + L)⁻¹ work as `framework` runs it (global batch, all layers).
+
+    Per (batch row, value head, chunk) block, with R = Dk + Dv right-hand sides (MACs):
+        jax    forward   unit_lower_inverse (240·C + C·(C² − 256)/3) + apply T·rhs C²·R
+               backward  apply: dT and d(rhs) C²·R each; the inverse's VJP −Tᵀ dT Tᵀ 2·C³
+        torch  forward   solve_triangular, unit lower: C·(C − 1)/2 per rhs, C·(C − 1)/2·R
+               backward  d(rhs): the transposed solve C·(C − 1)/2·R; dL = −d(rhs)·Xᵀ, a dense
+                         C×R×C product C²·R (torch's linalg_solve_triangular_backward)
+    A recomputed rule (remat gdn, full) runs its forward again. Blocks: ceil(T/C) per row and
+    head (one chip, ulysses), or D·ceil(T/D/C) when the sequence is split (shard padding).
+    """
+    check_framework(framework)
+    if remat not in ("none", "full", "gdn"):
+        raise ValueError(f"remat={remat!r} is not one of: none, full, gdn")
+    check_mode(mode)
+    _check_positive(chips=chips, batch=batch, seq_len=seq_len, num_v_heads=num_v_heads,
+                    head_k_dim=head_k_dim, head_v_dim=head_v_dim, num_layers=num_layers)
+    _check_chunk(chunk_size)
+    C, R = chunk_size, head_k_dim + head_v_dim
+    chunks = (math.ceil(seq_len / C) if mode == "ulysses" or chips == 1
+              else chips * math.ceil(seq_len // chips / C))
+    blocks = batch * num_v_heads * chunks * num_layers
+    apply_macs = C * C * R
+    if framework == "jax":
+        forward = 240 * C + C * (C * C - 256) // 3 + apply_macs
+        backward = 2 * apply_macs + 2 * C ** 3
+    else:
+        solve = C * (C - 1) // 2 * R
+        forward = solve
+        backward = solve + apply_macs
+    recomputed = remat in ("gdn", "full")
+    counted = (FWD_BWD_MULTIPLIER + recomputed) * apply_macs
+    scale = FLOPS_PER_MAC * blocks
+    return SolveFlops(framework=framework, ran_forward=scale * forward,
+                      ran_backward=scale * backward,
+                      ran_recompute=scale * forward if recomputed else 0,
+                      counted=scale * counted)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class HardwareFlops:
-    """hardware_flops_per_step from the analytical count: model FLOPs, the CP work, and what
-    recomputation runs again."""
+    """hardware_flops_per_step from the analytical count: model FLOPs, the CP work, what
+    recomputation runs again, and the framework's own (I + L)⁻¹ work in place of the model
+    count's convention for it."""
 
     model: ModelFlops
     cp_overhead: CPOverheadFlops
     recompute: RecomputeFlops
+    solve: SolveFlops
 
     @property
     def total(self) -> int:
-        return self.model.total + self.cp_overhead.total + self.recompute.total
+        return (self.model.total + self.cp_overhead.total + self.recompute.total
+                + self.solve.total)
 
 
 def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
-                            seq_len: int, remat: str = "none") -> HardwareFlops:
+                            seq_len: int, framework: str, remat: str = "none") -> HardwareFlops:
     """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd),
-    recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not).
+    recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not),
+    with `framework`'s ("jax" or "torch", required: they run different work) (I + L)⁻¹.
 
     Raises ValueError, like the CP modes, for a shape `mode` cannot split over `chips`.
     """
@@ -484,7 +556,11 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
         model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
         cp_overhead=overhead,
         recompute=recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
-                                  cp_overhead=overhead))
+                                  cp_overhead=overhead),
+        solve=solve_flops(framework, mode=mode, chips=chips, batch=batch, seq_len=seq_len,
+                          num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
+                          head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
+                          num_layers=model_cfg.num_layers, remat=remat))
 
 
 # --------------------------------------------------------------------------- throughput metrics
@@ -513,10 +589,10 @@ def tokens_per_s_per_chip(batch: int, seq_len: int, step_time_s: float, chips: i
 
 
 __all__ = [
-    "CPOverheadFlops", "GDNLayerFlops", "GDNRuleFlops", "HardwareFlops",
-    "MaxTextGDNFlops", "MaxTextModelFlops", "ModelFlops", "cp_overhead_flops",
+    "CPOverheadFlops", "GDNLayerFlops", "GDNRuleFlops", "HardwareFlops", "MaxTextGDNFlops",
+    "MaxTextModelFlops", "ModelFlops", "RecomputeFlops", "SolveFlops", "cp_overhead_flops",
     "depthwise_conv_flops", "gdn_layer_flops", "gdn_rule_flops", "hardware_flops_per_step",
-    "RecomputeFlops", "lm_head_flops", "maxtext_gdn_flops", "maxtext_model_flops_per_step", "mfu",
-    "model_flops_per_step", "model_forward_flops", "recompute_flops", "swiglu_mlp_flops", "tokens_per_s_per_chip",
-    "unit_lower_inverse_flops",
+    "lm_head_flops", "maxtext_gdn_flops", "maxtext_model_flops_per_step", "mfu",
+    "model_flops_per_step", "model_forward_flops", "recompute_flops", "solve_flops",
+    "swiglu_mlp_flops", "tokens_per_s_per_chip", "unit_lower_inverse_flops",
 ]

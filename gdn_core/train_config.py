@@ -5,6 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
+Framework = Literal["jax", "torch"]
+FRAMEWORKS: tuple[str, ...] = get_args(Framework)
+"""The two implementations of the step; FLOP and memory counts differ between them."""
+
+
+def check_framework(framework: str) -> None:
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework={framework!r} is not one of: {', '.join(FRAMEWORKS)}")
+
+
 ComputeDType = Literal["float32", "bfloat16"]
 COMPUTE_DTYPES: tuple[str, ...] = get_args(ComputeDType)
 ParamSharding = Literal["replicated", "zero1", "fsdp"]
@@ -74,9 +84,20 @@ class TrainReport:
     step_times_s: list[float]
     """Wall time of each measured step (after warm-up), device synchronised."""
     peak_memory_bytes: int | None = None
-    """Peak memory of this process's chip(s), if known."""
+    """MEASURED peak bytes per chip over the run (verify included), None where nothing could
+    say: the device allocator's peak on GPU/TPU, the process RSS high-water mark on CPU
+    (divided by the chips when one JAX process drives several). Never an estimate."""
     memory_source: str = "unknown"
-    """Where peak_memory_bytes came from (cuda_max_allocated, xla_memory_analysis, rss, …)."""
+    """What peak_memory_bytes measured (gdn_core.device_memory): cuda_max_allocated,
+    jax_peak_bytes_in_use, process_rss_peak, process_rss_peak/{n}_chips, …"""
+    estimated_memory_bytes: int | None = None
+    """JAX: XLA's compile-time memory analysis of the step per chip (arguments + outputs +
+    temporaries − aliased); None for torch (nothing compiles)."""
+    estimated_memory_source: str | None = None
+    """"xla_memory_analysis" beside estimated_memory_bytes, else None."""
+    compile_time_s: float = 0.0
+    """Seconds this process spent lowering and compiling (JAX: the step, its comm reference
+    and any verify programs); 0 for torch's eager step."""
 
     @property
     def step_time_s(self) -> float:
@@ -105,7 +126,12 @@ class CPTrainReport(TrainReport):
     comm_source: str = "unknown"
     """How the bytes were found: counted collectives (torch) or the compiled HLO (jax)."""
     max_rel_err: float | None = None
-    """verify=True: max relative error of the CP loss and gradients against one chip."""
+    """verify=True: max relative error of the CP loss and gradients against one chip, on the
+    first verified_seq_len tokens of every sequence."""
+    verified_seq_len: int | None = None
+    """Tokens per sequence the verify compared: seq_len when one chip could hold the whole
+    sequence, else the longest prefix that fits (memory_model.verify_seq_len); None when
+    verify=False or not even the shortest prefix fits (max_rel_err is then None too)."""
 
     @property
     def comm_bytes_per_step(self) -> int:

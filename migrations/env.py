@@ -37,6 +37,12 @@ def run_migrations_online() -> None:
     engine = make_engine(_url(), poolclass=pool.NullPool)
     try:
         with engine.connect() as connection:
+            if connection.dialect.name == "sqlite":
+                # Batch mode rebuilds a table (copy, DROP, rename); with foreign keys on, the
+                # DROP of `trials` would cascade-delete every result. Off for the migration
+                # (the pragma is ignored inside a transaction, hence before it).
+                connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                connection.commit()
             context.configure(connection=connection, target_metadata=target_metadata,
                               render_as_batch=True)
             with context.begin_transaction():

@@ -29,7 +29,7 @@ from workers.spec import trial_key
 
 from .core.config import Settings
 from .core.db import make_engine, upgrade_database
-from .models import FACT_COLUMNS, Result, Sweep, Trial, utcnow
+from .models import FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, utcnow
 
 FRAMEWORKS, MODES = ("jax", "torch"), ("ulysses", "p2p", "all_gather", "log_scan")
 CHIPS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -48,28 +48,33 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
     """Insert synthetic sweeps of len(grid) trials each until `rows` trials; return sweep ids."""
     rng = random.Random(seed)
     presets = sorted(PRESETS)
-    grid = list(itertools.product(FRAMEWORKS, MODES, CHIPS, SEQ_LENS))
     engine = make_engine(url)
     now, sweep_ids, trial_id = utcnow(), [], 0
     with engine.begin() as conn:
-        for n in range((rows + len(grid) - 1) // len(grid)):
+        for n in itertools.count():
+            if trial_id >= rows:
+                break
             preset, (kind, chip) = presets[n % len(presets)], ACCELERATORS[n % len(ACCELERATORS)]
             dtype = "bfloat16" if n % 3 else "float32"
-            spec = {"name": f"bench {n}", "frameworks": list(FRAMEWORKS), "modes": list(MODES),
+            frameworks = ("jax",) if kind == "tpu" else FRAMEWORKS  # no torch-on-TPU path
+            grid = list(itertools.product(frameworks, MODES, CHIPS, SEQ_LENS))
+            spec = {"name": f"bench {n}", "frameworks": list(frameworks), "modes": list(MODES),
                     "chips": list(CHIPS), "seq_lens": list(SEQ_LENS), "model": {"preset": preset},
                     "dtypes": [dtype], "accelerator": {"kind": kind, "type": chip}}
             sweep_id = conn.execute(insert(Sweep).returning(Sweep.id), [{
                 "name": spec["name"], "status": "finished", "spec": spec,
                 "trials_total": len(grid), "trials_skipped": 0, "created_at": now}]).scalar_one()
             sweep_ids.append(sweep_id)
-            trials, results = [], []
+            trials, results, attempts = [], [], []
             for framework, mode, chips, seq_len in grid[:rows - trial_id]:
                 trial_id += 1
                 status = _status(rng, chips, seq_len)
+                point = dict(framework=framework, mode=mode, seq_len=seq_len, dtype=dtype,
+                             param_sharding="replicated", remat="none")
                 trials.append(dict(
-                    id=trial_id, sweep_id=sweep_id, key=trial_key(
-                        framework=framework, mode=mode, chips=chips, seq_len=seq_len,
-                        dtype=dtype, param_sharding="replicated", remat="none"),
+                    id=trial_id, sweep_id=sweep_id, key=trial_key(chips=chips, **point),
+                    # chips=1 once per mode (one_chip_baseline false): each mode's own baseline
+                    baseline_key=trial_key(chips=1, **point) if chips > 1 else None, repeat=0,
                     framework=framework, mode=mode, chips=chips, seq_len=seq_len, batch_size=1,
                     preset=preset, num_layers=8, vocab_size=1024, dtype=dtype,
                     param_sharding="replicated", remat="none", steps=3, warmup_steps=1,
@@ -83,12 +88,18 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
                     status=status, error=None if ok else "synthetic",
                     attempts=1, hosts=["bench-host"], versions={"torch": "2.13.0"},
                     started_at=now, finished_at=now, step_time_s=step if ok else None,
+                    step_time_min_s=step * 0.95 if ok else None,
+                    step_time_max_s=step * 1.1 if ok else None, measured_steps=3 if ok else None,
                     tokens_per_s_per_chip=seq_len / step / chips if ok else None,
                     mfu=rng.uniform(0.05, 0.6) if ok else None,
                     peak_memory_bytes_per_chip=seq_len // chips * 4096,
                     memory_source="synthetic"))
+                attempts.append(dict(trial_id=trial_id, attempt=1, status=status,
+                                     reason=None if ok else "synthetic", hosts=["bench-host"],
+                                     started_at=now, finished_at=now))
             conn.execute(insert(Trial), trials)
             conn.execute(insert(Result), results)
+            conn.execute(insert(TrialAttempt), attempts)
     engine.dispose()
     # What autovacuum (PostgreSQL) and `PRAGMA optimize` (SQLite) do in production: planner
     # statistics, and on PostgreSQL the visibility map that lets COUNT(*) read indexes only.
@@ -130,7 +141,7 @@ def _queries(rng: random.Random, sweep_ids: list[int]) -> dict[str, callable]:
             "results: preset+accelerator, top 100 by tokens/s/chip": broad,
             "results: framework+mode, top 100 by mfu": framework_mode,
             "results: no filter, top 100 by tokens/s/chip": unfiltered,
-            "sweeps/{id} (704 trials, counts per status)": sweep}
+            "sweeps/{id} (352 or 704 trials, counts per status)": sweep}
 
 
 def measure(url: str, sweep_ids: list[int], requests: int, seed: int = 1) -> dict[str, tuple]:

@@ -3,6 +3,7 @@
     gdn-sweep train --preset tiny --framework torch   train on one chip, print the metrics
     gdn-sweep bench kernel|cp|memory [options]        benchmarks (python -m gdn_core.bench)
     gdn-sweep bench scheduling [options]              Ray's per-trial overhead (workers)
+    gdn-sweep bench sweep [SWEEP.yaml] [options]      a sweep's wall time: compile, steps, rest
     gdn-sweep bench api [options]                     REST latency over 100,000 result rows
     gdn-sweep run sweep.yaml [--db URL|--jsonl F]     run a sweep on Ray (local or a cluster)
     gdn-sweep serve                                   API + dashboard + scheduler
@@ -33,7 +34,9 @@ def _train(args: argparse.Namespace) -> int:
     else:
         from gdn_core.jax_gdn.train import run_training
     report = run_training(model_cfg, train_cfg, steps=args.steps, warmup_steps=args.warmup_steps)
-    peak = hardware.calibrate_cpu_peak_flops()
+    # The peak of this process in the step's dtype, with the framework's own GEMM.
+    peak = (hardware.measure_jax_gemm_flops_per_s(dtype=args.dtype) if args.framework == "jax"
+            else hardware.calibrate_cpu_peak_flops(dtype=args.dtype))
     model_flops = flops.model_flops_per_step(model_cfg, batch=args.batch_size,
                                              seq_len=args.seq_len).total
     step_time = report.step_time_s
@@ -70,8 +73,16 @@ def _run_sweep(args: argparse.Namespace) -> int:
         return run_with_db(args.sweep, database_url=args.db, ray_address=args.address,
                            max_concurrent_trials=args.max_concurrent_trials,
                            cpu_chips=args.cpu_chips, driver_options=options)
+    from pydantic import ValidationError
+
+    from service.commands import _validation_text
+
     with open(args.sweep, encoding="utf-8") as f:
-        spec = SweepSpec.model_validate(yaml.safe_load(f))
+        try:
+            spec = SweepSpec.model_validate(yaml.safe_load(f))
+        except ValidationError as err:  # a bad sweep is the user's error, not a traceback
+            print(f"{args.sweep}: not a valid sweep:\n{_validation_text(err)}", file=sys.stderr)
+            return 2
     sink = JsonLinesSink(args.jsonl or f"{spec.name}.jsonl")
     connect_ray(args.address, cpu_chips=args.cpu_chips)
 
@@ -95,7 +106,8 @@ def _add_run_parser(sub) -> None:
                      help="Ray address (default $RAY_ADDRESS, as under `ray job submit`; "
                           "empty: start a local Ray)")
     run.add_argument("--cpu-chips", type=int, default=None,
-                     help="virtual CPU chips of a local Ray (default $GDN_SWEEP_CPU_CHIPS or 8)")
+                     help="virtual CPU chips of a local Ray (default "
+                          "$GDN_SWEEP_CPU_CHIPS, else one per usable core)")
     run.add_argument("--max-concurrent-trials", type=int, default=1)
     run.add_argument("--placement-timeout-s", type=float, default=300.0)
     run.add_argument("--worker-start-timeout-s", type=float, default=180.0)
@@ -140,6 +152,10 @@ def _bench(argv: list[str]) -> int:
         from workers.bench_scheduling import main as scheduling_main
 
         return scheduling_main(argv[1:]) or 0
+    if argv[:1] == ["sweep"]:
+        from service.bench_sweep import main as sweep_main
+
+        return sweep_main(argv[1:]) or 0
     if argv[:1] == ["api"]:
         from service.bench_api import main as api_main
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
-from workers.spec import CP_MODES, FRAMEWORKS
+from workers.spec import FRAMEWORKS, TRIAL_MODES
 
 DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
 
@@ -25,7 +25,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, re
     p.add_argument("--db", dest="database_url", help=DB_HELP)
     p.add_argument("--preset", action="append")
     p.add_argument("--framework", action="append", choices=FRAMEWORKS)
-    p.add_argument("--mode", action="append", choices=CP_MODES)
+    p.add_argument("--mode", action="append", choices=TRIAL_MODES,
+                   help="a CP mode, or none (the one-chip baselines)")
     p.add_argument("--chips", action="append", type=int)
     p.add_argument("--seq-len-min", type=int)
     p.add_argument("--seq-len-max", type=int)
@@ -33,6 +34,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, re
     p.add_argument("--dtype", action="append", choices=COMPUTE_DTYPES)
     p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
     p.add_argument("--remat", action="append", choices=REMATS)
+    p.add_argument("--repeat", action="append", type=int,
+                   help="run of a repeated grid point (0, 1, …)")
     p.add_argument("--sweep-id", type=int)
     p.add_argument("--sort", default="-tokens_per_s_per_chip",
                    help="comma-separated keys, '-' for descending (see GET /api/results)")
@@ -43,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, re
         database_url=a.database_url, preset=a.preset, framework=a.framework, mode=a.mode,
         chips=a.chips, seq_len_min=a.seq_len_min, seq_len_max=a.seq_len_max,
         accelerator=a.accelerator, dtype=a.dtype, param_sharding=a.param_sharding,
-        remat=a.remat, sweep_id=a.sweep_id, sort=a.sort,
+        remat=a.remat, repeat=a.repeat, sweep_id=a.sweep_id, sort=a.sort,
         limit=a.limit if a.limit is not None or a.csv else 50, csv=a.csv))
 
     p = sub.add_parser("db", help="database maintenance")

@@ -54,7 +54,8 @@ def results(*, database_url: str | None = None, preset: list[str] | None = None,
             chips: list[int] | None = None, seq_len_min: int | None = None,
             seq_len_max: int | None = None, accelerator: list[str] | None = None,
             dtype: list[str] | None = None, param_sharding: list[str] | None = None,
-            remat: list[str] | None = None, sweep_id: int | None = None,
+            remat: list[str] | None = None, repeat: list[int] | None = None,
+            sweep_id: int | None = None,
             sort: str = "-tokens_per_s_per_chip", limit: int | None = 50, csv: bool = False,
             out: TextIO = sys.stdout) -> int:
     """Print succeeded trials from the database (same filters as GET /api/results)."""
@@ -69,7 +70,7 @@ def results(*, database_url: str | None = None, preset: list[str] | None = None,
             preset=preset or [], framework=framework or [], mode=mode or [], chips=chips or [],
             seq_len_min=seq_len_min, seq_len_max=seq_len_max, accelerator=accelerator or [],
             dtype=dtype or [], param_sharding=param_sharding or [], remat=remat or [],
-            sweep_id=sweep_id, sort=sort, limit=limit,
+            repeat=repeat or [], sweep_id=sweep_id, sort=sort, limit=limit,
             format="csv" if csv else "json")
     except ValidationError as err:
         print(_validation_text(err), file=sys.stderr)

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select, update
+from pydantic import ValidationError
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from workers.result import FINAL_STATUSES, TRIAL_STATUSES
-from workers.spec import SweepSpec, expand_trials
+from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
 
-from .models import FACT_COLUMNS, Result, Sweep, Trial, result_for, utcnow
+from .models import (
+    FACT_COLUMNS,
+    Result,
+    Sweep,
+    Trial,
+    TrialAttempt,
+    result_for,
+    trial_row,
+    utcnow,
+)
 from .schemas import SweepPublic, TrialPublic, trials_from_mappings
 
 
@@ -25,9 +35,8 @@ def create_sweep(*, session: Session, sweep_create: SweepSpec) -> Sweep:
     session.add(sweep)
     session.flush()
     now = utcnow()
-    rows = [Trial(sweep_id=sweep.id, key=spec.key, created_at=now,
-                  status="pending" if spec.skip_reason is None else "skipped",
-                  **spec.model_dump(exclude={"skip_reason"}), skip_reason=spec.skip_reason)
+    rows = [trial_row(sweep_id=sweep.id, spec=spec, created_at=now,
+                      status="pending" if spec.skip_reason is None else "skipped")
             for spec in trials]
     session.add_all(rows)
     session.flush()
@@ -60,10 +69,21 @@ def status_counts(*, session: Session, sweep_ids: Sequence[int]) -> dict[int, di
     return counts
 
 
+def stored_spec(raw: dict) -> SweepSpec:
+    """A stored sweep's spec as it was accepted: a rule added since (torch on TPU refused, say)
+    must not make an old sweep unreadable, so an invalid one is shown unvalidated."""
+    try:
+        return SweepSpec.model_validate(raw)
+    except ValidationError:
+        return SweepSpec.model_construct(**{
+            **raw, "model": ModelSpec.model_construct(**raw.get("model", {})),
+            "accelerator": AcceleratorSpec.model_construct(**raw.get("accelerator", {}))})
+
+
 def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
     from .chip_memory import chip_memory
 
-    spec = SweepSpec.model_validate(sweep.spec)
+    spec = stored_spec(sweep.spec)
     memory, label = chip_memory(spec.accelerator.kind, spec.accelerator.type)
     return SweepPublic(
         id=sweep.id, name=sweep.name, status=sweep.status, error=sweep.error,
@@ -73,18 +93,50 @@ def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
         spec=spec, chip_memory_bytes=memory, chip_memory_label=label)
 
 
+_BaselineTrial, _BaselineResult = aliased(Trial), aliased(Result)
+
+
 def public_trial_columns() -> tuple:
-    """Columns that make a TrialPublic (with `schemas.trials_from_mappings`): a trial and its
-    result, read as plain rows (no ORM objects: listings of thousands stay fast)."""
+    """Columns that make a TrialPublic (with `schemas.trials_from_mappings`): a trial, its
+    result and its one-chip baseline's id and tokens/s/chip, read as plain rows (no ORM
+    objects: listings of thousands stay fast)."""
     skip = {"trial_id", "status", "started_at", *FACT_COLUMNS}
     return (*Trial.__table__.columns,
             *(c for c in Result.__table__.columns if c.key not in skip),
-            Result.started_at.label("result_started_at"))
+            Result.started_at.label("result_started_at"),
+            _BaselineTrial.id.label("baseline_trial_id"),
+            _BaselineResult.tokens_per_s_per_chip.label("baseline_tokens_per_s_per_chip"))
 
 
 def public_select():
     return (select(*public_trial_columns()).select_from(Trial)
-            .outerjoin(Result, Result.trial_id == Trial.id))
+            .outerjoin(Result, Result.trial_id == Trial.id)
+            .outerjoin(_BaselineTrial, and_(_BaselineTrial.sweep_id == Trial.sweep_id,
+                                            _BaselineTrial.key == Trial.baseline_key))
+            .outerjoin(_BaselineResult, and_(_BaselineResult.trial_id == _BaselineTrial.id,
+                                             _BaselineResult.status == "succeeded")))
+
+
+def attempt_histories(*, session: Session, trial_ids: Sequence[int]) -> dict[int, list[dict]]:
+    """Each trial's attempts in order (trial id → rows shaped like schemas.AttemptPublic)."""
+    histories: dict[int, list[dict]] = {}
+    columns = [c for c in TrialAttempt.__table__.columns if c.key != "trial_id"]
+    for start in range(0, len(trial_ids), 5000):  # under the bound-parameter limits
+        chunk = list(trial_ids[start:start + 5000])
+        rows = session.execute(select(TrialAttempt.trial_id, *columns)
+                               .where(TrialAttempt.trial_id.in_(chunk))
+                               .order_by(TrialAttempt.trial_id, TrialAttempt.attempt))
+        for row in rows.mappings():
+            attempt = dict(row)
+            histories.setdefault(attempt.pop("trial_id"), []).append(attempt)
+    return histories
+
+
+def public_trials(*, session: Session, rows) -> list[TrialPublic]:
+    """TrialPublic for rows of public_select(), with their attempt histories."""
+    rows = list(rows)
+    return trials_from_mappings(rows, attempt_histories(
+        session=session, trial_ids=[row["id"] for row in rows]))
 
 
 def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), offset: int = 0,
@@ -95,11 +147,11 @@ def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), 
         where.append(Trial.status.in_(status))
     count = session.scalar(select(func.count()).select_from(Trial).where(*where)) or 0
     stmt = public_select().where(*where).order_by(Trial.id).offset(offset).limit(limit)
-    return trials_from_mappings(session.execute(stmt).mappings()), count
+    return public_trials(session=session, rows=session.execute(stmt).mappings()), count
 
 
 def get_trial(*, session: Session, trial_id: int) -> TrialPublic | None:
-    rows = trials_from_mappings(session.execute(
+    rows = public_trials(session=session, rows=session.execute(
         public_select().where(Trial.id == trial_id)).mappings())
     return rows[0] if rows else None
 

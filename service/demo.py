@@ -3,9 +3,9 @@
     python -m service.demo [--port 8000] [--db sqlite:///gdn_sweep.db]
 
 Starts the service (SQLite file, local Ray, the scheduler), submits the demo sweep through
-the REST API (tiny preset; jax and torch; all_gather and p2p; chips 1-4; three sequence
-lengths), prints the dashboard URL and keeps serving until Ctrl-C. Running it again resumes
-an unfinished demo sweep instead of queueing another.
+the REST API (tiny preset; jax and torch; all_gather and p2p; chips 1, 2, 4 up to the host's
+cores; three sequence lengths), prints the dashboard URL and keeps serving until Ctrl-C.
+Running it again resumes an unfinished demo sweep instead of queueing another.
 """
 
 from __future__ import annotations
@@ -16,14 +16,23 @@ import sys
 import threading
 import time
 
-DEMO_SWEEP = {
-    "name": "demo: tiny model, all_gather vs p2p, 1-4 chips",
-    "frameworks": ["jax", "torch"], "modes": ["all_gather", "p2p"], "chips": [1, 2, 3, 4],
-    "seq_lens": [384, 768, 1536], "model": {"preset": "tiny"}, "batch_size": 1,
-    "dtypes": ["float32"], "steps": 3, "warmup_steps": 1,
-    "accelerator": {"kind": "cpu", "type": "cpu"}, "trial_timeout_s": 600,
-}
-"""48 trials; every seq_len splits evenly over 1-4 chips into whole chunks of 16 tokens."""
+from workers import process_probe
+
+def demo_sweep(cores: int | None = None) -> dict:
+    """The demo grid, sized to the host: chip counts 1, 2, 4 up to its usable cores (a virtual
+    CPU chip is a real partition of cores, so a 2-core host runs 1 and 2 chips). Every seq_len
+    splits evenly over those chips into whole chunks of 16 tokens. The one-chip baseline runs
+    once per (framework, seq_len), so on 2 cores: 2 x 3 baselines + 2 x 2 modes x 3 = 18 trials.
+    """
+    cores = cores or process_probe.host_cpu_count()
+    chips = [c for c in (1, 2, 4) if c <= cores]
+    return {
+        "name": f"demo: tiny model, all_gather vs p2p, {chips[0]}-{chips[-1]} chips",
+        "frameworks": ["jax", "torch"], "modes": ["all_gather", "p2p"], "chips": chips,
+        "seq_lens": [384, 768, 1536], "model": {"preset": "tiny"}, "batch_size": 1,
+        "dtypes": ["float32"], "steps": 3, "warmup_steps": 1,
+        "accelerator": {"kind": "cpu", "type": "cpu"}, "trial_timeout_s": 600,
+    }
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -35,17 +44,19 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def submit_demo(base_url: str, *, token: str = "") -> int:
+def submit_demo(base_url: str, *, token: str = "", sweep: dict | None = None) -> int:
     """POST the demo sweep unless an unfinished one is there already; return its id."""
     import httpx
 
+    sweep = sweep or demo_sweep()
+
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(base_url=base_url, timeout=30, headers=headers) as client:
-        for sweep in client.get("/api/sweeps", params={"limit": 50}).json()["data"]:
-            if (sweep["name"] == DEMO_SWEEP["name"]
-                    and sweep["status"] in ("queued", "running", "cancelling")):
-                return sweep["id"]
-        response = client.post("/api/sweeps", json=DEMO_SWEEP)
+        for existing in client.get("/api/sweeps", params={"limit": 50}).json()["data"]:
+            if (existing["name"] == sweep["name"]
+                    and existing["status"] in ("queued", "running", "cancelling")):
+                return existing["id"]
+        response = client.post("/api/sweeps", json=sweep)
         response.raise_for_status()
         return response.json()["id"]
 
@@ -83,13 +94,15 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         if args.no_demo_sweep:
             return
+        sweep = demo_sweep()
         try:
-            sweep_id = submit_demo(base_url, token=settings.api_token)
+            sweep_id = submit_demo(base_url, token=settings.api_token, sweep=sweep)
         except Exception as err:  # noqa: BLE001 - the server keeps running; say what failed
             print(f"could not submit the demo sweep: {err}", file=sys.stderr, flush=True)
             return
-        print(f"demo sweep {sweep_id} queued ({len(DEMO_SWEEP['chips'])} chip counts x "
-              f"{len(DEMO_SWEEP['seq_lens'])} seq_lens x 2 modes x 2 frameworks); watch it "
+        print(f"demo sweep {sweep_id} queued (chips {sweep['chips']} x "
+              f"{len(sweep['seq_lens'])} seq_lens x 2 modes x 2 frameworks, one-chip "
+              f"baseline once per mode pair); watch it "
               f"fill in at {base_url}/sweeps/{sweep_id}\n(Ray starts on the first sweep; "
               "Ctrl-C stops the service, a restart resumes the sweep)", flush=True)
 

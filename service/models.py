@@ -1,10 +1,12 @@
-"""Database rows (SQLAlchemy 2 `Mapped[]`): sweeps, their trials, and one result per trial.
+"""Database rows (SQLAlchemy 2 `Mapped[]`): sweeps, their trials, one result per trial, and
+the attempts behind each result.
 
 A trial row exists from the moment its sweep is accepted (status pending); `results` gets
-exactly one row when the trial ends with any final status. `results.trial_id` is the primary
-key, so a second result for the same trial is impossible; `uq_trials_sweep_key` refuses a
-second row for the same grid point of a sweep. The capacity-planning views are created by
-the migrations (see service/README.md).
+exactly one row when the trial ends with any final status, and `trial_attempts` one row per
+attempt it took, written in the same transaction. `results.trial_id` is the primary key, so a
+second result for the same trial is impossible; `uq_trials_sweep_key` refuses a second row
+for the same grid point of a sweep. The capacity-planning views are created by the migrations
+(see service/README.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -93,6 +96,10 @@ class Trial(Base):
     verify: Mapped[bool] = mapped_column(Boolean)
     timeout_s: Mapped[float] = mapped_column(Float)
     skip_reason: Mapped[str | None] = mapped_column(Text)
+    repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    """Which run of its grid point (0 … SweepSpec.repeats − 1)."""
+    baseline_key: Mapped[str | None] = mapped_column(String(200))
+    """chips > 1: key (same sweep) of the one-chip trial this one's speed-up is relative to."""
     status: Mapped[str] = mapped_column(String(16), default="pending")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
@@ -141,6 +148,7 @@ class Result(Base):
     remat: Mapped[str] = mapped_column(String(8), default="none")
     accelerator_kind: Mapped[str] = mapped_column(String(8))
     accelerator_type: Mapped[str] = mapped_column(String(32))
+    repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -155,32 +163,76 @@ class Result(Base):
     hardware_flops_per_step: Mapped[float | None] = mapped_column(Float)
     peak_flops_per_chip: Mapped[float | None] = mapped_column(Float)
     peak_flops_source: Mapped[str | None] = mapped_column(Text)
+    peak_flops_dtype: Mapped[str | None] = mapped_column(String(16))
+    device_name: Mapped[str | None] = mapped_column(Text)
+    measured_steps: Mapped[int | None] = mapped_column(Integer)
+    step_time_min_s: Mapped[float | None] = mapped_column(Float)
+    step_time_max_s: Mapped[float | None] = mapped_column(Float)
+    compile_time_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
     hfu: Mapped[float | None] = mapped_column(Float)
     peak_memory_bytes_per_chip: Mapped[int | None] = mapped_column(BigInteger)
+    """Measured only: the device allocator's peak (GPU/TPU) or the process RSS high-water mark
+    (CPU hosts); memory_source says which."""
     memory_source: Mapped[str | None] = mapped_column(Text)
+    estimated_memory_bytes_per_chip: Mapped[int | None] = mapped_column(BigInteger)
+    """XLA's compile-time memory analysis (JAX): an estimate, never in peak_memory's place."""
+    estimated_memory_source: Mapped[str | None] = mapped_column(Text)
+    predicted_memory_bytes_per_chip: Mapped[int | None] = mapped_column(BigInteger)
+    """gdn_core's analytic memory predictor for the trial's shape and step settings."""
     comm_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     cp_comm_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     grad_sync_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     loss_first: Mapped[float | None] = mapped_column(Float)
     loss_last: Mapped[float | None] = mapped_column(Float)
     max_rel_err: Mapped[float | None] = mapped_column(Float)
+    verified_seq_len: Mapped[int | None] = mapped_column(Integer)
 
     trial: Mapped[Trial] = relationship(back_populates="result")
 
 
+class TrialAttempt(Base):
+    """One attempt of a trial (workers.result.AttemptRecord): why it ended and where it ran,
+    so a trial that succeeded on attempt 2 keeps attempt 1's reason. Written with the result,
+    in the same transaction; immutable like it."""
+
+    __tablename__ = "trial_attempts"
+
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"),
+                                          primary_key=True, autoincrement=False)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    """1, 2, … in the order they ran."""
+    status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    hosts: Mapped[list[str]] = mapped_column(JSON, default=list)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 METRIC_COLUMNS: tuple[str, ...] = (
     "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "maxtext_flops_per_step",
-    "hardware_flops_per_step", "peak_flops_per_chip", "peak_flops_source", "mfu", "hfu",
-    "peak_memory_bytes_per_chip", "memory_source", "comm_bytes_per_step_per_chip",
+    "hardware_flops_per_step", "peak_flops_per_chip", "peak_flops_source", "peak_flops_dtype",
+    "device_name", "measured_steps", "step_time_min_s", "step_time_max_s", "compile_time_s",
+    "mfu", "hfu", "peak_memory_bytes_per_chip", "memory_source",
+    "estimated_memory_bytes_per_chip", "estimated_memory_source",
+    "predicted_memory_bytes_per_chip", "comm_bytes_per_step_per_chip",
     "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip", "loss_first",
-    "loss_last", "max_rel_err")
+    "loss_last", "max_rel_err", "verified_seq_len")
 """Result columns filled from workers.result.TrialMetrics (same names)."""
 
 FACT_COLUMNS: tuple[str, ...] = (
     "sweep_id", "framework", "mode", "chips", "seq_len", "batch_size", "preset", "num_layers",
-    "dtype", "param_sharding", "remat", "accelerator_kind", "accelerator_type")
+    "dtype", "param_sharding", "remat", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
+
+TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats"})
+"""workers.spec.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
+
+
+def trial_row(*, sweep_id: int, spec, status: str, created_at: dt.datetime) -> Trial:
+    """A trial row for a workers.spec.TrialSpec (its key, grid coordinates and settings)."""
+    return Trial(sweep_id=sweep_id, key=spec.key, status=status, created_at=created_at,
+                 **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
 
 
 def result_for(trial: Trial, **outcome) -> Result:

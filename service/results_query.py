@@ -6,29 +6,32 @@ import csv
 import io
 import json
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gdn_core.train_config import ParamSharding, Remat
-from workers.spec import AcceleratorKind, CPMode, DType, Framework
+from workers.spec import AcceleratorKind, DType, Framework, TrialMode
 
-from .crud import public_select
+from .crud import public_select, public_trials
 from .models import Result, Trial
-from .schemas import TrialPublic, trials_from_mappings
+from .schemas import TrialPublic
 
 SORT_FIELDS = {
     "tokens_per_s_per_chip": Result.tokens_per_s_per_chip, "mfu": Result.mfu,
     "hfu": Result.hfu, "step_time_s": Result.step_time_s,
+    "step_time_max_s": Result.step_time_max_s, "compile_time_s": Result.compile_time_s,
     "peak_memory_bytes_per_chip": Result.peak_memory_bytes_per_chip,
+    "estimated_memory_bytes_per_chip": Result.estimated_memory_bytes_per_chip,
+    "predicted_memory_bytes_per_chip": Result.predicted_memory_bytes_per_chip,
     "comm_bytes_per_step_per_chip": Result.comm_bytes_per_step_per_chip,
     "cp_comm_bytes_per_step_per_chip": Result.cp_comm_bytes_per_step_per_chip,
     "grad_sync_bytes_per_step_per_chip": Result.grad_sync_bytes_per_step_per_chip,
     "finished_at": Result.finished_at, "seq_len": Result.seq_len, "chips": Result.chips,
     "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
-    "sweep_id": Result.sweep_id, "id": Result.trial_id,
+    "sweep_id": Result.sweep_id, "repeat": Result.repeat, "id": Result.trial_id,
 }
 """Accepted `sort` keys (comma-separated; a leading '-' sorts descending)."""
 
@@ -41,7 +44,8 @@ class ResultFilters(BaseModel):
     model_config = ConfigDict(extra="forbid")
     preset: list[str] = []
     framework: list[Framework] = []
-    mode: list[CPMode] = []
+    mode: list[TrialMode] = Field(default=[], description="a CP mode, or none: one-chip "
+                                  "baselines")
     chips: list[int] = []
     seq_len_min: int | None = Field(default=None, ge=1)
     seq_len_max: int | None = Field(default=None, ge=1)
@@ -50,6 +54,11 @@ class ResultFilters(BaseModel):
     dtype: list[DType] = []
     param_sharding: list[ParamSharding] = []
     remat: list[Remat] = []
+    repeat: list[Annotated[int, Field(ge=0)]] = Field(
+        default=[], description="run of a repeated grid point (0, 1, …)")
+    device_name: list[str] = Field(default=[], description="the chip as its runtime names it")
+    memory_source: list[str] = Field(default=[], description="what the measured peak memory "
+                                     "is: process_rss_hwm, cuda_max_allocated, …")
     sweep_id: int | None = None
     sort: str = "-tokens_per_s_per_chip"
     offset: int = Field(default=0, ge=0)
@@ -82,7 +91,9 @@ def _where(filters: ResultFilters) -> list:
                            (filters.accelerator_kind, Result.accelerator_kind),
                            (filters.dtype, Result.dtype),
                            (filters.param_sharding, Result.param_sharding),
-                           (filters.remat, Result.remat)):
+                           (filters.remat, Result.remat), (filters.repeat, Result.repeat),
+                           (filters.device_name, Result.device_name),
+                           (filters.memory_source, Result.memory_source)):
         if values:
             where.append(column == values[0] if len(values) == 1 else column.in_(values))
     if filters.seq_len_min is not None:
@@ -128,7 +139,7 @@ def query_results(*, session: Session, filters: ResultFilters) -> tuple[list[Tri
         rows += session.execute(public_select().where(Trial.id.in_(chunk))).mappings().all()
     position = {trial_id: i for i, trial_id in enumerate(ids)}
     rows.sort(key=lambda row: position[row["id"]])
-    return trials_from_mappings(rows), count
+    return public_trials(session=session, rows=rows), count
 
 
 CSV_COLUMNS: tuple[str, ...] = tuple(TrialPublic.model_fields)
@@ -150,8 +161,11 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "trial"), ("sweep_id", "sweep"), ("preset", "preset"), ("framework", "framework"),
     ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
     ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
-    ("accelerator", "accel"), ("tokens_per_s_per_chip", "tok/s/chip"),
-    ("step_time_s", "step_s"), ("mfu", "mfu"), ("peak_memory_bytes_per_chip", "peak_mem/chip"))
+    ("accelerator", "accel"), ("repeat", "rep"), ("tokens_per_s_per_chip", "tok/s/chip"),
+    ("scaling_efficiency", "vs_1chip"), ("step_time_s", "step_s"), ("step_time_min_s", "min_s"),
+    ("step_time_max_s", "max_s"), ("measured_steps", "n"), ("mfu", "mfu"),
+    ("peak_memory_bytes_per_chip", "peak_mem/chip"), ("memory_source", "measured_by"),
+    ("estimated_memory_bytes_per_chip", "xla_est/chip"))
 
 
 def to_table(rows: Sequence[TrialPublic], count: int) -> str:

@@ -26,7 +26,8 @@ class SweepCreated(BaseModel):
     name: str
     status: str
     trials: int
-    """Trials in the grid, skipped ones included."""
+    """Trials in the grid, skipped ones included (SweepSpec.grid_size: the one-chip baseline
+    counted once, not per mode; every point × repeats)."""
     skipped: int
     """Grid points a mode cannot serve: recorded as skipped with the reason, never run."""
 
@@ -56,14 +57,35 @@ class SweepsPublic(BaseModel):
     count: int
 
 
+class AttemptPublic(BaseModel):
+    """One attempt of a trial (a row of trial_attempts)."""
+
+    attempt: int
+    status: str
+    reason: str | None = None
+    hosts: list[str] = []
+    started_at: UTCDatetime | None = None
+    finished_at: UTCDatetime | None = None
+
+
 class TrialPublic(BaseModel):
     id: int
     sweep_id: int
     key: str
     framework: str
     mode: str
+    """A CP mode, or "none": the one-chip baseline (chips=1) every mode's rows refer to."""
     chips: int
     seq_len: int
+    repeat: int = 0
+    """Which run of its grid point (0 … the sweep's repeats − 1)."""
+    baseline_key: str | None = None
+    """chips > 1: key of the one-chip trial of the same framework, seq_len, settings, repeat."""
+    baseline_trial_id: int | None = None
+    speedup_vs_one_chip: float | None = None
+    """tokens/s of the whole trial ÷ tokens/s of its one-chip baseline (both succeeded)."""
+    scaling_efficiency: float | None = None
+    """tokens/s/chip ÷ the baseline's tokens/s/chip: 1 is perfect scaling."""
     batch_size: int
     preset: str
     num_layers: int
@@ -81,22 +103,39 @@ class TrialPublic(BaseModel):
     status: str
     error: str | None = None
     attempts: int | None = None
+    attempt_history: list[AttemptPublic] = []
+    """Every attempt in order (empty until the trial ends, and for results stored before the
+    history was kept); the last one is the outcome."""
     hosts: list[str] | None = None
     versions: dict[str, str] | None = None
     created_at: UTCDatetime
     started_at: UTCDatetime | None = None
     finished_at: UTCDatetime | None = None
     step_time_s: float | None = None
+    """Median of the measured steps."""
+    step_time_min_s: float | None = None
+    step_time_max_s: float | None = None
+    measured_steps: int | None = None
+    compile_time_s: float | None = None
     tokens_per_s_per_chip: float | None = None
     model_flops_per_step: float | None = None
     maxtext_flops_per_step: float | None = None
     hardware_flops_per_step: float | None = None
     peak_flops_per_chip: float | None = None
     peak_flops_source: str | None = None
+    peak_flops_dtype: str | None = None
+    device_name: str | None = None
     mfu: float | None = None
     hfu: float | None = None
     peak_memory_bytes_per_chip: int | None = None
+    """Measured: the device allocator's peak (GPU/TPU) or the process RSS high-water mark
+    (CPU); memory_source says which. Never an estimate."""
     memory_source: str | None = None
+    estimated_memory_bytes_per_chip: int | None = None
+    """XLA's compile-time memory analysis (JAX): an estimate, apart from the measured peak."""
+    estimated_memory_source: str | None = None
+    predicted_memory_bytes_per_chip: int | None = None
+    """gdn_core's analytic memory predictor."""
     comm_bytes_per_step_per_chip: int | None = None
     """CP exchanges + weight sync: the two columns below."""
     cp_comm_bytes_per_step_per_chip: int | None = None
@@ -104,13 +143,16 @@ class TrialPublic(BaseModel):
     loss_first: float | None = None
     loss_last: float | None = None
     max_rel_err: float | None = None
+    verified_seq_len: int | None = None
+    """verify: tokens per sequence compared against one chip (seq_len or a prefix)."""
 
 
 _TRIALS = TypeAdapter(list[TrialPublic])
 
 
-def trials_from_mappings(rows) -> list[TrialPublic]:
-    """TrialPublic from rows of `crud.public_trial_columns()` (or equivalent dicts)."""
+def trials_from_mappings(rows, attempts: dict[int, list] | None = None) -> list[TrialPublic]:
+    """TrialPublic from rows of `crud.public_trial_columns()` (or equivalent dicts), with
+    each trial's attempts from `attempts` (trial id → AttemptPublic-shaped rows)."""
     out = []
     for row in rows:
         data = dict(row)
@@ -121,6 +163,12 @@ def trials_from_mappings(rows) -> list[TrialPublic]:
             data["started_at"] = started
         if data.get("error") is None and data["status"] == "skipped":
             data["error"] = skip_reason
+        baseline = data.pop("baseline_tokens_per_s_per_chip", None)
+        mine = data.get("tokens_per_s_per_chip")
+        if baseline and mine is not None and data["status"] == "succeeded":
+            data["scaling_efficiency"] = mine / baseline
+            data["speedup_vs_one_chip"] = mine * data["chips"] / baseline
+        data["attempt_history"] = (attempts or {}).get(data["id"], [])
         out.append(data)
     return _TRIALS.validate_python(out)
 
@@ -147,6 +195,9 @@ class OptionsPublic(BaseModel):
 
     frameworks: list[str]
     modes: list[str]
+    """CP modes a sweep may ask for."""
+    trial_modes: list[str]
+    """Modes a trial (and the results filter) may have: the CP modes and "none" (one chip)."""
     presets: list[str]
     dtypes: list[str]
     param_shardings: list[str]

@@ -3,7 +3,8 @@
 Writes are idempotent: a trial that already ran to an outcome keeps its result (the results
 table's primary key, trial_id, backs this up), so a trial can never get two result rows,
 whichever process or thread reports it; a cancelled trial that a resumed run retries has its
-one row replaced. `detach()` makes the sink drop further reports: the
+one row replaced. The trial's attempts (`trial_attempts`) are written in the same transaction
+as its result, and kept or replaced with it. `detach()` makes the sink drop further reports: the
 scheduler detaches before it stops a sweep for a shutdown, so the stopped trials stay
 pending/running in the database and run again when a scheduler resumes the sweep.
 """
@@ -13,14 +14,14 @@ from __future__ import annotations
 import logging
 import re
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from workers.result import FINAL_STATUSES, TrialResult
 from workers.spec import TrialSpec
 
-from .models import METRIC_COLUMNS, Result, Trial, result_for, utcnow
+from .models import METRIC_COLUMNS, Result, Trial, TrialAttempt, result_for, trial_row, utcnow
 
 log = logging.getLogger(__name__)
 RAN_TO_AN_OUTCOME = FINAL_STATUSES - {"cancelled"}
@@ -78,8 +79,8 @@ def record_result(*, session_factory: sessionmaker[Session], sweep_id: int,
         trial = session.scalars(select(Trial).where(
             Trial.sweep_id == sweep_id, Trial.key == result.trial.key).with_for_update()).first()
         if trial is None:
-            trial = Trial(sweep_id=sweep_id, key=result.trial.key, status="pending",
-                          created_at=utcnow(), **result.trial.model_dump())
+            trial = trial_row(sweep_id=sweep_id, spec=result.trial, status="pending",
+                              created_at=utcnow())
             session.add(trial)
             session.flush()
         if trial.status in RAN_TO_AN_OUTCOME:
@@ -94,8 +95,13 @@ def record_result(*, session_factory: sessionmaker[Session], sweep_id: int,
             **{name: metrics.get(name) for name in METRIC_COLUMNS})
         if trial.status == "cancelled":  # a resumed run retried it: its one row is replaced
             session.execute(update(Result).where(Result.trial_id == trial.id).values(**values))
+            session.execute(delete(TrialAttempt).where(TrialAttempt.trial_id == trial.id))
         else:
             session.add(result_for(trial, **values))
+        session.add_all(TrialAttempt(trial_id=trial.id, attempt=a.attempt, status=a.status,
+                                     reason=_plain(a.reason), hosts=list(a.hosts),
+                                     started_at=a.started_at, finished_at=a.finished_at)
+                        for a in result.attempt_history)
         trial.status = result.status
         try:
             session.commit()

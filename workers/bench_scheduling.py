@@ -21,7 +21,7 @@ import time
 
 import ray
 
-from .cluster import chips_on_hosts, connect_ray
+from .cluster import connect_ray
 from .options import DriverOptions
 from .placement import ChipRequest, TrialChips
 from .spec import SweepSpec, expand_trials
@@ -59,8 +59,7 @@ def bench_shape(framework: str, chips: int, *, seq_len: int, steps: int, repeats
                           accelerator_type="cpu")
     placed, placement_s = _timed(lambda: TrialChips.create(
         request, timeout_s=options.placement_timeout_s))
-    ctx = WorkerGroupContext(chips=placed, options=options,
-                             chips_on_host=chips_on_hosts(request.resource))
+    ctx = WorkerGroupContext(chips=placed, options=options)
     try:
         group, start_s = _timed(lambda: WorkerGroup.create(ctx))
     except BaseException:
@@ -105,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=None,
                         help="Ray address (default $RAY_ADDRESS; empty: start a local Ray)")
     parser.add_argument("--cpu-chips", type=int, default=None,
-                        help="virtual CPU chips of a local Ray (default $GDN_SWEEP_CPU_CHIPS or 8)")
+                        help="virtual CPU chips of a local Ray (default "
+                             "$GDN_SWEEP_CPU_CHIPS, else one per usable core)")
     args = parser.parse_args(argv)
     _, ray_up_s = _timed(lambda: connect_ray(args.address, cpu_chips=args.cpu_chips))
     print(f"Ray up in {ray_up_s:.1f} s; framework={args.framework}, tiny preset, 1 layer, "

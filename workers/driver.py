@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import ray
 
-from .cluster import connect_ray
+from .cluster import connect_ray, cpu_chip_warnings
 from .errors import ChipCapacityError
 from .events import SweepEvent, SweepFinished, TrialFinished
 from .options import DriverOptions
@@ -84,6 +84,8 @@ class SweepDriver:
                                          started_at=now(), finished_at=now()))
         if runnable:
             static = connect_ray().started_locally
+            if self.spec.accelerator.kind == "cpu":
+                cpu_chip_warnings(self.spec.chips)  # logged: chips beyond cores share them
             runnable.sort(key=_shape)  # stable: same-shape trials adjacent → warm reuse
             self._run_trials(collections.deque(runnable), static_cluster=static)
         counts = collections.Counter(r.status for r in self._results)

@@ -83,5 +83,16 @@ class ChipCapacityError(ValueError):
         return (type(self), (self.chips, self.resource, self.total))
 
 
-__all__ = ["ChipCapacityError", "PlacementCancelledError", "PlacementTimeoutError",
-           "RankOutOfMemoryError", "WorkerStartupError"]
+class DeviceMismatchError(RuntimeError):
+    """The devices a trial's processes see are not the chip its sweep declared."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(f"{message} (SweepSpec.accelerator.type sets the peak MFU divides by)")
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+__all__ = ["ChipCapacityError", "DeviceMismatchError", "PlacementCancelledError",
+           "PlacementTimeoutError", "RankOutOfMemoryError", "WorkerStartupError"]

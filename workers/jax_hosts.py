@@ -4,20 +4,26 @@ On CPU a host's virtual chips are JAX CPU devices: the count (this host's bundle
 and the gloo cross-process collectives must be set before JAX initialises in the process, so
 they travel as runtime_env env_vars of a fresh actor process (and are set again in __init__,
 before anything touches a backend). On GPU each chip gets its own process (JAX's usual
-one-process-per-GPU layout, since a bundle gives a process one GPU); on TPU one process per
-TPU VM host owns all of that host's chips (a bundle of the slice placement group).
+one-process-per-GPU layout: the node's GPUs all visible, `local_device_ids` naming its own); on
+TPU one process per TPU VM host owns all of that host's chips (a bundle of the slice placement
+group), its process id the slice's worker id. The CP mesh follows the hardware
+(`mesh_utils.create_device_mesh`: the torus on TPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import os
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from . import process_probe
+from . import cpu_cores, process_probe
+from .compile_cache import jax_cache_env
 from .errors import RankOutOfMemoryError
 from .failures import looks_like_oom
+from .options import DriverOptions
+from .placement import cuda_device_index, tpu_worker_id
 from .spec import TrialSpec
 
 MESH_AXIS = "cp"
@@ -30,14 +36,22 @@ class JaxHostActor:
 
     def __init__(self, process_index: int, num_processes: int, bundles: tuple[int, ...],
                  accelerator_kind: str, local_chips: int, total_chips: int) -> None:
-        import jax
-
         self.process_index, self.num_processes = process_index, num_processes
         self.bundles, self.kind = tuple(bundles), accelerator_kind
         self.local_chips, self.total_chips = local_chips, total_chips
+        self.cpu = None
+        if accelerator_kind == "cpu":
+            # Pinned to the union of its chips' cores before JAX creates its CPU client, which
+            # sizes XLA's intra-op thread pool from the CPUs the process may run on.
+            self.cpu = cpu_cores.claim_and_pin(local_chips)
+        import jax
+
         if accelerator_kind == "cpu":  # no-ops when the env vars already did it
             jax.config.update("jax_num_cpu_devices", local_chips)
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            import torch  # gdn_core imports it; keep its pool on this process's cores too
+
+            torch.set_num_threads(len(self.cpu.cores))
         self.mesh = None
         import gdn_core.jax_gdn.cp.train  # noqa: F401 - load the training code with the worker
 
@@ -56,14 +70,21 @@ class JaxHostActor:
     def join(self, coordinator: str, timeout_s: float) -> int:
         """Initialise jax.distributed (several processes) and build the 1-D mesh over all chips."""
         import jax
-        import numpy as np
+        from jax.experimental import mesh_utils
         from jax.sharding import Mesh
 
+        process_id = distributed_process_id(self.kind, self.process_index, self.num_processes)
+        local_device_ids = None
+        if self.kind == "gpu":  # every GPU of the node is visible: drive the one Ray gave us
+            local_device_ids = [cuda_device_index(ray.get_gpu_ids(),
+                                                  os.environ.get("CUDA_VISIBLE_DEVICES"))]
         if self.num_processes > 1:
             jax.distributed.initialize(coordinator_address=coordinator,
-                                       num_processes=self.num_processes,
-                                       process_id=self.process_index,
+                                       num_processes=self.num_processes, process_id=process_id,
+                                       local_device_ids=local_device_ids,
                                        initialization_timeout=int(max(timeout_s, 1)))
+        elif local_device_ids is not None:  # what initialize(local_device_ids=) sets
+            jax.config.update("jax_cuda_visible_devices", str(local_device_ids[0]))
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         if len(jax.local_devices()) != self.local_chips or len(devices) != self.total_chips:
             raise RuntimeError(
@@ -71,73 +92,108 @@ class JaxHostActor:
                 f"{len(devices)} global devices, expected {self.local_chips} / "
                 f"{self.total_chips}; was JAX initialised before the actor set "
                 f"JAX_NUM_CPU_DEVICES?")
-        self.mesh = Mesh(np.array(devices), (MESH_AXIS,))
+        # The CP ring along the hardware: TPU chips in torus order, GPUs in XLA's
+        # topology-aware id order; CPU devices keep the (process, id) order given.
+        self.mesh = Mesh(mesh_utils.create_device_mesh((len(devices),), devices), (MESH_AXIS,))
         return len(devices)
 
-    def calibrate_gemm(self, seconds: float):
-        import torch
+    def identity(self) -> process_probe.ProcessIdentity:
+        """The devices this process drives, and its CPU affinity (checked by the runner)."""
+        import jax
 
-        from gdn_core.hardware import calibrate_cpu_peak_flops
+        name = (process_probe.cpu_model_name() if self.kind == "cpu" else
+                ", ".join(sorted({d.device_kind for d in jax.local_devices()})))
+        return process_probe.ProcessIdentity(
+            device_name=name, affinity=tuple(sorted(os.sched_getaffinity(0))),
+            cpu_chips=self.cpu.chips if self.cpu else (),
+            cpu_partition=self.cpu.describe() if self.cpu else None)
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(process_probe.host_cpu_count())
-        try:
-            return calibrate_cpu_peak_flops(seconds=seconds)
-        finally:
-            torch.set_num_threads(threads)
+    def calibrate_gemm(self, seconds: float, dtype: str = "float32"):
+        """This process's jitted-matmul rate in `dtype` on one local device; XLA runs it on
+        the whole process's pool (its chips' cores), so a chip's share is this / local chips."""
+        from gdn_core.hardware import measure_jax_gemm_flops_per_s
+
+        measured = measure_jax_gemm_flops_per_s(seconds=seconds, dtype=dtype)
+        where = self.cpu.describe() if self.cpu else "unpinned"
+        return dataclasses.replace(measured, source=f"{measured.source}:{where}")
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
         from gdn_core.jax_gdn.cp.train import run_cp_training
 
         model_cfg, train_cfg = trial.to_model_config(), trial.to_train_config()
         try:
-            with process_probe.address_space_cap(memory_limit_bytes):
+            with process_probe.address_space_cap(
+                    process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
                 return run_cp_training(model_cfg, train_cfg, mesh=self.mesh, axis=MESH_AXIS,
-                                       mode=trial.mode, steps=trial.steps,
+                                       mode=trial.cp_mode, steps=trial.steps,
                                        warmup_steps=trial.warmup_steps, verify=trial.verify)
         except Exception as exc:
             if not looks_like_oom(exc):
                 raise
-            peak, source = process_probe.peak_rss()
+            import jax
+
+            from gdn_core.device_memory import jax_peak_memory
+
+            # Per chip, labelled: the device peak on GPU/TPU, on CPU the process's RSS mark
+            # shared over its chips (the source names the division).
+            peak, source = jax_peak_memory(jax.local_devices())
             raise RankOutOfMemoryError(f"JAX process {self.process_index}: "
-                                       f"{type(exc).__name__}: {exc}", peak,
-                                       f"{source} (whole process)", memory_limit_bytes) from None
+                                       f"{type(exc).__name__}: {exc}", peak, source,
+                                       memory_limit_bytes) from None
         finally:
             gc.collect()
 
 
-def spawn(chips, *, threads: int | None, chips_on_host) -> list:
-    """Start one JAX process per host (CPU, TPU) or per chip (GPU); returns the handles."""
-    request = chips.request
-    kind = request.accelerator_kind
-    slots = chips.process_slots(per_host=(kind == "cpu"))
-    actors = []
-    for index, bundles in enumerate(slots):
-        local = len(bundles) * chips.chips_per_bundle
-        env = {"JAX_PLATFORMS": _PLATFORM[kind]}
+def distributed_process_id(accelerator_kind: str, process_index: int,
+                           num_processes: int) -> int:
+    """This process's jax.distributed process id: on a multi-host TPU slice the host's own
+    worker id (the index the driver ordered processes by, from the same node label), else
+    `process_index`."""
+    if accelerator_kind != "tpu" or num_processes == 1:
+        return process_index
+    worker = tpu_worker_id(ray.get_runtime_context().get_node_labels(), os.environ)
+    if worker != process_index:
+        raise RuntimeError(f"this TPU host is slice worker {worker} but was started as JAX "
+                           f"process {process_index}: process ids must follow the slice")
+    return worker
+
+
+def host_actor_options(chips, *, compile_cache_dir: str = "") -> list[tuple[tuple[int, ...],
+                                                                              dict]]:
+    """(bundles, Ray actor options) of each JAX process, in process order: one process per host
+    on CPU, per GPU, per TPU VM host (ordered by slice worker id). A non-empty
+    compile_cache_dir turns JAX's persistent compilation cache on there."""
+    kind = chips.request.accelerator_kind
+    processes = []
+    for bundles in chips.process_slots(per_host=(kind == "cpu")):
+        env = {"JAX_PLATFORMS": _PLATFORM[kind], **jax_cache_env(compile_cache_dir)}
         if kind == "cpu":
-            # XLA sizes its CPU thread pool itself; `threads` applies to torch ranks only.
+            local = len(bundles) * chips.chips_per_bundle
             env.update(JAX_NUM_CPU_DEVICES=str(local), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
-        options = dict(num_cpus=0, runtime_env={"env_vars": env},
-                       scheduling_strategy=PlacementGroupSchedulingStrategy(
-                           chips.placement_group, placement_group_bundle_index=bundles[0]))
         # The actor takes its first bundle's resources; the PG keeps the host's other bundles
         # reserved for it, so no other trial lands on those chips.
-        if kind == "gpu":
-            options["num_gpus"] = 1
-        elif kind == "tpu":
-            options["resources"] = {"TPU": chips.chips_per_bundle}
-        else:
-            options["resources"] = {request.resource: 1}
+        processes.append((bundles, chips.actor_options(bundles[0], env=env)))
+    return processes
+
+
+def spawn(chips, *, options: DriverOptions) -> list:
+    """Start one JAX process per host (CPU, TPU) or per chip (GPU); returns the handles."""
+    request = chips.request
+    processes = host_actor_options(chips, compile_cache_dir=options.jax_compile_cache_dir)
+    actors = []
+    for index, (bundles, options) in enumerate(processes):
+        local = len(bundles) * chips.chips_per_bundle
         actors.append(JaxHostActor.options(**options).remote(
-            index, len(slots), bundles, kind, local, request.chips))
+            index, len(processes), bundles, request.accelerator_kind, local, request.chips))
     return actors
 
 
 def rendezvous_refs(actors: list, *, timeout_s: float, get) -> list:
-    """Process 0 hosts the jax.distributed coordinator; every process joins it."""
+    """Process 0 (actors come in process order) hosts the jax.distributed coordinator; every
+    process joins it."""
     coordinator = get([actors[0].rendezvous_address.remote()], "JAX coordinator address")[0]
     return [a.join.remote(coordinator, timeout_s) for a in actors]
 
 
-__all__ = ["JaxHostActor", "MESH_AXIS", "rendezvous_refs", "spawn"]
+__all__ = ["JaxHostActor", "MESH_AXIS", "distributed_process_id", "host_actor_options",
+           "rendezvous_refs", "spawn"]

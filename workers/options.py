@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from .compile_cache import default_jax_cache_dir
+
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 CPU_CHIP_RESOURCE = "cpu_chip"
@@ -27,13 +29,21 @@ class DriverOptions:
     placement_strategy: PlacementStrategy = "PACK"
     """Placement group strategy: PACK keeps a trial's chips on as few hosts as possible."""
     rank_memory_limit_bytes: int | None = None
-    """Cap on how much address space each rank process may add during a trial (RLIMIT_AS,
-    CPU hosts). For tests and hosts without memory cgroups; None leaves memory uncapped."""
+    """Cap on how much address space each rank process may add during a trial (RLIMIT_AS).
+    Applied to CPU-chip processes only (process_probe.memory_cap_for): CUDA and the TPU
+    runtime reserve far more address space than they use. For tests and hosts without memory
+    cgroups; None leaves memory uncapped."""
     cpu_threads_per_chip: int | None = None
-    """torch / XLA threads per virtual CPU chip; None: the host's cores / its cpu_chip count
-    (at least 1), so virtual chips sharing cores do not oversubscribe them."""
+    """torch threads of a rank on a virtual CPU chip; None: the chip's cores (each rank is
+    pinned to its chip's cores, see workers.cpu_cores). A JAX process sizes XLA's pool from
+    the cores it is pinned to."""
+    jax_compile_cache_dir: str = dataclasses.field(default_factory=default_jax_cache_dir)
+    """JAX's persistent compilation cache of the trial processes (a directory on each host, or
+    a path all hosts share); "" turns it off. Default: $GDN_SWEEP_JAX_CACHE_DIR, else
+    ~/.cache/gdn-sweep/jax-compile (workers.compile_cache)."""
     cpu_peak_calibration_s: float = 0.5
-    """Seconds of GEMM timing per CPU host for the MFU denominator (once per host per sweep)."""
+    """Seconds of GEMM timing for the MFU denominator of CPU chips, by the trial's own
+    processes under their affinity, once per (node, framework, dtype, cores) per sweep."""
     collective_timeout_s: float = 1800.0
     """Timeout of one torch collective or store wait (a hung peer surfaces as an error)."""
     poll_interval_s: float = 0.25

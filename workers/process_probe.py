@@ -32,6 +32,41 @@ class WorkerInfo:
     pid: int
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessIdentity:
+    """What a worker process runs on: the device its runtime names and its CPU affinity."""
+
+    device_name: str
+    """torch.cuda.get_device_name() / JAX device_kind on GPU and TPU; the CPU model on CPU."""
+    affinity: tuple[int, ...]
+    """os.sched_getaffinity of the process now (its calling thread), sorted."""
+    cpu_chips: tuple[int, ...] = ()
+    """Virtual CPU chips of its node it holds (workers.cpu_cores ledger); () off CPU."""
+    cpu_partition: str | None = None
+    """CpuPartition.describe(), e.g. 'cores=0-0(1 per chip)'; None off CPU."""
+
+
+def cpu_model_name() -> str:
+    """The CPU model ('model name' of /proc/cpuinfo), else platform.processor() / machine()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def memory_cap_for(accelerator_kind: str, limit_bytes: int | None) -> int | None:
+    """The address-space cap a rank applies: only CPU-chip processes take one.
+
+    RLIMIT_AS counts virtual address space, and CUDA (and the TPU runtime) reserve far more
+    of it than they ever touch: capped, a GPU/TPU process fails to initialise its device.
+    """
+    return limit_bytes if accelerator_kind == "cpu" else None
+
+
 def describe_self(process_index: int, bundles: tuple[int, ...]) -> WorkerInfo:
     import ray
 
@@ -155,6 +190,6 @@ def read_oom_kills(path: str) -> int | None:
     return None
 
 
-__all__ = ["WorkerInfo", "address_space_cap", "describe_self", "free_port", "host_cpu_count",
-           "oom_kill_counter", "peak_rss", "read_oom_kills", "reset_peak_rss",
-           "software_versions"]
+__all__ = ["ProcessIdentity", "WorkerInfo", "address_space_cap", "cpu_model_name",
+           "describe_self", "free_port", "host_cpu_count", "memory_cap_for", "oom_kill_counter",
+           "peak_rss", "read_oom_kills", "reset_peak_rss", "software_versions"]

@@ -28,10 +28,31 @@ class TrialMetrics(BaseModel):
     hardware_flops_per_step: float | None = None
     peak_flops_per_chip: float | None = None
     peak_flops_source: str | None = None
+    peak_flops_dtype: str | None = None
+    """Compute dtype the peak is for (the trial's dtype: float32 or bfloat16)."""
+    device_name: str | None = None
+    """The chip as the ranks' runtime names it (torch.cuda.get_device_name, JAX device_kind,
+    the CPU model on CPU hosts); checked against accelerator_type before the trial runs."""
+    measured_steps: int | None = None
+    """Steps timed after warm-up (step_time_s is their median)."""
+    step_time_min_s: float | None = None
+    step_time_max_s: float | None = None
+    """Spread of the measured steps' times (each step: the slowest process's time)."""
+    compile_time_s: float | None = None
+    """Seconds the slowest process spent compiling (JAX: lowering + XLA compile of the step and
+    of any verify reference; 0 for torch eager), apart from the timed steps."""
     mfu: float | None = None
     hfu: float | None = None
     peak_memory_bytes_per_chip: int | None = None
     memory_source: str | None = None
+    """What peak_memory_bytes_per_chip measured: the device's allocator peak on GPU/TPU
+    (cuda_max_allocated, jax_peak_bytes_in_use), the process RSS high-water mark on CPU hosts
+    (per chip when one process drives several); never an estimate."""
+    estimated_memory_bytes_per_chip: int | None = None
+    estimated_memory_source: str | None = None
+    """XLA's compile-time memory analysis of the step (JAX): an estimate, kept apart."""
+    predicted_memory_bytes_per_chip: int | None = None
+    """gdn_core's analytic memory predictor for this trial's shape and step settings."""
     comm_bytes_per_step_per_chip: int | None = None
     """Everything a chip received per step: the two parts below (max over chips of each sum)."""
     cp_comm_bytes_per_step_per_chip: int | None = None
@@ -41,6 +62,21 @@ class TrialMetrics(BaseModel):
     loss_first: float | None = None
     loss_last: float | None = None
     max_rel_err: float | None = None
+    verified_seq_len: int | None = None
+    """verify=True: tokens per sequence compared against one chip (seq_len, or a prefix of it
+    when the whole sequence would not fit on one chip); None when not verified."""
+
+
+class AttemptRecord(BaseModel):
+    """One attempt of a trial: why it ended and where it ran (kept for retried trials)."""
+
+    model_config = ConfigDict(extra="forbid")
+    attempt: int
+    status: TrialStatus
+    reason: str | None = None
+    hosts: list[str] = Field(default_factory=list)
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
 
 
 class TrialResult(BaseModel):
@@ -52,6 +88,8 @@ class TrialResult(BaseModel):
     error: str | None = None
     metrics: TrialMetrics = TrialMetrics()
     attempts: int = 0
+    attempt_history: list[AttemptRecord] = Field(default_factory=list)
+    """Every attempt in order; the last one is the outcome above."""
     hosts: list[str] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
     started_at: dt.datetime | None = None

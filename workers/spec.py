@@ -3,6 +3,10 @@
 `SweepSpec` is the one schema for the REST API's request body, sweep YAML files and `ray
 submit` scripts. `expand_trials` turns it into `TrialSpec`s; a point a mode cannot serve is
 kept as a trial marked skipped with the reason, never dropped silently.
+
+One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
+(framework, seq_len, dtype, param_sharding, remat, repeat) as trials of mode "none": the
+one-chip baseline that every mode's chips > 1 trials name in `baseline_key`.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ Framework = Literal["jax", "torch"]
 FRAMEWORKS: tuple[str, ...] = ("jax", "torch")
 AcceleratorKind = Literal["cpu", "gpu", "tpu"]
 DType = ComputeDType
+TrialMode = Literal["none", CPMode]
+"""A trial's mode: a CP mode, or "none" for the one-chip baseline (no context parallelism)."""
+TRIAL_MODES: tuple[str, ...] = ("none", *CP_MODES)
+ONE_CHIP_CP_MODE: CPMode = "p2p"
+"""What gdn_core runs for a mode-"none" trial: p2p on one chip exchanges nothing (D−1 = 0
+rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step."""
 
 
 def _grid_list(field: str, default: str):
@@ -75,7 +85,8 @@ class AcceleratorSpec(BaseModel):
 
 class SweepSpec(BaseModel):
     """A grid of trials: frameworks × modes × chips × seq_lens × dtypes × param_shardings ×
-    remats, for one model and batch."""
+    remats, for one model and batch, each point run `repeats` times (chips=1 once for all
+    modes: the one-chip baseline)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1, max_length=200)
@@ -93,6 +104,14 @@ class SweepSpec(BaseModel):
     accelerator: AcceleratorSpec = AcceleratorSpec()
     verify: bool = False
     trial_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+    repeats: int = Field(default=1, ge=1, le=20)
+    """Times each grid point runs, as separate trials (TrialSpec.repeat 0 … repeats−1), to
+    show how much a measurement varies between runs; keys gain `/repeat=r` when > 1."""
+    one_chip_baseline: bool = True
+    """True: chips=1 runs once per (framework, seq_len, dtype, param_sharding, remat, repeat)
+    as mode "none", the baseline every mode's rows refer to (`baseline_key`). False: one chip
+    per mode, as sweeps stored before the baseline existed ran (migration 0003 marks them so).
+    Either way a sweep whose `chips` lacks 1 has no baseline: none is added for it."""
 
     @field_validator("chips", "seq_lens")
     @classmethod
@@ -112,26 +131,54 @@ class SweepSpec(BaseModel):
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
 
+    @field_validator("accelerator")
+    @classmethod
+    def _torch_not_on_tpu(cls, accelerator: AcceleratorSpec, info) -> AcceleratorSpec:
+        # A field validator, not a model one: pydantic re-runs "after" model validators on an
+        # instance nested in another model, which would make a stored sweep unreadable.
+        if "torch" in info.data.get("frameworks", ()) and accelerator.kind == "tpu":
+            raise ValueError(
+                "frameworks includes 'torch' but accelerator.kind='tpu': there is no "
+                "torch-on-TPU path (torch ranks would run on the TPU hosts' CPUs while "
+                "reporting per-TPU-chip figures); use frameworks: [jax] on TPU, or run torch "
+                "on accelerator.kind gpu or cpu")
+        return accelerator
+
     def _dimensions(self) -> tuple[list, ...]:
         return (self.frameworks, self.modes, self.chips, self.seq_lens, self.dtypes,
                 self.param_shardings, self.remats)
 
     def grid(self):
         """Every grid point as (framework, mode, chips, seq_len, dtype, param_sharding, remat),
-        in a stable order."""
+        in a stable order (before the baseline folds chips=1 into one mode, and before
+        repeats: see expand_trials)."""
         return itertools.product(*self._dimensions())
 
     @property
+    def has_baseline(self) -> bool:
+        """Whether chips=1 runs once as mode "none" rather than once per mode."""
+        return self.one_chip_baseline and 1 in self.chips
+
+    @property
     def grid_size(self) -> int:
-        return math.prod(len(values) for values in self._dimensions())
+        """Trials the sweep expands to (len(expand_trials(self)), skipped points included):
+        repeats × frameworks × seq_lens × dtypes × param_shardings × remats × (modes × chip
+        counts, where chips=1 counts once when it is the baseline)."""
+        settings = math.prod(len(values) for values in (
+            self.frameworks, self.seq_lens, self.dtypes, self.param_shardings, self.remats))
+        multi_chip = len(self.chips) - (1 if self.has_baseline else 0)
+        points = len(self.modes) * multi_chip + (1 if self.has_baseline else 0)
+        return self.repeats * settings * points
 
 
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
-              param_sharding: str, remat: str) -> str:
+              param_sharding: str, remat: str, repeat: int | None = None) -> str:
     """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
-    every grid dimension, so no two points collide."""
-    return (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
-            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
+    every grid dimension, so no two points collide. `repeat` is given only when the sweep
+    repeats its points (repeats > 1), so keys of sweeps that do not stay as they were."""
+    key = (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
+           f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
+    return key if repeat is None else f"{key}/repeat={repeat}"
 
 
 class TrialSpec(BaseModel):
@@ -139,7 +186,8 @@ class TrialSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     framework: Framework
-    mode: CPMode
+    mode: TrialMode
+    """A CP mode, or "none": the one-chip baseline (chips=1), run as ONE_CHIP_CP_MODE."""
     chips: int
     seq_len: int
     batch_size: int
@@ -156,13 +204,39 @@ class TrialSpec(BaseModel):
     verify: bool
     timeout_s: float
     skip_reason: str | None = None
+    repeat: int = Field(default=0, ge=0)
+    """Which run of its grid point this is (0 … SweepSpec.repeats − 1)."""
+    repeats: int = Field(default=1, ge=1)
+    """How many runs its sweep asks of each point (the key names `repeat` when > 1)."""
+    baseline_key: str | None = None
+    """chips > 1: the key of the one-chip trial of the same framework, seq_len, step settings
+    and repeat (the baseline its speed-up is measured against); None without one."""
+
+    @model_validator(mode="after")
+    def _none_is_one_chip(self) -> "TrialSpec":
+        if self.mode == "none" and self.chips != 1:
+            raise ValueError(f"mode='none' (no context parallelism) needs chips=1, got "
+                             f"chips={self.chips}; use one of {', '.join(CP_MODES)}")
+        if self.repeat >= self.repeats:
+            raise ValueError(f"repeat={self.repeat} must be below repeats={self.repeats}")
+        return self
 
     @property
     def key(self) -> str:
         """Identity of the point within its sweep (trial_key)."""
         return trial_key(framework=self.framework, mode=self.mode, chips=self.chips,
                          seq_len=self.seq_len, dtype=self.dtype,
-                         param_sharding=self.param_sharding, remat=self.remat)
+                         param_sharding=self.param_sharding, remat=self.remat,
+                         repeat=self.repeat if self.repeats > 1 else None)
+
+    @property
+    def cp_mode(self) -> CPMode:
+        """The CP mode gdn_core runs this trial with (mode "none" → ONE_CHIP_CP_MODE)."""
+        return ONE_CHIP_CP_MODE if self.mode == "none" else self.mode
+
+    def as_cp_trial(self) -> "TrialSpec":
+        """This trial as the workers and gdn_core run it: mode a CP mode (see cp_mode)."""
+        return self if self.mode != "none" else self.model_copy(update={"mode": self.cp_mode})
 
     def to_model_config(self) -> ModelConfig:
         """The model this trial trains (its preset, depth and vocabulary)."""
@@ -175,28 +249,53 @@ class TrialSpec(BaseModel):
 
 
 def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
-    """All grid points in a stable order; points a mode cannot serve carry skip_reason."""
+    """All trials in a stable order; points a mode cannot serve carry skip_reason.
+
+    Repeats are the outer loop (every point once, then every point again, …), so a noisy
+    spell of the machine spreads over different points rather than all runs of one. With the
+    baseline, a chips=1 point appears once, as mode "none", where its first mode had it."""
     model_cfg = get_preset(spec.model.preset, num_layers=spec.model.num_layers,
                            vocab_size=spec.model.vocab_size)
     gdn = model_cfg.gdn
     trials = []
-    for framework, mode, chips, seq_len, dtype, param_sharding, remat in spec.grid():
-        try:
-            check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
-                           num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
-            skip_reason = None
-        except ValueError as err:
-            skip_reason = str(err)
-        trials.append(TrialSpec(
-            framework=framework, mode=mode, chips=chips, seq_len=seq_len,
-            batch_size=spec.batch_size, preset=model_cfg.name, num_layers=model_cfg.num_layers,
-            vocab_size=model_cfg.vocab_size, dtype=dtype, param_sharding=param_sharding,
-            remat=remat, steps=spec.steps,
-            warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
-            accelerator_type=spec.accelerator.type, verify=spec.verify,
-            timeout_s=spec.trial_timeout_s, skip_reason=skip_reason))
+    for repeat in range(spec.repeats):
+        seen_baselines = set()
+        for framework, mode, chips, seq_len, dtype, param_sharding, remat in spec.grid():
+            settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
+                            param_sharding=param_sharding, remat=remat)
+            if chips == 1 and spec.has_baseline:
+                if tuple(settings.values()) in seen_baselines:
+                    continue
+                seen_baselines.add(tuple(settings.values()))
+                mode = "none"
+            baseline_key = None
+            if chips > 1 and 1 in spec.chips:
+                baseline_key = trial_key(
+                    mode="none" if spec.has_baseline else mode, chips=1, **settings,
+                    repeat=repeat if spec.repeats > 1 else None)
+            trials.append(TrialSpec(
+                framework=framework, mode=mode, chips=chips, seq_len=seq_len,
+                batch_size=spec.batch_size, preset=model_cfg.name,
+                num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
+                param_sharding=param_sharding, remat=remat, steps=spec.steps,
+                warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
+                accelerator_type=spec.accelerator.type,
+                verify=spec.verify and chips > 1,  # one chip is its own reference
+                timeout_s=spec.trial_timeout_s, repeat=repeat, repeats=spec.repeats,
+                baseline_key=baseline_key,
+                skip_reason=_skip_reason(mode, chips, seq_len, gdn)))
     return trials
 
 
-__all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "ModelSpec", "SweepSpec", "TrialSpec",
-           "expand_trials", "trial_key"]
+def _skip_reason(mode: str, chips: int, seq_len: int, gdn) -> str | None:
+    cp_mode = ONE_CHIP_CP_MODE if mode == "none" else mode
+    try:
+        check_cp_shape(mode=cp_mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
+                       num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+__all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "ModelSpec", "ONE_CHIP_CP_MODE",
+           "SweepSpec", "TRIAL_MODES", "TrialMode", "TrialSpec", "expand_trials", "trial_key"]

@@ -10,13 +10,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import gc
+import os
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from . import process_probe
+from . import cpu_cores, process_probe
 from .errors import RankOutOfMemoryError
 from .failures import looks_like_oom
+from .placement import cuda_device_index
+from .options import DriverOptions
 from .spec import TrialSpec
 
 
@@ -25,19 +27,26 @@ class TorchRankActor:
     """One rank: a process that owns one chip of the trial's placement group."""
 
     def __init__(self, rank: int, world_size: int, bundle: int, accelerator_kind: str,
-                 threads: int | None, chips_on_host: float) -> None:
-        import torch
-
+                 threads: int | None) -> None:
         self.rank, self.world_size, self.bundle = rank, world_size, bundle
         self.kind = accelerator_kind
-        cores = process_probe.host_cpu_count()
-        # Virtual chips share the host's cores: give each its share, not all of them.
-        self.threads = threads or max(1, int(cores // max(chips_on_host, 1)))
+        self.cpu = None
+        if accelerator_kind == "cpu":  # a virtual chip: this rank's own cores, pinned
+            self.cpu = cpu_cores.claim_and_pin(1)
+            cores = len(self.cpu.cores)
+        else:  # host threads of a GPU rank: its share of the host's cores
+            node_gpus = cpu_cores.node_cpu_chips(ray.get_runtime_context().get_node_id(), "GPU")
+            cores = max(1, process_probe.host_cpu_count() // max(node_gpus, 1))
+        import torch
+
+        self.threads = threads or cores
         torch.set_num_threads(self.threads)
         self.device = "cpu"
         if accelerator_kind == "gpu":
-            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPU
-            self.device = "cuda:0"
+            # Every GPU of the node is visible (placement.TrialChips.actor_options): take ours.
+            index = cuda_device_index(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            torch.cuda.set_device(index)
+            self.device = f"cuda:{index}"
         self.group = None
         # Import the training code now: part of starting the worker, not of the first trial.
         import gdn_core.torch_gdn.cp.train  # noqa: F401
@@ -64,26 +73,33 @@ class TorchRankActor:
         self.group = dist.group.WORLD
         return dist.get_world_size()
 
-    def calibrate_gemm(self, seconds: float):
-        """Measure this host's GEMM peak with all its cores (restoring the rank's threads)."""
+    def identity(self) -> process_probe.ProcessIdentity:
+        """The device this rank computes on, and its CPU affinity (checked by the runner)."""
         import torch
 
+        name = (torch.cuda.get_device_name() if self.device != "cpu"
+                else process_probe.cpu_model_name())
+        return process_probe.ProcessIdentity(
+            device_name=name, affinity=tuple(sorted(os.sched_getaffinity(0))),
+            cpu_chips=self.cpu.chips if self.cpu else (),
+            cpu_partition=self.cpu.describe() if self.cpu else None)
+
+    def calibrate_gemm(self, seconds: float, dtype: str = "float32"):
+        """This rank's torch GEMM rate in `dtype`, on its own cores with its own threads."""
         from gdn_core.hardware import calibrate_cpu_peak_flops
 
-        torch.set_num_threads(process_probe.host_cpu_count())
-        try:
-            return calibrate_cpu_peak_flops(seconds=seconds)
-        finally:
-            torch.set_num_threads(self.threads)
+        measured = calibrate_cpu_peak_flops(seconds=seconds, dtype=dtype)
+        where = self.cpu.describe() if self.cpu else "unpinned"
+        return dataclasses.replace(measured, source=f"{measured.source}:{where}")
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
         from gdn_core.torch_gdn.cp.train import run_cp_training
 
         model_cfg, train_cfg = trial.to_model_config(), trial.to_train_config()
-        rss_reset = self.device == "cpu" and process_probe.reset_peak_rss()
         try:
-            with process_probe.address_space_cap(memory_limit_bytes):
-                report = run_cp_training(model_cfg, train_cfg, group=self.group, mode=trial.mode,
+            with process_probe.address_space_cap(
+                    process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
+                report = run_cp_training(model_cfg, train_cfg, group=self.group, mode=trial.cp_mode,
                                          steps=trial.steps, warmup_steps=trial.warmup_steps,
                                          device=self.device, verify=trial.verify)
         except Exception as exc:
@@ -94,37 +110,29 @@ class TorchRankActor:
                                        peak, source, memory_limit_bytes) from None
         finally:
             gc.collect()
-        if rss_reset:  # the report's RSS peak spans the process life; this one spans the trial
-            peak, source = process_probe.peak_rss()
-            report = dataclasses.replace(report, peak_memory_bytes=peak, memory_source=source)
-        return report
+        return report  # its memory was measured from the start of run_cp_training
 
     def _peak_memory(self) -> tuple[int | None, str]:
-        if self.device != "cpu":
-            import torch
+        """What the run reached before it ran out: gdn_core's measurement (CUDA's allocator
+        peak, or this process's RSS mark, both reset when run_cp_training started)."""
+        from gdn_core.device_memory import torch_peak_memory
 
-            return int(torch.cuda.max_memory_allocated()), "cuda_max_allocated"
-        return process_probe.peak_rss()
+        return torch_peak_memory(self.device)
 
 
-def spawn(chips, *, threads: int | None, chips_on_host) -> list:
+def rank_actor_options(chips) -> list[tuple[int, dict]]:
+    """(bundle, Ray actor options) of each rank, in rank order (ranks of a host adjacent)."""
+    return [(bundle, chips.actor_options(bundle))
+            for (bundle,) in chips.process_slots(per_host=False)]
+
+
+def spawn(chips, *, options: DriverOptions) -> list:
     """Start one rank actor per bundle (ranks of a host adjacent); returns the handles."""
     request = chips.request
-    slots = chips.process_slots(per_host=False)
-    resources = {"GPU": 1} if request.accelerator_kind == "gpu" else {request.resource: 1}
-    actors = []
-    for rank, (bundle,) in enumerate(slots):
-        node = chips.bundle_nodes[bundle]
-        options = dict(num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            chips.placement_group, placement_group_bundle_index=bundle))
-        if "GPU" in resources:
-            options["num_gpus"] = 1
-        else:
-            options["resources"] = resources
-        actors.append(TorchRankActor.options(**options).remote(
-            rank, len(slots), bundle, request.accelerator_kind, threads,
-            chips_on_host.get(node, 1.0)))
-    return actors
+    ranks = rank_actor_options(chips)
+    return [TorchRankActor.options(**actor_options).remote(
+                rank, len(ranks), bundle, request.accelerator_kind, options.cpu_threads_per_chip)
+            for rank, (bundle, actor_options) in enumerate(ranks)]
 
 
 def rendezvous_refs(actors: list, *, timeout_s: float, get) -> list:
@@ -133,4 +141,4 @@ def rendezvous_refs(actors: list, *, timeout_s: float, get) -> list:
     return [a.join.remote(host, port, timeout_s) for a in actors]
 
 
-__all__ = ["TorchRankActor", "rendezvous_refs", "spawn"]
+__all__ = ["TorchRankActor", "rank_actor_options", "rendezvous_refs", "spawn"]

@@ -15,13 +15,12 @@ from collections.abc import Callable
 import ray
 
 from . import metrics
-from .cluster import chips_on_hosts
 from .errors import PlacementCancelledError
 from .events import SweepEvent, TrialRetrying, TrialStarted
 from .failures import classify, kernel_oom_kill_seen
 from .options import DriverOptions
 from .placement import ChipRequest, TrialChips
-from .result import TrialMetrics, TrialResult
+from .result import AttemptRecord, TrialMetrics, TrialResult
 from .spec import TrialSpec
 from .warm_pool import WarmPool
 from .worker_group import WorkerGroup, WorkerGroupContext
@@ -56,17 +55,23 @@ class TrialRunner:
                  emit: Callable[[SweepEvent], None]) -> None:
         self.options, self.pool, self.cancel_event, self.emit = options, pool, cancel_event, emit
         self._host_gemm: dict = {}
+        """CPU GEMM peaks (PeakMeasurement) by WorkerGroup.cpu_calibration_keys key."""
         self._lock = threading.Lock()
 
     def run(self, trial: TrialSpec) -> TrialResult:
-        """The trial's final result (never raises for the trial's own failures)."""
-        started, attempt = now(), 0
+        """The trial's final result (never raises for the trial's own failures), with one
+        AttemptRecord per attempt: a trial that succeeded on attempt 2 keeps attempt 1's
+        reason."""
+        started, history = now(), []
         while True:
-            attempt += 1
+            attempt, attempt_started = len(history) + 1, now()
             if self.cancel_event.is_set():
                 outcome = _Attempt(status="cancelled", error="sweep cancelled before it ran")
             else:
                 outcome = self._attempt(trial, attempt)
+            history.append(AttemptRecord(attempt=attempt, status=outcome.status,
+                                         reason=outcome.error, hosts=list(outcome.hosts),
+                                         started_at=attempt_started, finished_at=now()))
             if outcome.retry and attempt <= self.options.max_trial_retries:
                 self.emit(TrialRetrying(trial, attempt, outcome.error or ""))
                 continue
@@ -76,15 +81,18 @@ class TrialRunner:
                          f"{self.options.max_trial_retries}): {error}")
             return TrialResult(trial=trial, status=outcome.status, error=error,
                                metrics=outcome.metrics, attempts=attempt,
-                               hosts=list(outcome.hosts), versions=outcome.versions or {},
-                               started_at=started, finished_at=now())
+                               attempt_history=history, hosts=list(outcome.hosts),
+                               versions=outcome.versions or {}, started_at=started,
+                               finished_at=now())
 
     # ------------------------------------------------------------------ one attempt
 
     def _attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
-        group, counters = None, []
+        group, counters, device_name = None, [], None
         try:
             group, reused = self._acquire(trial)
+            device_name = ", ".join(group.device_names) or None
+            group.check_devices(trial.accelerator_type)  # the chip MFU's peak is for
             peak = self._peak(trial, group)
             counters = group.oom_counters()
             refs = group.run(trial)
@@ -92,12 +100,15 @@ class TrialRunner:
             reports = self._wait(refs, deadline=time.monotonic() + trial.timeout_s,
                                  timeout_s=trial.timeout_s)
             result = _Attempt(status="succeeded",
-                              metrics=metrics.trial_metrics(trial, reports, peak=peak),
+                              metrics=metrics.trial_metrics(trial, reports,
+                                                            peak=peak,
+                                                            device_name=device_name),
                               hosts=_unique(w.hostname for w in group.workers),
                               versions=group.versions)
         except _Stopped as stop:
             self._discard(group)
-            return _Attempt(status=stop.status, error=stop.error)
+            return _Attempt(status=stop.status, error=stop.error, hosts=_hosts(group),
+                            metrics=TrialMetrics(device_name=device_name))
         except PlacementCancelledError as err:
             return _Attempt(status="cancelled", error=str(err))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a result
@@ -105,11 +116,12 @@ class TrialRunner:
             verdict = classify(exc)
             if verdict.retry and group is not None and self._oom_killed(group, counters):
                 return _Attempt(status="oom", error="a rank was killed by the kernel OOM killer "
-                                f"(its memory cgroup's oom_kill count rose): {verdict.error}")
+                                f"(its memory cgroup's oom_kill count rose): {verdict.error}",
+                                hosts=_hosts(group), metrics=TrialMetrics(device_name=device_name))
             known = TrialMetrics(peak_memory_bytes_per_chip=verdict.peak_memory_bytes,
-                                 memory_source=verdict.memory_source)
+                                 memory_source=verdict.memory_source, device_name=device_name)
             return _Attempt(status=verdict.status, error=verdict.error, retry=verdict.retry,
-                            metrics=known)
+                            metrics=known, hosts=_hosts(group))
         self.pool.give(group)
         return result
 
@@ -125,8 +137,7 @@ class TrialRunner:
                                   cancelled=self.cancel_event.is_set,
                                   poll_interval_s=self.options.poll_interval_s)
         try:
-            ctx = WorkerGroupContext(chips=chips, options=self.options,
-                                     chips_on_host=chips_on_hosts(request.resource))
+            ctx = WorkerGroupContext(chips=chips, options=self.options)
             group = WorkerGroup.create(ctx)
         except BaseException:
             chips.remove()  # partial start: the actors are already killed, free the chips
@@ -134,17 +145,25 @@ class TrialRunner:
         return group, False
 
     def _peak(self, trial: TrialSpec, group: WorkerGroup) -> metrics.ChipPeak:
+        """The trial's per-chip peak in its dtype: the datasheet's on GPU / TPU; on CPU each
+        process's own GEMM rate under its affinity, measured once per (node, framework, dtype,
+        cores, chips) per sweep, even with concurrent trials."""
         if trial.accelerator_kind != "cpu":
-            return metrics.datasheet_peak(trial.accelerator_type)
-        nodes = set(group.chips.bundle_nodes)
-        with self._lock:  # one calibration per host per sweep, even with concurrent trials
-            missing = nodes - self._host_gemm.keys()
+            return metrics.datasheet_peak(trial.accelerator_type, trial.dtype)
+        keys = group.cpu_calibration_keys(trial.dtype)
+        with self._lock:
+            missing: dict[tuple, int] = {}  # key → the first process that has it
+            for index, key in enumerate(keys):
+                if key not in self._host_gemm:
+                    missing.setdefault(key, index)
             if missing:
-                self._host_gemm.update(group.calibrate_hosts(
-                    missing, self.options.cpu_peak_calibration_s))
-            host_gemm = dict(self._host_gemm)
-        return metrics.trial_peak(metrics.host_chip_peaks(
-            group.chips.bundle_nodes, host_gemm, group.ctx.chips_on_host))
+                measured = group.calibrate_processes(
+                    list(missing.values()), dtype=trial.dtype,
+                    seconds=self.options.cpu_peak_calibration_s)
+                self._host_gemm.update(zip(missing, measured))
+            process_gemm = [self._host_gemm[key] for key in keys]
+        return metrics.trial_peak(metrics.cpu_chip_peaks(
+            process_gemm, group.chips_per_process(), trial.dtype))
 
     def _wait(self, refs: list, *, deadline: float, timeout_s: float) -> list:
         """Every process's report; stops early on cancel, timeout or the first failure."""
@@ -180,6 +199,11 @@ class TrialRunner:
 
 def _unique(values) -> tuple[str, ...]:
     return tuple(dict.fromkeys(values))
+
+
+def _hosts(group: WorkerGroup | None) -> tuple[str, ...]:
+    """Where an attempt ran, also when it failed (empty when it never got its workers)."""
+    return () if group is None else _unique(w.hostname for w in group.workers)
 
 
 __all__ = ["TrialRunner"]

@@ -9,15 +9,16 @@ removes the placement group. A group that ran a trial cleanly can run the next o
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 import ray
 
+from gdn_core.hardware import device_mismatch
+
 from . import jax_hosts, torch_ranks
-from .errors import WorkerStartupError
+from .errors import DeviceMismatchError, WorkerStartupError
 from .options import DriverOptions
 from .placement import TrialChips
-from .process_probe import WorkerInfo
+from .process_probe import ProcessIdentity, WorkerInfo, memory_cap_for
 from .spec import TrialSpec
 
 _FRAMEWORKS = {"torch": torch_ranks, "jax": jax_hosts}
@@ -29,16 +30,17 @@ class WorkerGroupContext:
 
     chips: TrialChips
     options: DriverOptions
-    chips_on_host: Mapping[str, float]
-    """Chip resources each node advertises (sizes threads and the CPU chip's share of peak)."""
 
 
 class WorkerGroup:
     """Actors of one trial shape, in process order, with where each one runs."""
 
     def __init__(self, ctx: WorkerGroupContext, actors: list, workers: tuple[WorkerInfo, ...],
-                 versions: dict[str, str]) -> None:
+                 versions: dict[str, str],
+                 identities: tuple[ProcessIdentity, ...] = ()) -> None:
         self.ctx, self.actors, self.workers, self.versions = ctx, actors, workers, versions
+        self.identities = identities
+        """Per process: the device its runtime names and its CPU affinity / virtual chips."""
         self.trials_run = 0
 
     @classmethod
@@ -55,17 +57,19 @@ class WorkerGroup:
             return ray.get(refs)
 
         try:
-            actors = framework.spawn(ctx.chips, threads=ctx.options.cpu_threads_per_chip,
-                                     chips_on_host=ctx.chips_on_host)
+            actors = framework.spawn(ctx.chips, options=ctx.options)
             workers = tuple(get([a.info.remote() for a in actors], "starting the actors"))
             versions = get([actors[0].versions.remote()], "reading software versions")[0]
             join = framework.rendezvous_refs(actors, timeout_s=ctx.options.collective_timeout_s,
                                              get=get)
             get(join, "joining the process group")
+            # After the join: a JAX process may touch its devices only once distributed is up.
+            identities = tuple(get([a.identity.remote() for a in actors],
+                                   "reading the device names"))
         except BaseException:
             kill_actors(actors)
             raise
-        return cls(ctx, actors, workers, versions)
+        return cls(ctx, actors, workers, versions, identities)
 
     @property
     def chips(self) -> TrialChips:
@@ -74,7 +78,8 @@ class WorkerGroup:
     def run(self, trial: TrialSpec) -> list:
         """Start the trial on every process; one ObjectRef per process (its CPTrainReport)."""
         self.trials_run += 1
-        limit = self.ctx.options.rank_memory_limit_bytes
+        limit = memory_cap_for(self.chips.request.accelerator_kind,
+                               self.ctx.options.rank_memory_limit_bytes)
         return [a.run.remote(trial, limit) for a in self.actors]
 
     def oom_counters(self) -> list[tuple[str | None, int | None]]:
@@ -82,14 +87,39 @@ class WorkerGroup:
         return ray.get([a.oom_counter.remote() for a in self.actors],
                        timeout=self.ctx.options.worker_start_timeout_s)
 
-    def calibrate_hosts(self, nodes: set[str], seconds: float) -> dict:
-        """GEMM peak of each node in `nodes`, measured by one of this group's processes there."""
-        refs = {}
-        for actor, worker in zip(self.actors, self.workers):
-            if worker.node_id in nodes and worker.node_id not in refs:
-                refs[worker.node_id] = actor.calibrate_gemm.remote(seconds)
-        values = ray.get(list(refs.values()), timeout=self.ctx.options.worker_start_timeout_s)
-        return dict(zip(refs, values))
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        """The distinct device names the processes reported, in process order."""
+        return tuple(dict.fromkeys(i.device_name for i in self.identities))
+
+    def check_devices(self, accelerator_type: str) -> None:
+        """Raise DeviceMismatchError unless every process's devices are `accelerator_type`
+        (GPU / TPU groups; a CPU host's model is not checked)."""
+        if self.chips.request.accelerator_kind == "cpu":
+            return
+        for name in self.device_names:
+            reason = device_mismatch(accelerator_type, name)
+            if reason is not None:
+                raise DeviceMismatchError(reason)
+
+    def cpu_calibration_keys(self, dtype: str) -> list[tuple]:
+        """Per process, what its CPU GEMM peak depends on: (node, framework, dtype, cores it is
+        pinned to, chips it drives); processes with equal keys measure the same."""
+        framework = self.chips.request.framework
+        return [(worker.node_id, framework, dtype, len(identity.affinity),
+                 len(identity.cpu_chips))
+                for worker, identity in zip(self.workers, self.identities)]
+
+    def calibrate_processes(self, indices: list[int], *, dtype: str,
+                            seconds: float) -> list:
+        """GEMM peak (PeakMeasurement) of each process in `indices`, measured by that process
+        under its own affinity with its framework's GEMM in `dtype`, all at once."""
+        refs = [self.actors[i].calibrate_gemm.remote(seconds, dtype) for i in indices]
+        return ray.get(refs, timeout=self.ctx.options.worker_start_timeout_s)
+
+    def chips_per_process(self) -> list[int]:
+        """Chips (placement bundles × chips per bundle) each process drives."""
+        return [len(w.bundles) * self.chips.chips_per_bundle for w in self.workers]
 
     def shutdown(self) -> None:
         """Kill every actor and give the chips back (idempotent)."""

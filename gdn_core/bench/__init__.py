@@ -16,6 +16,8 @@ BENCHMARKS: dict[str, str] = {
     "kernel": "gdn_core.bench.kernel:main",
     "cp": "gdn_core.bench.cp:main",
     "memory": "gdn_core.bench.memory:main",
+    "step": "gdn_core.bench.step:main",
+    "env": "gdn_core.bench.environment:main",
 }
 """Benchmark name → "module:function" taking argv (the options after the name)."""
 

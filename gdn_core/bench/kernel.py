@@ -2,7 +2,7 @@
 
     python -m gdn_core.bench kernel [--seq-len 8192] [--batch 1] [--repeats 5]
                                     [--device cpu|cuda] [--dtype float32|bfloat16|float16]
-                                    [--inverse-blocks 256]
+                                    [--inverse-blocks 256] [--no-old-inverse]
 
 The three implementations get the same inputs (q, k, v, g, beta; l2norm on; no initial state)
 and the same output cotangent. Before timing, each runs once in float32 and our outputs and
@@ -23,7 +23,16 @@ implementation: the useful work of the problem, not what each implementation exe
 (transformers' solve and our JAX inverse, built explicitly, do more). Fractions are of float32
 GEMM peaks (the dtype all three compute in) measured on the same device: once up front, and by a
 GEMM probe timed inside the same alternation (on a shared host it sees the same contention).
-On CUDA, a bf16 GEMM and the datasheet bf16 peak of a known GPU are added.
+On CUDA, a bf16 GEMM and the datasheet peaks of a known GPU (bf16 dense, FP32) are added.
+
+GPU anchor: on CUDA, when flash-linear-attention is importable (`fla-core`; scripts/device-check.sh
+puts the wheel under scripts/wheels/ on PYTHONPATH), its Triton `chunk_gated_delta_rule`
+(fla.ops.gated_delta_rule: [B, T, H, K] layout, GVA for Hv > Hk, scale Dk^-½,
+use_qk_l2norm_in_kernel=True, no initial state) is timed beside ours on the same inputs, in
+the timed dtype. It is not held to the float32 check against transformers (its float32 kernels
+use TF32 dots); instead its output and gradients must match our torch rule in float32 on the
+same (rounded) inputs within FLA_OUTPUT_TOLERANCE / FLA_GRAD_TOLERANCE, or the benchmark fails.
+Without it the benchmark prints "fla: not installed" (or why it cannot run) and goes on.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import torch
 
 from ..flops import gdn_rule_flops
 from ..hardware import (accelerator_type_from_device_name, measure_gemm_flops_per_s,
-                        peak_flops_per_chip)
+                        peak_flops_per_chip, peak_source)
 from ..testing import rel_err
 from .kernel_numerics import (COSINE, compare_inverses, correlated_inputs, float64_output,
                               print_inverse_comparison, product_form_inverse_in_jax_rule)
@@ -49,9 +58,16 @@ OUTPUT_TOLERANCE = 1e-4
 """Largest relative (Frobenius) error of our outputs vs transformers' that may be timed."""
 GRAD_TOLERANCE = 1e-3
 """Largest relative error of any of our input gradients vs transformers' that may be timed."""
-IMPLS = ("ours_torch", "ours_jax", "transformers", "jax_old_inv")
-UNCHECKED = ("jax_old_inv",)
-"""Timed for comparison only: the replaced JAX inverse, wrong on keys that share a direction."""
+FLA_OUTPUT_TOLERANCE = {"float32": 5e-3, "bfloat16": 2e-2, "float16": 1e-2}
+"""Largest relative error of fla's output vs our float32 torch rule, by timed dtype: fla's
+float32 kernels use TF32 dots (10-bit mantissa), its bf16 ones bf16 operands (8-bit). Chosen
+from those mantissas, not yet measured on a GPU: tighten after the first device run."""
+FLA_GRAD_TOLERANCE = {"float32": 2e-2, "bfloat16": 5e-2, "float16": 3e-2}
+"""Largest relative error of any of fla's input gradients vs our float32 torch rule."""
+IMPLS = ("ours_torch", "ours_jax", "transformers", "fla", "jax_old_inv")
+UNCHECKED = ("jax_old_inv", "fla")
+"""Not held to the float32 check against transformers: the replaced JAX inverse (timed for
+comparison only, wrong on keys that share a direction) and fla (checked against ours, above)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--inverse-blocks", type=int, default=256,
                    help="blocks of 64 in the JAX inverse comparison (old vs new); 0: skip it")
+    p.add_argument("--old-inverse", action=argparse.BooleanOptionalAction, default=True,
+                   help="time jax_old_inv (the replaced product-form inverse) beside ours; "
+                        "--no-old-inverse saves its JAX compiles")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: torch's choice); JAX/XLA is not affected")
     return p
@@ -103,8 +122,12 @@ def _load_transformers_rule():
     return torch_chunk_gated_delta_rule
 
 
-def _torch_runner(rule: Callable, arrays, *, device, dtype, chunk_size, transformers_api):
-    """A callable running fwd + bwd once (device synchronised); returns (o, grads)."""
+def torch_rule_runner(rule: Callable, arrays, *, device, dtype, chunk_size, transformers_api):
+    """A callable running fwd + bwd once (device synchronised); returns (o, grads).
+
+    transformers_api: `rule` takes transformers' (and fla's) keywords, chunk_size and
+    use_qk_l2norm_in_kernel, rather than ours (use_qk_l2norm).
+    """
     inputs = [torch.from_numpy(arrays[n]).to(device=device, dtype=dtype)
               for n in ("q", "k", "v", "g", "beta")]
     do = torch.from_numpy(arrays["do"]).to(device)
@@ -123,7 +146,12 @@ def _torch_runner(rule: Callable, arrays, *, device, dtype, chunk_size, transfor
     return run
 
 
-def _jax_runner(arrays, *, device, dtype, chunk_size, product_form_inverse=False):
+_COMPILED_JAX_RULES: dict[tuple, object] = {}
+"""Compiled fwd+bwd of the JAX rule by (device, dtype, chunk, inverse, shapes): inputs of the
+same shapes (the correlated-key run, the step benchmark) reuse one compile."""
+
+
+def jax_rule_runner(arrays, *, device, dtype, chunk_size, product_form_inverse=False):
     """jit(value_and_grad) over all five inputs; None (with a reason) if JAX lacks the device.
 
     product_form_inverse: compile the rule with the replaced inverse (for timing only).
@@ -147,9 +175,14 @@ def _jax_runner(arrays, *, device, dtype, chunk_size, product_form_inverse=False
         o, _ = chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, chunk_size=chunk_size)
         return jnp.sum(o.astype(jnp.float32) * do), o
 
-    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
-    with product_form_inverse_in_jax_rule() if product_form_inverse else contextlib.nullcontext():
-        step = step.lower(*inputs, do).compile()
+    key = (str(jax_device), dtype, chunk_size, product_form_inverse,
+           tuple(x.shape for x in inputs))
+    if key not in _COMPILED_JAX_RULES:
+        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))
+        with (product_form_inverse_in_jax_rule() if product_form_inverse
+              else contextlib.nullcontext()):
+            _COMPILED_JAX_RULES[key] = step.lower(*inputs, do).compile()
+    step = _COMPILED_JAX_RULES[key]
 
     def run():
         (_, o), grads = jax.block_until_ready(step(*inputs, do))
@@ -158,25 +191,56 @@ def _jax_runner(arrays, *, device, dtype, chunk_size, product_form_inverse=False
     return run, str(jax_device)
 
 
-def _runners(args, arrays, dtype_name):
+def load_fla_rule(device: str) -> tuple[Callable | None, str]:
+    """(fla's chunk_gated_delta_rule, its version) or (None, why it cannot run here)."""
+    if device != "cuda":
+        return None, "fla: needs --device cuda (Triton kernels)"
+    try:
+        import fla
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ModuleNotFoundError as err:
+        if err.name is not None and err.name.split(".")[0] == "fla":
+            return None, "fla: not installed"
+        return None, f"fla: not importable ({err})"
+    except Exception as err:  # noqa: BLE001 - e.g. a Triton too old for this fla
+        return None, f"fla: not importable ({type(err).__name__}: {err})"
+    return chunk_gated_delta_rule, f"fla {getattr(fla, '__version__', '?')} from {fla.__file__}"
+
+
+def _runners(args, arrays, dtype_name, *, fla_rule=None):
+    """{name: runner} in IMPLS order; fla only when fla_rule is given (the timed dtype)."""
     torch_dtype = TORCH_DTYPES[dtype_name]
     hf_rule = _load_transformers_rule()
     from ..torch_gdn.chunk import chunk_gated_delta_rule
 
     common = dict(device=args.device, dtype=torch_dtype, chunk_size=args.chunk_size)
     runners = {
-        "ours_torch": _torch_runner(chunk_gated_delta_rule, arrays, transformers_api=False,
-                                    **common),
-        "transformers": _torch_runner(hf_rule, arrays, transformers_api=True, **common),
+        "ours_torch": torch_rule_runner(chunk_gated_delta_rule, arrays, transformers_api=False,
+                                        **common),
+        "transformers": torch_rule_runner(hf_rule, arrays, transformers_api=True, **common),
     }
-    jax_run, jax_note = _jax_runner(arrays, device=args.device, dtype=dtype_name,
-                                    chunk_size=args.chunk_size)
+    if fla_rule is not None:  # same keywords as transformers' rule
+        runners["fla"] = torch_rule_runner(fla_rule, arrays, transformers_api=True, **common)
+    jax_run, jax_note = jax_rule_runner(arrays, device=args.device, dtype=dtype_name,
+                                        chunk_size=args.chunk_size)
     if jax_run is not None:
         runners["ours_jax"] = jax_run
-        runners["jax_old_inv"], _ = _jax_runner(arrays, device=args.device, dtype=dtype_name,
-                                                chunk_size=args.chunk_size,
-                                                product_form_inverse=True)
+        if args.old_inverse:
+            runners["jax_old_inv"], _ = jax_rule_runner(
+                arrays, device=args.device, dtype=dtype_name, chunk_size=args.chunk_size,
+                product_form_inverse=True)
     return {name: runners[name] for name in IMPLS if name in runners}, jax_note
+
+
+def check_fla(fla_run, reference, dtype_name) -> tuple[float, float, bool]:
+    """(output rel err, worst input-grad rel err, within tolerance) of fla vs `reference`,
+    the (o, grads) of our float32 torch rule on the same inputs."""
+    o, grads = fla_run()
+    ref_o, ref_grads = reference
+    o_err = rel_err(ref_o, o)
+    g_err = max(rel_err(r, g) for r, g in zip(ref_grads, grads))
+    ok = o_err <= FLA_OUTPUT_TOLERANCE[dtype_name] and g_err <= FLA_GRAD_TOLERANCE[dtype_name]
+    return o_err, g_err, ok
 
 
 def verify(runners) -> dict[str, tuple[float, float]]:
@@ -236,19 +300,43 @@ def _peaks(device: str) -> list[tuple[str, float, str]]:
         peaks.append(("bf16 GEMM", bf16.flops_per_s, bf16.source))
         kind = accelerator_type_from_device_name(torch.cuda.get_device_name())
         if kind is not None:
-            peaks.append((f"{kind} bf16 table", peak_flops_per_chip(kind), f"datasheet {kind}"))
+            for dtype, tag in (("bfloat16", "bf16"), ("float32", "fp32")):
+                peaks.append((f"{kind} {tag} table", peak_flops_per_chip(kind, dtype),
+                              peak_source(kind, dtype)))
     return peaks
 
 
-def correlated_key_errors(args, shape, dtype_name) -> dict[str, float]:
+def correlated_key_errors(args, shape, dtype_name, *, fla_rule=None) -> dict[str, float]:
     """Each implementation's output error vs the float64 recurrence on correlated keys."""
     arrays = correlated_inputs(**shape, cosine=COSINE, seed=args.seed)
     # Rounded to the timed dtype once, so the float64 reference sees the same inputs.
     arrays = {n: torch.from_numpy(a).to(TORCH_DTYPES[dtype_name]).float().numpy()
               for n, a in arrays.items()}
     reference = float64_output(arrays)
-    runners, _ = _runners(args, arrays, dtype_name)
+    runners, _ = _runners(args, arrays, dtype_name, fla_rule=fla_rule)
     return {name: rel_err(reference, run()[0]) for name, run in runners.items()}
+
+
+def add_fla_anchor(runners, fla_rule, args, arrays, *, reference) -> tuple[dict, bool]:
+    """(runners with fla in table order, True) once fla matches `reference` (our float32 torch
+    rule's (o, grads) on the same inputs); (runners, False) when it disagrees. If fla fails to
+    run, that is printed and runners come back without it: the anchor's failure is not ours."""
+    fla_run = torch_rule_runner(fla_rule, arrays, device=args.device,
+                                dtype=TORCH_DTYPES[args.dtype], chunk_size=args.chunk_size,
+                                transformers_api=True)
+    try:
+        o_err, g_err, ok = check_fla(fla_run, reference, args.dtype)
+    except Exception as err:  # noqa: BLE001 - any failure inside fla/Triton
+        print(f"fla: failed to run ({type(err).__name__}: {err}); timing without it")
+        return runners, True
+    print(f"check fla ({args.dtype}) vs ours_torch (float32): output rel err {o_err:.2e} "
+          f"(tolerance {FLA_OUTPUT_TOLERANCE[args.dtype]:.0e}), worst input-grad rel err "
+          f"{g_err:.2e} (tolerance {FLA_GRAD_TOLERANCE[args.dtype]:.0e})")
+    if not ok:
+        print("FAILED: fla and our rule disagree beyond the tolerance; not timing")
+        return runners, False
+    runners = dict(runners, fla=fla_run)
+    return {name: runners[name] for name in IMPLS if name in runners}, True
 
 
 def _print_table(times, flops, peaks, accuracy) -> None:
@@ -289,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dtype != "float32":  # round once, so the float32 check sees the timed values
         arrays = {n: torch.from_numpy(a).to(TORCH_DTYPES[args.dtype]).float().numpy()
                   for n, a in arrays.items()}
+    fla_rule, fla_note = load_fla_rule(args.device)
+    print(fla_note)
     check_runners, jax_note = _runners(args, arrays, "float32")
     print(f"JAX device: {jax_note}")
     errors = verify(check_runners)
@@ -302,7 +392,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"(output) or {GRAD_TOLERANCE:.0e} (gradients); not timing a wrong kernel")
         return 1
     runners = check_runners if args.dtype == "float32" else _runners(args, arrays, args.dtype)[0]
-    accuracy = correlated_key_errors(args, shape, args.dtype)
+    if fla_rule is not None:
+        runners, fla_agrees = add_fla_anchor(runners, fla_rule, args, arrays,
+                                             reference=check_runners["ours_torch"]())
+        if not fla_agrees:
+            return 1
+        fla_rule = fla_rule if "fla" in runners else None
+    accuracy = correlated_key_errors(args, shape, args.dtype, fla_rule=fla_rule)
     for name, err in accuracy.items():
         print(f"correlated keys (cosine {COSINE:g}, {args.dtype}) vs float64 recurrence: "
               f"{name:<12} output rel err {err:.2e}")
@@ -320,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({peaks[0][2]})")
     print(f"\nfwd+bwd, {args.repeats} timed runs each, alternating after {args.warmup} warm-up")
     _print_table(times, flops, peaks, accuracy)
-    if "ours_jax" in times:
+    if "jax_old_inv" in times:
         ratio = statistics.median(times["jax_old_inv"]) / statistics.median(times["ours_jax"])
         print(f"JAX rule time, product-form inverse / blockwise inverse: {ratio:.2f}x")
         if args.inverse_blocks > 0:

@@ -9,6 +9,8 @@ the sequence split over them and the weights laid out by each param_sharding. Pe
   args / temps   XLA memory_analysis per chip: arguments (weights, AdamW state, tokens) and
                  temporaries (activations, gathered weights, gradients)
   peak           compiled_peak_bytes: arguments + outputs + temporaries − aliased (donated)
+  predicted      gdn_core.memory_model.predict_step_memory of the same step (analytic, no
+                 compile): the figure admission, the planner and verify use
   headroom       usable memory of the chip minus peak, for an H200 (139 GiB as the runtime
                  reports it), a v5p (95 GiB) and an H100 (80 GiB); "-" where it does not fit
 Then the compile time and HLO size of a shallow and a deep step (layers under lax.scan: both
@@ -85,20 +87,24 @@ def _headroom(peak: int) -> str:
 
 def _memory_table(model_cfg, args) -> None:
     from ..jax_gdn.train import compiled_peak_bytes
+    from ..memory_model import predict_step_memory
     from ..train_config import TrainConfig
 
     print(f"{'sharding':<11}{'remat':<6}{'dtype':<10}{'args GiB':>9}{'temps GiB':>10}"
-          f"{'peak GiB':>9}   headroom GiB: " + "".join(f"{name:>9}" for name in USABLE_BYTES)
-          + f"{'compile s':>11}")
+          f"{'peak GiB':>9}{'predicted':>10}   headroom GiB: "
+          + "".join(f"{name:>9}" for name in USABLE_BYTES) + f"{'compile s':>11}")
     for dtype, sharding, remat in itertools.product(args.dtypes, args.shardings, args.remats):
         train_cfg = TrainConfig(batch_size=args.batch, seq_len=args.local_tokens * args.chips,
                                 dtype=dtype, param_sharding=sharding, remat=remat)
         compiled, seconds = compile_step(model_cfg, train_cfg, chips=args.chips,
                                          mode=args.mode)
         stats, peak = compiled.memory_analysis(), compiled_peak_bytes(compiled)
+        predicted = predict_step_memory(model_cfg, train_cfg, mode=args.mode, chips=args.chips,
+                                        framework="jax").total
         print(f"{sharding:<11}{remat:<6}{dtype:<10}"
               f"{stats.argument_size_in_bytes / GIB:9.2f}{stats.temp_size_in_bytes / GIB:10.2f}"
-              f"{peak / GIB:9.2f}{'':15}{_headroom(peak)}{seconds:11.1f}", flush=True)
+              f"{peak / GIB:9.2f}{predicted / GIB:10.2f}{'':15}{_headroom(peak)}{seconds:11.1f}",
+              flush=True)
 
 
 def _compile_times(model_cfg, args) -> None:

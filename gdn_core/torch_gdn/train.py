@@ -12,14 +12,13 @@ stays float32 inside the layer.
 from __future__ import annotations
 
 import contextlib
-import resource
-import sys
 import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from .. import device_memory
 from ..config import ModelConfig
 from ..data import synthetic_tokens
 from ..train_config import COMPUTE_DTYPES, TrainConfig, TrainReport
@@ -94,31 +93,23 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def peak_memory(device: torch.device) -> tuple[int, str]:
-    """Return (peak bytes, source): CUDA max allocated, else this process's peak RSS."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # ru_maxrss is KiB on Linux, bytes on macOS.
-    return int(rss if sys.platform == "darwin" else rss * 1024), "process_rss"
-
-
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                  warmup_steps: int = 1, device: str | torch.device = "cpu") -> TrainReport:
     """Train on one fixed synthetic batch: warmup_steps untimed steps, then `steps` timed ones.
 
-    Losses cover every step (warm-up included); step_times_s the `steps` timed ones.
+    Losses cover every step (warm-up included); step_times_s the `steps` timed ones. Peak
+    memory is measured from the start of the run (device_memory.torch_peak_memory: CUDA's
+    allocator peak, on CPU the process's RSS high-water mark).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
     device = torch.device(device)
+    device_memory.torch_reset_peak(device)
     model, optimizer = build_training(model_cfg, train_cfg, device)
     tokens = synthetic_tokens(batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
                               vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
     tokens_BT = torch.from_numpy(tokens).long().to(device)
     inputs_BT, targets_BT = tokens_BT[:, :-1], tokens_BT[:, 1:]
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     losses, times = [], []
     for step in range(warmup_steps + steps):
         _synchronize(device)
@@ -128,6 +119,6 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
         _synchronize(device)
         if step >= warmup_steps:
             times.append(time.perf_counter() - start)
-    peak_bytes, source = peak_memory(device)
+    peak_bytes, source = device_memory.torch_peak_memory(device)
     return TrainReport(losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes,
                        memory_source=source)

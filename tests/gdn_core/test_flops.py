@@ -218,7 +218,7 @@ def test_cp_overhead_rejects_bad_arguments():
         F.cp_overhead_flops("p2p", chips=3, seq_len=1000, **CP_SHAPE)
     with pytest.raises(ValueError, match="ulysses"):
         F.hardware_flops_per_step(get_preset("qwen3.5-0.8b"), mode="ulysses", chips=32,
-                                  batch=1, seq_len=32 * 1024)
+                                  batch=1, seq_len=32 * 1024, framework="jax")
 
 
 @pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather", "log_scan"])
@@ -226,11 +226,12 @@ def test_cp_overhead_design_target(mode):
     # Design target: at qwen3.5-0.8b, a 4096-token local shard and D=8, the CP summary work is
     # below 10% of the model FLOPs.
     cfg = get_preset("qwen3.5-0.8b")
-    hardware = F.hardware_flops_per_step(cfg, mode=mode, chips=8, batch=1, seq_len=8 * 4096)
+    hardware = F.hardware_flops_per_step(cfg, mode=mode, chips=8, batch=1, seq_len=8 * 4096,
+                                         framework="jax")
     model = F.model_flops_per_step(cfg, batch=1, seq_len=8 * 4096)
     assert hardware.model == model
     assert hardware.total == (model.total + hardware.cp_overhead.total
-                              + hardware.recompute.total)
+                              + hardware.recompute.total + hardware.solve.total)
     assert hardware.cp_overhead.total < 0.10 * model.total
 
 
@@ -240,7 +241,8 @@ def test_recompute_hand_count():
     B, T, D = 2, 512, 4
     fwd = F.model_forward_flops(cfg, batch=B, seq_len=T)
     runs = {remat: F.hardware_flops_per_step(cfg, mode="p2p", chips=D, batch=B, seq_len=T,
-                                             remat=remat) for remat in ("none", "gdn", "full")}
+                                             framework="torch", remat=remat)
+            for remat in ("none", "gdn", "full")}
     cp_forward = runs["none"].cp_overhead.total // 3
     assert runs["none"].recompute.layers == 0
     assert runs["none"].recompute.lm_head == fwd.lm_head
@@ -251,4 +253,71 @@ def test_recompute_hand_count():
     assert runs["none"].total < runs["gdn"].total < runs["full"].total
     assert len({run.model.total for run in runs.values()}) == 1
     with pytest.raises(ValueError, match="remat='some' is not one of: none, full, gdn"):
-        F.hardware_flops_per_step(cfg, mode="p2p", chips=D, batch=B, seq_len=T, remat="some")
+        F.hardware_flops_per_step(cfg, mode="p2p", chips=D, batch=B, seq_len=T,
+                                  framework="torch", remat="some")
+
+
+ONE_BLOCK = dict(mode="p2p", chips=1, batch=1, seq_len=16, num_v_heads=1, head_k_dim=8,
+                 head_v_dim=4, chunk_size=16, num_layers=1)
+
+
+def test_solve_hand_count_per_framework():
+    # One block, C=16, R = Dk + Dv = 12 right-hand sides; MACs, 2 FLOPs each.
+    C, R = 16, 12
+    dense_apply = C * C * R  # 3072: the model count's convention, per forward
+    torch_run = F.solve_flops("torch", remat="none", **ONE_BLOCK)
+    # Forward substitution of a unit lower triangle: row i takes i MACs per column.
+    assert torch_run.ran_forward == 2 * sum(range(C)) * R == 2 * 1440
+    # Backward: the transposed solve for d(rhs), and dL = −d(rhs)·Xᵀ as a dense product.
+    assert torch_run.ran_backward == 2 * (1440 + dense_apply)
+    assert torch_run.counted == 2 * 3 * dense_apply
+    assert torch_run.total == 2 * (1440 + 1440 + 3072 - 9216) == -6528
+    jax_run = F.solve_flops("jax", remat="none", **ONE_BLOCK)
+    # Forward: the inverse by substitution (15 rows × 16·16 at C=16) and T·rhs, dense.
+    inverse = F.unit_lower_inverse_flops(batch=1, seq_len=16, num_v_heads=1, chunk_size=16)
+    assert inverse == 2 * 15 * 16 * 16
+    assert jax_run.ran_forward == inverse + 2 * dense_apply
+    # Backward: dT and d(rhs) of the apply, and the inverse's VJP −Tᵀ dT Tᵀ (two C³).
+    assert jax_run.ran_backward == 2 * (2 * dense_apply + 2 * C ** 3)
+    assert jax_run.total == 2 * (3840 + 3072 + 6144 + 8192 - 9216) == 24064
+    # A recomputed rule (remat gdn or full) runs its forward once more, counted once more.
+    again = F.solve_flops("jax", remat="gdn", **ONE_BLOCK)
+    assert again.ran_recompute == jax_run.ran_forward
+    assert again.counted == jax_run.counted + 2 * dense_apply
+    assert F.solve_flops("torch", remat="full", **ONE_BLOCK).ran_recompute == 2 * 1440
+
+
+def test_torch_solve_backward_is_a_dense_product():
+    # FlopCounterMode counts no FLOPs for linalg.solve_triangular itself, but counts the
+    # matmul its backward runs for dL: exactly C·C·R MACs per block, as solve_flops says.
+    C, R, blocks = 16, 12, 3
+    L_NCC = torch.randn(blocks, C, C, requires_grad=True)
+    rhs_NCR = torch.randn(blocks, C, R, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        x = torch.linalg.solve_triangular(L_NCC, rhs_NCR, upper=False, unitriangular=True)
+        assert counter.get_total_flops() == 0
+        x.sum().backward()
+    assert counter.get_total_flops() == 2 * blocks * C * C * R
+
+
+@pytest.mark.parametrize("remat", ["none", "gdn", "full"])
+@pytest.mark.parametrize("mode,chips", [("p2p", 1), ("log_scan", 4), ("ulysses", 2)])
+def test_frameworks_differ_by_exactly_the_solve_term(mode, chips, remat):
+    cfg = tiny_model()
+    # 4 × 24 tokens: under log_scan each shard pads 24 → 32 (8 chunks run, 6 in the model).
+    shape = dict(mode=mode, chips=chips, batch=2, seq_len=96, remat=remat)
+    jax_run = F.hardware_flops_per_step(cfg, framework="jax", **shape)
+    torch_run = F.hardware_flops_per_step(cfg, framework="torch", **shape)
+    assert (jax_run.model, jax_run.cp_overhead, jax_run.recompute) == (
+        torch_run.model, torch_run.cp_overhead, torch_run.recompute)
+    assert jax_run.total - torch_run.total == jax_run.solve.total - torch_run.solve.total > 0
+    gdn = cfg.gdn
+    chunks = {1: 6, 2: 6, 4: 8}[chips]  # ceil(96/16); ulysses splits heads; shards padded
+    blocks = 2 * gdn.num_v_heads * chunks * cfg.num_layers
+    per_block = F.solve_flops("torch", mode="p2p", chips=1, batch=1, seq_len=16,
+                              num_v_heads=1, head_k_dim=gdn.head_k_dim,
+                              head_v_dim=gdn.head_v_dim, chunk_size=16, num_layers=1,
+                              remat=remat)
+    assert torch_run.solve.total == blocks * per_block.total
+    with pytest.raises(ValueError, match="framework='tf' is not one of: jax, torch"):
+        F.hardware_flops_per_step(cfg, framework="tf", **shape)

@@ -34,6 +34,7 @@ from gdn_core.jax_gdn.cp.train import (
 )
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import make_optimizer, make_train_step
+from gdn_core.memory_model import predict_step_memory, verify_reference_memory
 from gdn_core.testing import assert_close
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, TrainConfig
 
@@ -124,7 +125,12 @@ def test_run_cp_training_report(mode, layout):
     assert len(report.losses) == 3 and np.isfinite(report.losses).all()
     assert_close("first loss", single_chip_step()[2], report.losses[0], TOL)
     assert len(report.step_times_s) == 2 and min(report.step_times_s) > 0
-    assert report.memory_source == "xla_memory_analysis" and report.peak_memory_bytes > 0
+    # Measured (this process's RSS, shared over its D chips) and XLA's estimate, each named.
+    assert report.memory_source == f"process_rss_peak/{D}_chips"
+    assert report.peak_memory_bytes > 0
+    assert report.estimated_memory_source == "xla_memory_analysis"
+    assert 0 < report.estimated_memory_bytes < report.peak_memory_bytes  # RSS holds the runtime
+    assert report.compile_time_s > 0
     assert report.comm_source == "xla_hlo"
     assert report.cp_comm_bytes_per_step == expected_cp_bytes(mode, D, TRAIN.seq_len)
     assert report.grad_sync_bytes_per_step == 2 * (D - 1) * 4 * parameter_count() // D
@@ -151,6 +157,29 @@ def test_verify_against_single_chip():
     report = run_cp_training(MODEL, TRAIN, mesh=mesh_of("D4"), axis="cp", mode="log_scan",
                              steps=1, warmup_steps=0, verify=True)
     assert report.max_rel_err is not None and report.max_rel_err < TOL
+    assert report.verified_seq_len == TRAIN.seq_len  # this host holds the whole sequence
+
+
+@pytest.mark.timeout(240)
+def test_verify_on_the_prefix_one_chip_holds():
+    # D = 2 × chunk 16: valid prefixes of the 120 tokens are 32, 64 and 96. A budget that
+    # holds the step's state and the reference on 64 tokens, not on 96, verifies 64; an ample
+    # one the whole sequence.
+    mesh, D = mesh_of("D2"), 2
+    resident = predict_step_memory(MODEL, TRAIN, mode="p2p", chips=D,
+                                   framework="jax").resident_state
+    reference = verify_reference_memory(MODEL, TRAIN, seq_len=64, framework="jax").total
+    tight = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=1,
+                            warmup_steps=0, verify=True,
+                            verify_memory_budget_bytes=resident + reference)
+    assert tight.verified_seq_len == 64
+    assert tight.max_rel_err is not None and tight.max_rel_err < TOL
+    ample = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=1,
+                            warmup_steps=0, verify=True, verify_memory_budget_bytes=2**40)
+    assert ample.verified_seq_len == TRAIN.seq_len and ample.max_rel_err < TOL
+    nothing = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=1,
+                              warmup_steps=0, verify=True, verify_memory_budget_bytes=0)
+    assert nothing.verified_seq_len is None and nothing.max_rel_err is None
 
 
 @pytest.mark.timeout(60)
@@ -265,6 +294,9 @@ def test_run_cp_training_across_two_processes():
                              axis="cp", mode="p2p", steps=2)
     for report in reports:
         assert report["chips"] == 4 and report["max_rel_err"] < TOL
+        # Both processes agree on what to verify (the smallest budget of the two).
+        assert report["verified_seq_len"] == TRAIN.seq_len
+        assert report["memory_source"] == "process_rss_peak/2_chips"
         assert_close("losses", single.losses, report["losses"], TOL)
         assert report["cp_comm_bytes_per_step"] == expected_cp_bytes("p2p", 4, TRAIN.seq_len)
         assert report["grad_sync_bytes_per_step"] == 2 * 3 * 4 * parameter_count() // 4

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from gdn_core.data import synthetic_tokens
+from gdn_core.memory_model import predict_step_memory, verify_reference_memory
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import (
     GatedDeltaNet,
@@ -167,7 +168,7 @@ def test_run_cp_training_report(mode, D):
             assert rep["losses"] == reports[0]["losses"], rank
             assert len(rep["step_times_s"]) == STEPS and min(rep["step_times_s"]) > 0
             assert (rep["mode"], rep["chips"]) == (mode, D)
-            assert rep["peak_memory_bytes"] > 0 and rep["memory_source"] == "process_rss"
+            assert rep["peak_memory_bytes"] > 0 and rep["memory_source"] == "process_rss_peak"
             assert rep["comm_source"] == "counted_collectives"
         losses = reports[0]["losses"]
         assert len(losses) == STEPS + WARMUP and all(math.isfinite(x) for x in losses)
@@ -176,8 +177,11 @@ def test_run_cp_training_report(mode, D):
         if t == T_LOCAL:
             assert all(r["max_rel_err"] == reports[0]["max_rel_err"] for r in reports)
             assert reports[0]["max_rel_err"] < TOL, reports[0]["max_rel_err"]
+            # This host holds the whole sequence on one chip.
+            assert all(r["verified_seq_len"] == D * t for r in reports)
         else:
-            assert all(r["max_rel_err"] is None for r in reports)
+            assert all(r["max_rel_err"] is None and r["verified_seq_len"] is None
+                       for r in reports)
 
 
 @pytest.mark.timeout(200)
@@ -222,3 +226,34 @@ def test_run_cp_training_bf16(mode):
 def test_run_cp_training_shape_error(D):
     msg = train_results(D)[0]["indivisible"]
     assert f"seq_len={D * T_LOCAL + 1} is not divisible by chips={D}" in msg, msg
+
+
+def verify_prefix_job(rank: int, D: int, mode: str, budgets: dict) -> dict:
+    """verified_seq_len and max_rel_err of a verified run under each named budget."""
+    out = {}
+    for name, budget in budgets.items():
+        report = run_cp_training(model_cfg(D), train_cfg(D, 2 * T_LOCAL), group=None, mode=mode,
+                                 steps=1, warmup_steps=0, verify=True,
+                                 verify_memory_budget_bytes=budget)
+        out[name] = (report.verified_seq_len, report.max_rel_err)
+    return out
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", ["p2p", "ulysses"])
+def test_verify_on_the_prefix_one_chip_holds(mode):
+    """A budget that holds rank 0's state and the reference on 64 of the 96 tokens (valid
+    prefixes: multiples of D × chunk = 32) verifies 64 tokens, on every rank; an ample budget
+    the whole sequence; none that holds even 32 tokens verifies nothing."""
+    D = 2
+    cfg = train_cfg(D, 2 * T_LOCAL)
+    resident = predict_step_memory(model_cfg(D), cfg, mode=mode, chips=D,
+                                   framework="torch").resident_state
+    reference = verify_reference_memory(model_cfg(D), cfg, seq_len=64, framework="torch").total
+    budgets = {"tight": resident + reference, "ample": 2**40, "none": 0}
+    ranks = run_in_process_group(verify_prefix_job, world_size=D, args=(mode, budgets),
+                                 timeout_s=180)
+    assert all(r == ranks[0] for r in ranks)
+    (tight, tight_err), (ample, ample_err) = ranks[0]["tight"], ranks[0]["ample"]
+    assert (tight, ample, ranks[0]["none"]) == (64, cfg.seq_len, (None, None))
+    assert tight_err < TOL and ample_err < TOL, (tight_err, ample_err)

@@ -76,7 +76,8 @@ def test_run_training_report():
     assert len(report.losses) == 5 and all(math.isfinite(x) for x in report.losses)
     assert len(report.step_times_s) == 3 and all(t > 0 for t in report.step_times_s)
     assert report.step_time_s == sorted(report.step_times_s)[1]
-    assert report.memory_source == "process_rss" and report.peak_memory_bytes > 10 * 2**20
+    assert report.memory_source == "process_rss_peak" and report.peak_memory_bytes > 10 * 2**20
+    assert report.estimated_memory_bytes is None and report.compile_time_s == 0.0
 
 
 @pytest.mark.timeout(30)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from service import crud
 from service.sink import record_result
-from workers.result import TrialMetrics, TrialResult
+from workers.result import AttemptRecord, TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
 
 from .conftest import TINY_SWEEP
@@ -12,7 +14,9 @@ from .conftest import TINY_SWEEP
 
 def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", **changes) -> int:
     """Create a sweep and give every runnable trial a result with made-up, traceable metrics:
-    tokens/s/chip = seq_len / chips + (100 for p2p), mfu = chips / 100."""
+    tokens/s/chip = seq_len / chips + (100 for p2p) + repeat, mfu = chips / 100; steps spread
+    ±10% around the median; JAX trials carry an XLA estimate of twice the measured peak, every
+    trial a prediction of 1.5 times it. One attempt each, on host h1."""
     spec = SweepSpec.model_validate({**TINY_SWEEP, **changes})
     with session_factory() as session:
         sweep_id = crud.create_sweep(session=session, sweep_create=spec).id
@@ -22,15 +26,27 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", **changes) -
         status = status_of(trial)
         metrics = TrialMetrics()
         if status == "succeeded":
+            step = 0.01 * trial.chips
+            measured = trial.seq_len * 1000
             metrics = TrialMetrics(
                 tokens_per_s_per_chip=trial.seq_len / trial.chips + (100 if trial.mode == "p2p"
-                                                                    else 0),
-                step_time_s=0.01 * trial.chips, mfu=trial.chips / 100, hfu=trial.chips / 90,
-                peak_memory_bytes_per_chip=trial.seq_len * 1000, memory_source="rss",
+                                                                    else 0) + trial.repeat,
+                step_time_s=step, step_time_min_s=0.9 * step, step_time_max_s=1.1 * step,
+                measured_steps=trial.steps, compile_time_s=2.0 if trial.framework == "jax" else 0,
+                peak_flops_dtype=trial.dtype, device_name="seed cpu",
+                mfu=trial.chips / 100, hfu=trial.chips / 90,
+                peak_memory_bytes_per_chip=measured, memory_source="process_rss_hwm",
+                estimated_memory_bytes_per_chip=2 * measured if trial.framework == "jax" else None,
+                estimated_memory_source="xla_memory_analysis" if trial.framework == "jax" else None,
+                predicted_memory_bytes_per_chip=int(1.5 * measured),
                 comm_bytes_per_step_per_chip=trial.chips * 10,
                 cp_comm_bytes_per_step_per_chip=trial.chips * 6,
                 grad_sync_bytes_per_step_per_chip=trial.chips * 4, loss_first=5.5, loss_last=5.0)
+        error = None if status == "succeeded" else "boom"
+        at = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
         record_result(session_factory=session_factory, sweep_id=sweep_id, result=TrialResult(
             trial=trial, status=status, metrics=metrics, attempts=1, hosts=["h1"],
-            versions={"torch": "2.13.0"}, error=None if status == "succeeded" else "boom"))
+            attempt_history=[AttemptRecord(attempt=1, status=status, reason=error, hosts=["h1"],
+                                           started_at=at, finished_at=at)],
+            versions={"torch": "2.13.0"}, error=error))
     return sweep_id

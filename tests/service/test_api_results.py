@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import pytest
 
 from .seed import seed_sweep
 
+NEW_FIELDS = ("repeat", "baseline_key", "baseline_trial_id", "speedup_vs_one_chip",
+              "scaling_efficiency", "attempt_history", "step_time_min_s", "step_time_max_s",
+              "measured_steps", "compile_time_s", "peak_flops_dtype", "device_name",
+              "estimated_memory_bytes_per_chip", "estimated_memory_source",
+              "predicted_memory_bytes_per_chip", "verified_seq_len")
+
 
 @pytest.fixture
 def seeded(session_factory):
-    """Two sweeps: torch on cpu (float32, replicated) and jax on h100 (bfloat16, fsdp, remat
-    full); oom at seq_len 512."""
+    """Two sweeps: torch on cpu (float32, replicated; chips=1 once per seq_len, as the
+    one-chip baseline) and jax on h100 (bfloat16, fsdp, remat full); oom at seq_len 512."""
     a = seed_sweep(session_factory, name="cpu", modes=["all_gather", "p2p"], chips=[1, 2, 4],
                    seq_lens=[64, 128, 256, 512],
                    status_of=lambda t: "oom" if t.seq_len == 512 else "succeeded")
@@ -29,7 +36,8 @@ def keys(page) -> list[tuple]:
 
 def test_only_succeeded_trials_sorted_by_throughput(client, seeded):
     page = client.get("/api/results").json()
-    assert page["count"] == 2 * 3 * 3 + 1  # the oom points are not results
+    # 3 seq_lens × (one baseline + 2 modes × 2 chip counts), + the gpu sweep; oom is no result
+    assert page["count"] == 3 * (1 + 2 * 2) + 1
     values = [t["tokens_per_s_per_chip"] for t in page["data"]]
     assert values == sorted(values, reverse=True)
     assert {t["status"] for t in page["data"]} == {"succeeded"}
@@ -39,7 +47,8 @@ def test_only_succeeded_trials_sorted_by_throughput(client, seeded):
 @pytest.mark.parametrize("params, expected", [
     ({"mode": "p2p", "chips": 4}, {("torch", "p2p", 4, s) for s in (64, 128, 256)}),
     ({"chips": [1, 4], "seq_len_min": 200, "seq_len_max": 300},
-     {("torch", m, c, 256) for m in ("all_gather", "p2p") for c in (1, 4)}),
+     {("torch", "none", 1, 256), ("torch", "all_gather", 4, 256), ("torch", "p2p", 4, 256)}),
+    ({"mode": "none"}, {("torch", "none", 1, s) for s in (64, 128, 256)}),
     ({"accelerator": "h100"}, {("jax", "p2p", 2, 1024)}),
     ({"dtype": "bfloat16", "framework": "jax"}, {("jax", "p2p", 2, 1024)}),
     ({"preset": "qwen3.5-27b"}, set()),
@@ -48,8 +57,8 @@ def test_only_succeeded_trials_sorted_by_throughput(client, seeded):
     ({"framework": "torch", "mode": "all_gather", "chips": 2, "seq_len_min": 128,
       "accelerator": "cpu", "dtype": "float32", "preset": "tiny"},
      {("torch", "all_gather", 2, 128), ("torch", "all_gather", 2, 256)}),
-], ids=["mode-chips", "chips-list-seq-range", "accelerator", "dtype-framework", "preset-none",
-        "param_sharding", "remat-framework-none", "every-filter"])
+], ids=["mode-chips", "chips-list-seq-range", "baseline", "accelerator", "dtype-framework",
+        "preset-none", "param_sharding", "remat-framework-none", "every-filter"])
 def test_filters(client, seeded, params, expected):
     page = client.get("/api/results", params=params).json()
     assert set(keys(page)) == expected and page["count"] == len(expected)
@@ -59,10 +68,10 @@ def test_sorting_and_paging(client, seeded):
     params = {"framework": "torch", "sort": "chips,-seq_len", "limit": 4}
     first = client.get("/api/results", params=params).json()
     second = client.get("/api/results", params={**params, "offset": 4}).json()
-    assert first["count"] == second["count"] == 18
+    assert first["count"] == second["count"] == 15
     got = keys(first) + keys(second)
-    assert [k[2:] for k in got] == [(1, 256), (1, 256), (1, 128), (1, 128), (1, 64), (1, 64),
-                                    (2, 256), (2, 256)]
+    assert [k[2:] for k in got] == [(1, 256), (1, 128), (1, 64), (2, 256), (2, 256), (2, 128),
+                                    (2, 128), (2, 64)]
     assert len(set(got)) == 8  # pages do not overlap
     mfu = client.get("/api/results", params={"sort": "mfu", "limit": 100}).json()
     assert [t["mfu"] for t in mfu["data"]] == sorted(t["mfu"] for t in mfu["data"])
@@ -72,10 +81,10 @@ def test_csv_has_a_header_and_one_line_per_result(client, seeded):
     r = client.get("/api/results", params={"format": "csv", "mode": "p2p"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(r.text)))
-    assert len(rows) == int(r.headers["x-total-count"]) == 3 * 3 + 1
+    assert len(rows) == int(r.headers["x-total-count"]) == 2 * 3 + 1
     assert {"tokens_per_s_per_chip", "mfu", "peak_memory_bytes_per_chip", "accelerator",
             "versions", "param_sharding", "remat", "cp_comm_bytes_per_step_per_chip",
-            "grad_sync_bytes_per_step_per_chip"} <= set(rows[0])
+            "grad_sync_bytes_per_step_per_chip", *NEW_FIELDS} <= set(rows[0])
     # The CP and weight-sync bytes are stored apart and sum to the total.
     assert all(int(r["cp_comm_bytes_per_step_per_chip"]) + int(r["grad_sync_bytes_per_step_per_chip"])
                == int(r["comm_bytes_per_step_per_chip"]) for r in rows)
@@ -86,13 +95,69 @@ def test_csv_has_a_header_and_one_line_per_result(client, seeded):
 
 @pytest.mark.parametrize("params, loc, needle", [
     ({"sort": "-speed"}, ["query", "sort"], "tokens_per_s_per_chip"),
-    ({"mode": "ring"}, ["query", "mode", 0], "'ulysses', 'p2p', 'all_gather' or 'log_scan'"),
+    ({"mode": "ring"}, ["query", "mode", 0],
+     "'none', 'ulysses', 'p2p', 'all_gather' or 'log_scan'"),
     ({"seq_len_min": 512, "seq_len_max": 64}, ["query"], "seq_len_min=512 is larger"),
     ({"format": "xml"}, ["query", "format"], "'json' or 'csv'"),
     ({"chip": 2}, ["query", "chip"], "Extra inputs are not permitted"),
     ({"remat": "some"}, ["query", "remat", 0], "'none', 'full' or 'gdn'"),
-], ids=["sort", "mode", "range", "format", "unknown", "remat"])
+    ({"repeat": -1}, ["query", "repeat", 0], "greater than or equal to 0"),
+    ({"repeat": "first"}, ["query", "repeat", 0], "valid integer"),
+], ids=["sort", "mode", "range", "format", "unknown", "remat", "repeat-negative", "repeat-text"])
 def test_bad_parameters_are_422_naming_them(client, params, loc, needle):
     r = client.get("/api/results", params=params)
     assert r.status_code == 422
     assert any(e["loc"] == loc and needle in e["msg"] for e in r.json()["detail"]), r.json()
+
+
+def test_results_carry_the_spread_memory_kinds_baseline_and_attempts(client, seeded):
+    (gpu,) = client.get("/api/results", params={"framework": "jax"}).json()["data"]
+    assert (gpu["step_time_min_s"], gpu["step_time_s"], gpu["step_time_max_s"]) == \
+        pytest.approx((0.018, 0.02, 0.022))
+    assert gpu["measured_steps"] == 1 and gpu["compile_time_s"] == 2.0
+    assert (gpu["peak_flops_dtype"], gpu["device_name"]) == ("bfloat16", "seed cpu")
+    # Measured, estimated and predicted memory are three fields, never one in another's place.
+    assert (gpu["peak_memory_bytes_per_chip"], gpu["memory_source"]) == (1024_000,
+                                                                        "process_rss_hwm")
+    assert (gpu["estimated_memory_bytes_per_chip"], gpu["estimated_memory_source"]) == \
+        (2048_000, "xla_memory_analysis")
+    assert gpu["predicted_memory_bytes_per_chip"] == 1536_000
+    (attempt,) = gpu["attempt_history"]
+    assert (attempt["attempt"], attempt["status"], attempt["hosts"]) == (1, "succeeded", ["h1"])
+    assert attempt["started_at"].startswith("2027-01-01")
+    assert gpu["baseline_key"] is None and gpu["scaling_efficiency"] is None  # no chips=1 there
+
+    page = client.get("/api/results", params={"framework": "torch", "seq_len_min": 128,
+                                              "seq_len_max": 128}).json()["data"]
+    by_point = {(t["mode"], t["chips"]): t for t in page}
+    baseline = by_point[("none", 1)]
+    assert baseline["baseline_key"] is None and baseline["estimated_memory_bytes_per_chip"] is None
+    for point in (("all_gather", 2), ("all_gather", 4), ("p2p", 2), ("p2p", 4)):
+        t = by_point[point]  # every mode's rows name the one baseline
+        assert t["baseline_key"] == baseline["key"]
+        assert t["baseline_trial_id"] == baseline["id"]
+        # tokens/s/chip = 128 / chips (+100 for p2p); the baseline's is 128
+        assert t["scaling_efficiency"] == pytest.approx(t["tokens_per_s_per_chip"] / 128)
+        assert t["speedup_vs_one_chip"] == pytest.approx(t["scaling_efficiency"] * t["chips"])
+    trial = client.get(f"/api/trials/{by_point[('p2p', 2)]['id']}").json()
+    assert trial == by_point[("p2p", 2)]
+
+
+def test_repeats_are_separate_rows_filtered_by_repeat(client, session_factory):
+    seed_sweep(session_factory, name="rep", modes=["p2p"], chips=[1, 2], seq_lens=[64],
+               repeats=3)
+    page = client.get("/api/results", params={"sort": "repeat,chips"}).json()
+    assert [(t["repeat"], t["mode"], t["chips"]) for t in page["data"]] == [
+        (r, mode, chips) for r in range(3) for mode, chips in (("none", 1), ("p2p", 2))]
+    assert all(t["key"].endswith(f"/repeat={t['repeat']}") for t in page["data"])
+    # repeat r of a point refers to repeat r of its baseline
+    assert all(t["baseline_key"].endswith(f"/repeat={t['repeat']}")
+               for t in page["data"] if t["chips"] == 2)
+    second = client.get("/api/results", params={"repeat": 1}).json()
+    assert {(t["mode"], t["repeat"]) for t in second["data"]} == {("none", 1), ("p2p", 1)}
+    both = client.get("/api/results", params={"repeat": [0, 2], "mode": "p2p"}).json()
+    assert sorted(t["repeat"] for t in both["data"]) == [0, 2]
+    csv_rows = list(csv.DictReader(io.StringIO(client.get(
+        "/api/results", params={"format": "csv", "repeat": 2}).text)))
+    assert {r["repeat"] for r in csv_rows} == {"2"}
+    assert json.loads(csv_rows[0]["attempt_history"])[0]["hosts"] == ["h1"]

@@ -27,18 +27,19 @@ def test_create_counts_trials_and_skipped_points(client, session_factory):
     r = client.post("/api/sweeps", json=body)
     assert r.status_code == 201, r.text
     created = r.json()
-    # tiny has 4 value heads: ulysses cannot split them over 8 chips (2 frameworks × 2 seq_lens)
-    assert created == {"id": created["id"], "name": "tiny", "status": "queued", "trials": 24,
+    # Per framework and seq_len: one one-chip baseline + 2 modes × chips 2, 8. tiny has 4 value
+    # heads: ulysses cannot split them over 8 chips (2 frameworks × 2 seq_lens).
+    assert created == {"id": created["id"], "name": "tiny", "status": "queued", "trials": 20,
                        "skipped": 4}
     sweep = client.get(f"/api/sweeps/{created['id']}").json()
-    assert sweep["counts"]["pending"] == 20 and sweep["counts"]["skipped"] == 4
+    assert sweep["counts"]["pending"] == 16 and sweep["counts"]["skipped"] == 4
     assert sweep["trials_done"] == 4 and sweep["spec"]["chips"] == [1, 2, 8]
     skipped = client.get(f"/api/sweeps/{created['id']}/trials", params={"status": "skipped"})
     assert skipped.json()["count"] == 4
     trial = skipped.json()["data"][0]
     assert trial["mode"] == "ulysses" and trial["chips"] == 8
     assert "value heads (4) divisible by chips=8" in trial["error"]
-    assert row_counts(session_factory) == (1, 24, 4)  # skipped points carry their result row
+    assert row_counts(session_factory) == (1, 20, 4)  # skipped points carry their result row
 
 
 @pytest.mark.parametrize("change, loc, needle", [
@@ -52,10 +53,14 @@ def test_create_counts_trials_and_skipped_points(client, session_factory):
      "'replicated', 'zero1' or 'fsdp'"),
     ({"remats": ["some"]}, ["body", "remats", 0], "'none', 'full' or 'gdn'"),
     ({"remats": []}, ["body", "remats"], "at least 1 item"),
+    ({"repeats": 0}, ["body", "repeats"], "greater than or equal to 1"),
+    ({"repeats": 21}, ["body", "repeats"], "less than or equal to 20"),
+    ({"modes": ["none"]}, ["body", "modes", 0], "'ulysses', 'p2p', 'all_gather' or 'log_scan'"),
     ({"accelerator": {"kind": "gpu", "type": "k80"}}, ["body", "accelerator"], "h100"),
     ({"colour": "red"}, ["body", "colour"], "Extra inputs are not permitted"),
 ], ids=["mode", "framework", "preset", "chips", "dtypes", "dtype-singular", "param_shardings",
-        "remats", "remats-empty", "accelerator", "unknown-field"])
+        "remats", "remats-empty", "repeats-0", "repeats-21", "mode-none", "accelerator",
+        "unknown-field"])
 def test_invalid_input_is_422_naming_field_and_accepted_values(client, session_factory, change,
                                                                loc, needle):
     r = client.post("/api/sweeps", json=sweep_body(**change))
@@ -83,6 +88,52 @@ def test_step_settings_are_grid_dimensions_with_distinct_keys(client, session_fa
     assert options["remats"] == ["none", "full", "gdn"]
 
 
+def test_one_chip_runs_once_as_the_baseline_every_mode_refers_to(client):
+    body = sweep_body(modes=["ulysses", "p2p", "all_gather"], chips=[1, 2, 4],
+                      seq_lens=[64, 128], remats=["none", "full"])
+    created = client.post("/api/sweeps", json=body).json()
+    # per seq_len and remat: one baseline + 3 modes × 2 chip counts
+    assert created["trials"] == 2 * 2 * (1 + 3 * 2) == 28
+    trials = client.get(f"/api/sweeps/{created['id']}/trials").json()["data"]
+    baselines = {t["key"]: t for t in trials if t["chips"] == 1}
+    assert len(baselines) == 4 and {t["mode"] for t in baselines.values()} == {"none"}
+    assert all(t["verify"] is False and t["baseline_key"] is None for t in baselines.values())
+    for t in trials:
+        if t["chips"] == 1:
+            continue
+        baseline = baselines[t["baseline_key"]]  # the same work on one chip
+        assert (baseline["seq_len"], baseline["remat"], baseline["repeat"]) == \
+            (t["seq_len"], t["remat"], t["repeat"])
+        assert t["baseline_trial_id"] == baseline["id"]
+    assert {t["mode"] for t in trials if t["chips"] > 1} == {"ulysses", "p2p", "all_gather"}
+    assert "none" in client.get("/api/options").json()["trial_modes"]
+
+
+def test_no_one_in_chips_means_no_baseline(client):
+    created = client.post("/api/sweeps", json=sweep_body(modes=["p2p", "all_gather"],
+                                                          chips=[2, 4])).json()
+    assert created["trials"] == 4
+    trials = client.get(f"/api/sweeps/{created['id']}/trials").json()["data"]
+    assert {t["baseline_key"] for t in trials} == {None}
+
+
+def test_repeats_expand_into_keyed_trials(client):
+    created = client.post("/api/sweeps", json=sweep_body(modes=["p2p"], chips=[1, 2],
+                                                          repeats=3)).json()
+    assert created["trials"] == 3 * 2
+    trials = client.get(f"/api/sweeps/{created['id']}/trials").json()["data"]
+    # repeats are the outer loop: every point once, then again
+    assert [(t["repeat"], t["mode"]) for t in trials] == [
+        (r, mode) for r in range(3) for mode in ("none", "p2p")]
+    assert [t["key"].rsplit("/", 1)[1] for t in trials] == [
+        f"repeat={r}" for r in range(3) for _ in range(2)]
+    once = client.post("/api/sweeps", json=sweep_body(modes=["p2p"], chips=[1, 2])).json()
+    keys = [t["key"] for t in client.get(f"/api/sweeps/{once['id']}/trials").json()["data"]]
+    assert not any("repeat=" in k for k in keys)  # keys of unrepeated sweeps stay as they were
+    spec = client.get(f"/api/sweeps/{created['id']}").json()["spec"]
+    assert spec["repeats"] == 3 and spec["one_chip_baseline"] is True
+
+
 def test_singular_dtype_of_older_sweep_files_still_reads(client):
     created = client.post("/api/sweeps", json=sweep_body(dtype="bfloat16")).json()
     spec = client.get(f"/api/sweeps/{created['id']}").json()["spec"]
@@ -91,15 +142,20 @@ def test_singular_dtype_of_older_sweep_files_still_reads(client):
 
 def test_grid_over_the_cap_is_422_and_writes_nothing(client, session_factory):
     body = sweep_body(frameworks=["jax", "torch"], modes=["p2p", "all_gather"],
-                      chips=[1, 2, 4, 8], seq_lens=[64, 128, 256])  # 48 trials: under the cap
-    assert client.post("/api/sweeps", json=body).status_code == 201
+                      chips=[1, 2, 4, 8], seq_lens=[64, 128, 256])  # 2 × 3 × (1 + 2 × 3) = 42
+    assert client.post("/api/sweeps", json=body).json()["trials"] == 42
     before = row_counts(session_factory)
-    body["seq_lens"] = [64, 128, 256, 512, 1024]  # 80 > 64
+    body["seq_lens"] = [64, 128, 256, 512, 1024]  # 2 × 5 × 7 = 70 > 64
     r = client.post("/api/sweeps", json=body)
     assert r.status_code == 422
     (error,) = r.json()["detail"]
-    assert error["type"] == "grid_too_large" and "80 trials" in error["msg"]
+    assert error["type"] == "grid_too_large" and "70 trials" in error["msg"]
+    assert "the one-chip baseline" in error["msg"]
     assert "GDN_SWEEP_GRID_CAP" in error["msg"] and error["ctx"]["grid_cap"] == 64
+    assert row_counts(session_factory) == before
+    # repeats multiply the grid: 42 × 2 = 84 > 64
+    r = client.post("/api/sweeps", json={**body, "seq_lens": [64, 128, 256], "repeats": 2})
+    assert r.status_code == 422 and "84 trials (repeats 2" in r.json()["detail"][0]["msg"]
     assert row_counts(session_factory) == before
 
 
@@ -173,3 +229,22 @@ def test_health_reports_the_database(client):
     assert r.status_code == 200
     assert r.json()["status"] == "ok" and r.json()["database"]["ok"] is True
     assert r.json()["ray"]["ok"] is None  # no scheduler in this app
+
+
+def test_stored_sweep_that_a_newer_rule_refuses_still_reads(client, session_factory):
+    # torch on TPU was accepted before it was refused: such a sweep must stay readable (200),
+    # while a new one is a 422 naming the rule.
+    r = client.post("/api/sweeps", json=sweep_body(accelerator={"kind": "tpu", "type": "v5p"},
+                                                   frameworks=["jax"]))
+    assert r.status_code == 201, r.text
+    sweep_id = r.json()["id"]
+    with session_factory() as s:
+        sweep = s.get(Sweep, sweep_id)
+        sweep.spec = {**sweep.spec, "frameworks": ["torch"]}
+        s.commit()
+    got = client.get(f"/api/sweeps/{sweep_id}")
+    assert got.status_code == 200, got.text
+    assert got.json()["spec"]["frameworks"] == ["torch"]
+    refused = client.post("/api/sweeps", json=sweep_body(
+        accelerator={"kind": "tpu", "type": "v5p"}, frameworks=["torch"]))
+    assert refused.status_code == 422 and "tpu" in refused.text

@@ -9,9 +9,9 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from service import crud, sweep_run
-from service.models import Result, Sweep, Trial, result_for, utcnow
+from service.models import Result, Sweep, Trial, TrialAttempt, result_for, utcnow
 from service.sink import DatabaseSink, record_result
-from workers.result import TrialMetrics, TrialResult
+from workers.result import AttemptRecord, TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
 
 from .conftest import TINY_SWEEP
@@ -98,12 +98,27 @@ def test_capacity_planning_views(session_factory):
         fit = s.execute(text(
             "SELECT mode, chips, max_seq_len_succeeded, min_seq_len_oom FROM max_seq_len_fit "
             "WHERE preset = 'tiny' ORDER BY mode, chips")).all()
-    # tokens/s/chip = seq_len / chips + 100 for p2p: one chip wins where it fits
-    assert [tuple(r) for r in best] == [(64, "p2p", 1, 164.0), (128, "p2p", 1, 228.0),
+    # tokens/s/chip = seq_len / chips + 100 for p2p (the one-chip baseline, mode none, has no
+    # bonus): two p2p chips win everywhere
+    assert [tuple(r) for r in best] == [(64, "p2p", 2, 132.0), (128, "p2p", 2, 164.0),
                                         (256, "p2p", 2, 228.0), (512, "p2p", 2, 356.0)]
+    # chips=1 ran once per seq_len as the baseline: one row, mode none
     assert [tuple(r) for r in fit] == [
-        ("all_gather", 1, 128, 256), ("all_gather", 2, 512, None), ("all_gather", 4, 512, None),
-        ("p2p", 1, 128, 256), ("p2p", 2, 512, None), ("p2p", 4, 512, None)]
+        ("all_gather", 2, 512, None), ("all_gather", 4, 512, None), ("none", 1, 128, 256),
+        ("p2p", 2, 512, None), ("p2p", 4, 512, None)]
+    with session_factory() as s:
+        best = s.execute(text(
+            "SELECT step_time_min_s, step_time_s, step_time_max_s, measured_steps, memory_source, "
+            "estimated_memory_bytes_per_chip, predicted_memory_bytes_per_chip, device_name, "
+            "peak_flops_dtype FROM best_tokens_per_s_per_chip WHERE seq_len = 64")).one()
+        fit = s.execute(text(
+            "SELECT max_peak_memory_bytes_per_chip, memory_source, "
+            "max_estimated_memory_bytes_per_chip, max_predicted_memory_bytes_per_chip "
+            "FROM max_seq_len_fit WHERE mode = 'p2p' AND chips = 2")).one()
+    # a planner sees how spread the measurement is and which memory figure is which
+    assert tuple(best) == pytest.approx((0.018, 0.02, 0.022, 1, "process_rss_hwm", None,
+                                         96_000, "seed cpu", "float32"))
+    assert tuple(fit) == (512_000, "process_rss_hwm", None, 768_000)
 
 
 def test_claims_one_runner_at_a_time_and_resumes_running_trials(session_factory):
@@ -134,3 +149,50 @@ def test_claims_one_runner_at_a_time_and_resumes_running_trials(session_factory)
         s.refresh(sweep)
         assert sweep.status == "cancelled" and sweep.finished_at is not None
         assert s.scalar(select(func.count()).select_from(Result)) == 2
+
+
+def _attempts(session_factory) -> list[tuple]:
+    with session_factory() as s:
+        return [tuple(r) for r in s.execute(select(
+            TrialAttempt.attempt, TrialAttempt.status, TrialAttempt.reason, TrialAttempt.hosts)
+            .order_by(TrialAttempt.attempt))]
+
+
+def test_attempts_are_stored_with_the_result_once(session_factory):
+    sweep_id, (trial,) = make_sweep(session_factory)
+    at = utcnow()
+    retried = TrialResult(trial=trial, status="succeeded", attempts=2, attempt_history=[
+        AttemptRecord(attempt=1, status="failed", reason="\x1b[31mActorDiedError\x1b[0m: rank 1",
+                      hosts=["h1"], started_at=at, finished_at=at),
+        AttemptRecord(attempt=2, status="succeeded", hosts=["h2"], started_at=at,
+                      finished_at=at)])
+    assert record_result(session_factory=session_factory, sweep_id=sweep_id, result=retried)
+    expected = [(1, "failed", "ActorDiedError: rank 1", ["h1"]), (2, "succeeded", None, ["h2"])]
+    assert _attempts(session_factory) == expected
+    late = TrialResult(trial=trial, status="failed", attempts=1, attempt_history=[
+        AttemptRecord(attempt=1, status="failed", reason="late duplicate")])
+    assert record_result(session_factory=session_factory, sweep_id=sweep_id,
+                         result=late) is False
+    assert _attempts(session_factory) == expected  # kept with the first result
+
+
+def test_a_retried_cancelled_trial_replaces_its_attempts(session_factory):
+    sweep_id, (trial,) = make_sweep(session_factory)
+    cancelled = TrialResult(trial=trial, status="cancelled", attempts=1, attempt_history=[
+        AttemptRecord(attempt=1, status="cancelled", reason="sweep cancelled")])
+    assert record_result(session_factory=session_factory, sweep_id=sweep_id, result=cancelled)
+    rerun = TrialResult(trial=trial, status="succeeded", attempts=1, attempt_history=[
+        AttemptRecord(attempt=1, status="succeeded", hosts=["h1"])])
+    assert record_result(session_factory=session_factory, sweep_id=sweep_id, result=rerun)
+    assert _attempts(session_factory) == [(1, "succeeded", None, ["h1"])]
+
+
+def test_attempts_go_with_their_trial(session_factory):
+    sweep_id, (trial,) = make_sweep(session_factory)
+    record_result(session_factory=session_factory, sweep_id=sweep_id, result=TrialResult(
+        trial=trial, status="failed", attempts=1,
+        attempt_history=[AttemptRecord(attempt=1, status="failed", reason="x")]))
+    with session_factory() as s:  # (core.db turns SQLite's foreign keys on)
+        s.execute(text("DELETE FROM sweeps"))
+        s.commit()
+        assert s.scalar(select(func.count()).select_from(TrialAttempt)) == 0

@@ -1,6 +1,8 @@
 """The dashboard in a real browser (Debian's chromium via Playwright) against a live server
 with the scheduler, the workers driver and a local Ray: create a sweep through the form,
-watch it finish, find the plots drawn, and see a hostile sweep name shown as text."""
+watch it finish, find the plots drawn (error bars on throughput, the one-chip baseline in
+every mode's scaling line, measured and estimated memory as separate series), and see a
+hostile sweep name shown as text."""
 
 from __future__ import annotations
 
@@ -72,10 +74,14 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert "use integers >= 1" in page.inner_text("#create-errors")
 
     page.fill("#chips", "1,2")
-    # The step settings are grid dimensions of the form too: a second remat doubles the grid.
-    assert page.inner_text("#grid-size").startswith("4 trials")
+    # chips=1 runs once (the baseline of both modes): 1 + 2 modes × 1 chip count. The step
+    # settings are grid dimensions of the form too: a second remat doubles the grid.
+    assert page.inner_text("#grid-size").startswith("3 trials")
     page.check("input[name=remats][value=full]")
-    assert page.inner_text("#grid-size").startswith("8 trials")
+    assert page.inner_text("#grid-size").startswith("6 trials")
+    page.fill("#repeats", "2")
+    assert page.inner_text("#grid-size").startswith("12 trials")
+    page.fill("#repeats", "1")
     page.uncheck("input[name=remats][value=full]")
     assert page.is_checked("input[name=dtypes][value=float32]")
     assert page.is_checked("input[name=param_shardings][value=replicated]")
@@ -87,13 +93,35 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert page.evaluate("window.__pwned") is None
     statuses = page.locator("#trials tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.status)")
-    assert statuses == ["succeeded"] * 4
-    for plot in ("#plot-throughput", "#plot-memory", "#plot-mfu"):
+    assert statuses == ["succeeded"] * 3
+    assert page.locator("#trials tbody tr[data-attempts='1']").count() == 3
+    for plot in ("#plot-throughput", "#plot-scaling", "#plot-memory", "#plot-mfu"):
         assert page.locator(f"{plot} svg.main-svg").count() >= 1, plot
-    assert page.locator("#plot-throughput g.trace.scatter").count() == 4  # 2 modes × 2 panels
-    assert page.locator("#plot-mfu g.trace.bars").count() == 2
-    names = page.evaluate("document.getElementById('plot-memory').data.map(t => t.name)")
-    assert "chip memory" in names and "torch p2p" in names
+    # chips = 1 panel: the baseline; chips = 2 panel: the two modes
+    assert page.locator("#plot-throughput g.trace.scatter").count() == 3
+    throughput = page.evaluate("document.getElementById('plot-throughput').data.map(t => "
+                               "({name: t.name, x: t.x, y: t.y, error_y: t.error_y}))")
+    assert sorted(t["name"] for t in throughput) == ["torch all_gather", "torch one chip",
+                                                     "torch p2p"]
+    for trace in throughput:  # the spread of the measured steps, as error bars
+        bars = trace["error_y"]
+        assert bars["type"] == "data" and bars["visible"] and bars["symmetric"] is False
+        assert len(bars["array"]) == len(bars["arrayminus"]) == len(trace["y"])
+        assert min(bars["array"] + bars["arrayminus"]) >= 0
+    scaling = page.evaluate("document.getElementById('plot-scaling').data.map(t => "
+                            "({name: t.name, x: t.x}))")
+    # every mode's scaling line starts at the one-chip baseline
+    assert sorted((t["name"], t["x"]) for t in scaling) == [("torch all_gather", [1, 2]),
+                                                            ("torch p2p", [1, 2])]
+    assert page.locator("#plot-mfu g.trace.bars").count() == 3
+    memory = page.evaluate("document.getElementById('plot-memory').data.map(t => "
+                           "({name: t.name, quantity: t.meta && t.meta.quantity}))")
+    names = [t["name"] for t in memory]
+    assert "chip memory" in names and "torch p2p · process RSS (measured)" in names
+    assert {t["quantity"] for t in memory if t["name"] != "chip memory"} <= {
+        "peak_memory_bytes_per_chip", "estimated_memory_bytes_per_chip",
+        "predicted_memory_bytes_per_chip"}
+    _check_plot_math(page)
     assert page.locator("#plot-throughput .annotation-text").all_text_contents() == [
         "chips = 1", "chips = 2"]
 
@@ -112,8 +140,31 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     page.select_option("#f-mode", "p2p")
     page.select_option("#f-remat", "none")
     page.click("#filters button[type=submit]")
-    page.wait_for_function("document.querySelectorAll('#results tbody tr').length === 2")
+    page.wait_for_function("document.querySelectorAll('#results tbody tr').length === 1")
     assert "mode=p2p" in page.get_attribute("#csv", "href")
     assert "remat=none" in page.get_attribute("#csv", "href")
     if shots:
         page.screenshot(path=os.path.join(shots, "results.png"), full_page=True)
+
+
+def _check_plot_math(page) -> None:
+    """The page's own plot code on trials with known figures: repeats merge into one point
+    with bars over every step; each memory quantity is a series of its own."""
+    point = page.evaluate("""() => {
+        const t = (repeat, tps, min, max) => ({ id: repeat, chips: 2, seq_len: 64,
+            tokens_per_s_per_chip: tps, step_time_s: 1, step_time_min_s: min,
+            step_time_max_s: max, measured_steps: 3 });
+        return Plots.throughputPoints([t(0, 100, 0.5, 2), t(1, 200, 0.8, 1.25), t(2, 300, 1, 1)]);
+    }""")
+    # median of 100, 200, 300; fastest step: 100 × 1 / 0.5; slowest: 100 × 1 / 2
+    assert [(p["y"], p["hi"], p["lo"]) for p in point] == [(200, 300, 50)]
+    traces = page.evaluate("""() => Plots.memoryTraces({ spec: { chips: [1] } }, [{
+        id: 1, status: "succeeded", framework: "jax", mode: "none", chips: 1, seq_len: 64,
+        dtype: "float32", param_sharding: "replicated", remat: "none",
+        peak_memory_bytes_per_chip: 1000, memory_source: "jax_peak_bytes_in_use",
+        estimated_memory_bytes_per_chip: 2000, estimated_memory_source: "xla_memory_analysis",
+        predicted_memory_bytes_per_chip: 3000 }]).map(t => [t.name, t.meta.quantity, t.y])""")
+    assert traces == [
+        ["jax one chip · device peak (measured)", "peak_memory_bytes_per_chip", [1000]],
+        ["jax one chip · XLA estimate", "estimated_memory_bytes_per_chip", [2000]],
+        ["jax one chip · predicted", "predicted_memory_bytes_per_chip", [3000]]]

@@ -1,17 +1,33 @@
-"""Alembic: head matches the models on both databases; down and up again; the CLI action."""
+"""Alembic: head matches the models on both databases; down and up again (both databases);
+old rows stay readable (and true) across 0002 and 0003; the CLI action."""
 
 from __future__ import annotations
 
 import io
+import json
+import secrets
+from collections.abc import Iterator
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select, text
+from sqlalchemy.engine import make_url
 
+from service import crud
 from service.commands import db_upgrade
-from service.core.db import alembic_config, current_revision, head_revision, make_engine
-from service.models import Base
+from service.core.db import (
+    alembic_config,
+    current_revision,
+    head_revision,
+    make_engine,
+    make_session_factory,
+)
+from service.models import Base, Trial
+from workers.spec import SweepSpec, expand_trials
+
+from .conftest import PG_ADMIN_URL, _psycopg_conninfo
 
 
 def test_head_matches_the_models(db_url):
@@ -47,10 +63,6 @@ def test_0002_keeps_old_rows_findable(tmp_path):
     # A sweep stored under 0001 (keys without the step settings) upgrades to keys that name
     # every grid dimension, so resuming it finds its trials, and its rows read as
     # replicated / no remat.
-    from sqlalchemy import text
-
-    from workers.spec import SweepSpec, expand_trials
-
     url = f"sqlite:///{tmp_path / 'old.db'}"
     command.upgrade(alembic_config(url), "0001_initial")
     spec = SweepSpec(name="old", frameworks=["torch"], modes=["p2p"], chips=[2], seq_lens=[256])
@@ -66,13 +78,20 @@ def test_0002_keeps_old_rows_findable(tmp_path):
             "preset, num_layers, vocab_size, dtype, steps, warmup_steps, accelerator_kind, "
             "accelerator_type, verify, timeout_s, status, created_at) VALUES (1, 1, :key, "
             "'torch', 'p2p', 2, 256, 1, 'tiny', 2, 256, 'float32', 3, 1, 'cpu', 'cpu', 0, 600, "
-            "'pending', '2026-01-01')"), {"key": old_key})
+            "'succeeded', '2026-01-01')"), {"key": old_key})
+        conn.execute(text(
+            "INSERT INTO results (trial_id, sweep_id, framework, mode, chips, seq_len, "
+            "batch_size, preset, num_layers, dtype, accelerator_kind, accelerator_type, status, "
+            "attempts, hosts, versions, tokens_per_s_per_chip) VALUES (1, 1, 'torch', 'p2p', 2, "
+            "256, 1, 'tiny', 2, 'float32', 'cpu', 'cpu', 'succeeded', 1, '[]', '{}', 7.0)"))
     engine.dispose()
     command.upgrade(alembic_config(url), "head")
     engine = make_engine(url)
     with engine.connect() as conn:
         row = conn.execute(text("SELECT key, param_sharding, remat FROM trials")).one()
         assert tuple(row) == (trial.key, "replicated", "none")
+        # SQLite rebuilds `trials` on the way (batch mode): its results must survive that.
+        assert conn.execute(text("SELECT tokens_per_s_per_chip FROM results")).scalar() == 7.0
         view_columns = {c["name"] for c in inspect(conn).get_columns("best_tokens_per_s_per_chip")}
         assert {"param_sharding", "remat"} <= view_columns
     engine.dispose()
@@ -81,3 +100,125 @@ def test_0002_keeps_old_rows_findable(tmp_path):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT key FROM trials")).scalar() == old_key
     engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request, tmp_path) -> Iterator[str]:
+    """An empty database (no revision applied) of each kind, dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    import psycopg
+
+    name = f"gdn_sweep_migrations_{secrets.token_hex(4)}"
+    try:
+        admin = psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True,
+                                connect_timeout=5)
+    except psycopg.OperationalError as err:
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {err}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name) \
+            .render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_down_to_base_and_up_again_on_each_database(empty_url):
+    config = alembic_config(empty_url)
+    command.upgrade(config, "head")
+    command.downgrade(config, "0002_step_settings")
+    engine = make_engine(empty_url)
+    inspector = inspect(engine)
+    assert "trial_attempts" not in inspector.get_table_names()
+    assert "verified_seq_len" not in {c["name"] for c in inspector.get_columns("results")}
+    engine.dispose()
+    command.downgrade(config, "base")
+    command.upgrade(config, "head")
+    assert current_revision(empty_url) == head_revision()
+
+
+def _sql(url: str, statement: str, **params):
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        rows = conn.execute(text(statement), params)
+        out = rows.all() if rows.returns_rows else None
+    engine.dispose()
+    return out
+
+
+OLD_SPEC = {"name": "old", "frameworks": ["jax"], "modes": ["p2p", "all_gather"],
+            "chips": [1, 2], "seq_lens": [256], "model": {"preset": "tiny"}}
+
+
+def test_0003_keeps_old_rows_readable_and_true(empty_url):
+    # A sweep stored under 0002: chips=1 once per mode, and a JAX result whose "peak" memory
+    # was XLA's estimate. After 0003 the estimate is in its own column, the sweep still expands
+    # to exactly its stored trials (so a resume finds them), and the views carry the new
+    # columns. Downgrading puts everything back.
+    config = alembic_config(empty_url)
+    command.upgrade(config, "0002_step_settings")
+    old_trials = [t.model_copy(update={"baseline_key": None}) for t in expand_trials(
+        SweepSpec.model_validate({**OLD_SPEC, "one_chip_baseline": False}))]
+    _sql(empty_url, "INSERT INTO sweeps (id, name, status, spec, trials_total, trials_skipped, "
+         "created_at) VALUES (1, 'old', 'running', :spec, 4, 0, '2026-01-01')",
+         spec=json.dumps(OLD_SPEC))
+    for i, t in enumerate(old_trials, start=1):
+        _sql(empty_url, "INSERT INTO trials (id, sweep_id, key, framework, mode, chips, seq_len, "
+             "batch_size, preset, num_layers, vocab_size, dtype, steps, warmup_steps, "
+             "accelerator_kind, accelerator_type, verify, timeout_s, status, created_at) VALUES "
+             "(:id, 1, :key, 'jax', :mode, :chips, 256, 1, 'tiny', 2, 256, 'float32', 3, 1, "
+             "'cpu', 'cpu', false, 600, 'pending', '2026-01-01')",
+             id=i, key=t.key, mode=t.mode, chips=t.chips)
+    _sql(empty_url, "INSERT INTO results (trial_id, sweep_id, framework, mode, chips, seq_len, "
+         "batch_size, preset, num_layers, dtype, accelerator_kind, accelerator_type, status, "
+         "attempts, hosts, versions, tokens_per_s_per_chip, peak_memory_bytes_per_chip, "
+         "memory_source) VALUES (1, 1, 'jax', 'p2p', 1, 256, 1, 'tiny', 2, 'float32', 'cpu', "
+         "'cpu', 'succeeded', 1, '[]', '{}', 100.0, 12345, 'xla_memory_analysis')")
+    _sql(empty_url, "UPDATE trials SET status = 'succeeded' WHERE id = 1")
+
+    command.upgrade(config, "head")
+    row = _sql(empty_url, "SELECT peak_memory_bytes_per_chip, memory_source, "
+               "estimated_memory_bytes_per_chip, estimated_memory_source, repeat FROM results")
+    assert [tuple(r) for r in row] == [(None, None, 12345, "xla_memory_analysis", 0)]
+    engine = make_engine(empty_url)
+    with make_session_factory(engine)() as session:
+        sweep = crud.get_sweep(session=session, sweep_id=1)
+        spec = crud.sweep_public(sweep=sweep, counts={}).spec
+        stored = {t.key: t.baseline_key for t in session.scalars(select(Trial))}
+        trial = crud.get_trial(session=session, trial_id=1)
+        two_chips = crud.get_trial(session=session, trial_id=2)
+    engine.dispose()
+    assert (spec.one_chip_baseline, spec.repeats) == (False, 1)
+    # a resume runs the same trials, and old rows name their mode's one-chip trial
+    assert {t.key: t.baseline_key for t in expand_trials(spec)} == stored
+    assert (two_chips.mode, two_chips.chips, two_chips.baseline_trial_id) == ("p2p", 2, 1)
+    assert two_chips.scaling_efficiency is None  # it has no result to compare
+    assert trial.attempt_history == [] and trial.estimated_memory_bytes_per_chip == 12345
+    engine = make_engine(empty_url)
+    views = {name: {c["name"] for c in inspect(engine).get_columns(name)}
+             for name in ("best_tokens_per_s_per_chip", "max_seq_len_fit")}
+    engine.dispose()
+    assert {"estimated_memory_bytes_per_chip", "memory_source", "step_time_max_s",
+            "device_name"} <= views["best_tokens_per_s_per_chip"]
+    assert {"max_estimated_memory_bytes_per_chip", "memory_source"} <= views["max_seq_len_fit"]
+
+    command.downgrade(config, "0002_step_settings")
+    row = _sql(empty_url, "SELECT peak_memory_bytes_per_chip, memory_source FROM results")
+    assert [tuple(r) for r in row] == [(12345, "xla_memory_analysis")]
+    (stored,) = _sql(empty_url, "SELECT spec FROM sweeps")
+    assert (json.loads(stored[0]) if isinstance(stored[0], str) else stored[0]) == OLD_SPEC
+
+
+def test_downgrading_past_0003_refuses_to_lose_baselines(empty_url):
+    command.upgrade(alembic_config(empty_url), "head")
+    engine = make_engine(empty_url)
+    with make_session_factory(engine)() as session:
+        crud.create_sweep(session=session, sweep_create=SweepSpec.model_validate(
+            {**OLD_SPEC, "name": "new"}))
+    engine.dispose()
+    with pytest.raises(RuntimeError, match="one-chip baselines"):
+        command.downgrade(alembic_config(empty_url), "0002_step_settings")
+    assert current_revision(empty_url) == head_revision()

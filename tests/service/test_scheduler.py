@@ -3,12 +3,15 @@
 Restart: a scheduler stopped mid-sweep (as if the service died) leaves one trial succeeded,
 one running and the rest pending; a new scheduler on the same database finishes the sweep and
 every trial ends with exactly one result row. Cancel: through the API, the running trial stops
-and every other trial is recorded cancelled.
+and every other trial is recorded cancelled. Retry: a trial whose rank is killed succeeds on
+its second attempt, and the database and API keep the first attempt's reason.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import signal
 import threading
 import time
 
@@ -24,10 +27,12 @@ from service.core.db import make_engine, make_session_factory, upgrade_database
 from service.main import create_app
 from service.models import Result, Sweep, Trial
 from service.scheduler import Scheduler
-from workers.events import TrialFinished
+from service.sink import DatabaseSink
+from workers.driver import run_sweep
+from workers.events import TrialFinished, TrialStarted
 from workers.spec import SweepSpec
 
-from .conftest import TINY_SWEEP
+from .conftest import TINY_SWEEP, api_settings
 
 
 @pytest.fixture
@@ -77,7 +82,7 @@ def sweep_status(session_factory, sweep_id: int) -> str:
 def test_restart_mid_sweep_resumes_and_no_trial_gets_two_results(local_ray, sqlite_db):
     url, session_factory = sqlite_db
     spec = SweepSpec.model_validate({**TINY_SWEEP, "name": "restart",
-                                     "modes": ["all_gather", "p2p"], "seq_lens": [64, 128]})
+                                     "seq_lens": [64, 128, 192, 256]})
     with session_factory() as s:
         sweep_id = crud.create_sweep(session=s, sweep_create=spec).id
     stopped = threading.Event()
@@ -150,3 +155,31 @@ def test_run_a_sweep_file_into_the_database_with_progress(local_ray, sqlite_db, 
         sweep = s.get(Sweep, 1)
         assert sweep.status == "finished" and sweep.runner.startswith("cli:")
     assert list(results_per_trial(session_factory, 1).values()) == [1, 1]
+
+
+@pytest.mark.timeout(240)
+def test_a_retried_trial_keeps_the_first_attempts_reason(local_ray, sqlite_db):
+    url, session_factory = sqlite_db
+    spec = SweepSpec.model_validate({**TINY_SWEEP, "name": "retried", "chips": [2],
+                                     "steps": 20})
+    with session_factory() as s:
+        sweep_id = crud.create_sweep(session=s, sweep_create=spec).id
+
+    def kill_a_rank_of_the_first_attempt(event) -> None:
+        if isinstance(event, TrialStarted) and event.attempt == 1:
+            os.kill(event.workers[1].pid, signal.SIGKILL)
+
+    (result,) = run_sweep(spec, DatabaseSink(session_factory, sweep_id),
+                          on_event=kill_a_rank_of_the_first_attempt)
+    assert result.status == "succeeded" and result.attempts == 2
+    with TestClient(create_app(api_settings(url))) as client:
+        (trial,) = client.get(f"/api/sweeps/{sweep_id}/trials").json()["data"]
+        one = client.get(f"/api/trials/{trial['id']}").json()
+        (row,) = client.get("/api/results", params={"sweep_id": sweep_id}).json()["data"]
+    assert trial["status"] == "succeeded" and trial["error"] is None and trial["attempts"] == 2
+    first, second = trial["attempt_history"]
+    assert (first["attempt"], first["status"]) == (1, "failed")
+    assert "died" in first["reason"].lower() and first["hosts"]
+    assert (second["attempt"], second["status"], second["reason"]) == (2, "succeeded", None)
+    assert first["finished_at"] <= second["started_at"]
+    assert one["attempt_history"] == row["attempt_history"] == trial["attempt_history"]

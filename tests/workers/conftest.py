@@ -1,7 +1,9 @@
 """Ray fixtures for the workers tests: one local Ray shared by the modules that need it.
 
-The local Ray has 8 virtual CPU chips on 2 CPUs (`cpu_chip` resources), as `gdn-sweep run`
-starts it. The two-node test module shuts it down and builds its own cluster; the next module
+The local Ray has 8 virtual CPU chips on 2 CPUs (`cpu_chip` resources): more chips than cores,
+so trials of up to 8 chips fit (chips share cores; `gdn-sweep run` would advertise one per core
+and warn). test_cpu_partition.py builds a Ray with one chip per core for what needs a real
+partition. The two-node test module shuts it down and builds its own cluster; the next module
 that asks for `local_ray` starts a fresh one.
 """
 
@@ -100,6 +102,7 @@ def assert_consistent_metrics(result) -> None:
     assert m.peak_flops_per_chip > 0 and m.peak_flops_source
     assert 0 < m.mfu <= m.hfu
     assert m.peak_memory_bytes_per_chip > 0 and m.memory_source
+    assert m.predicted_memory_bytes_per_chip > 0
     assert m.comm_bytes_per_step_per_chip == (m.cp_comm_bytes_per_step_per_chip
                                               + m.grad_sync_bytes_per_step_per_chip)
     if t.chips > 1:

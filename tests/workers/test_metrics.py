@@ -1,13 +1,16 @@
-"""Folding every process's CPTrainReport into TrialMetrics (hand-computed expectations)."""
+"""Folding every process's CPTrainReport into TrialMetrics (hand-computed expectations), and the
+MFU denominator: datasheet peaks by dtype, CPU chips' shares of their processes' GEMM rates."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from gdn_core import flops
 from gdn_core.hardware import PeakMeasurement
+from gdn_core.memory_model import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import CPTrainReport
 from workers import metrics
@@ -23,15 +26,21 @@ def _report(step_times, peak, source, comm, losses=(5.0, 4.0, 3.0), err=None):
                          max_rel_err=err)
 
 
+def _two_chip_trial():
+    return next(t for t in expand_trials(tiny_spec(modes=["p2p"], chips=[2], seq_lens=[64],
+                                                   steps=2, warmup_steps=1)) if t.chips == 2)
+
+
 @pytest.mark.timeout(30)
 def test_two_ranks_fold_as_architecture_says():
-    (trial,) = expand_trials(tiny_spec(modes=["p2p"], chips=[2], seq_lens=[64], steps=2,
-                                       warmup_steps=1))
+    trial = _two_chip_trial()
     reports = [_report([0.1, 0.3], 100, "rss-a", 10, err=1e-6),
                _report([0.2, 0.1], 200, "rss-b", 12, err=3e-6)]
-    peak = metrics.ChipPeak(1e9, "test")
-    m = metrics.trial_metrics(trial, reports, peak=peak)
+    peak = metrics.ChipPeak(1e12, "test", "float32")
+    m = metrics.trial_metrics(trial, reports, peak=peak, device_name="Some CPU")
     assert m.step_time_s == pytest.approx(0.25)  # median(max(.1,.2), max(.3,.1))
+    assert (m.measured_steps, m.step_time_min_s, m.step_time_max_s) == (2, 0.2, 0.3)
+    assert m.compile_time_s == 0.0  # CPTrainReport's default: nothing compiled (torch)
     assert (m.peak_memory_bytes_per_chip, m.memory_source) == (200, "rss-b")
     assert m.comm_bytes_per_step_per_chip == 17
     assert (m.loss_first, m.loss_last) == (4.0, 3.0)  # measured steps only
@@ -39,15 +48,125 @@ def test_two_ranks_fold_as_architecture_says():
     model_cfg = get_preset("tiny", num_layers=1)
     expected = flops.model_flops_per_step(model_cfg, batch=1, seq_len=64).total
     assert m.model_flops_per_step == expected
-    assert m.mfu == pytest.approx(expected / (0.25 * 2 * 1e9))
+    assert m.mfu == pytest.approx(expected / (0.25 * 2 * 1e12))
     assert math.isclose(m.tokens_per_s_per_chip * m.step_time_s * 2, 64)
     assert m.hfu >= m.mfu and m.peak_flops_source == "test"
+    assert (m.peak_flops_dtype, m.device_name) == ("float32", "Some CPU")
 
 
 @pytest.mark.timeout(30)
-def test_cpu_chip_peak_is_a_share_of_the_host():
-    host = PeakMeasurement(flops_per_s=8e10, source="cpu_gemm_calibration:fp32")
-    peaks = metrics.host_chip_peaks(["a", "a", "b"], {"a": host, "b": host}, {"a": 8, "b": 4})
-    assert [p.flops_per_s for p in peaks] == [1e10, 1e10, 2e10]
-    assert metrics.trial_peak(peaks).flops_per_s == pytest.approx(4e10 / 3)
-    assert metrics.datasheet_peak("H100").flops_per_s == 989e12
+def test_memory_figures_keep_measured_estimated_and_predicted_apart():
+    trial = _two_chip_trial()
+    reports = [dataclasses.replace(_report([0.1, 0.1], 300, "process_rss_peak/2_chips", 1),
+                                   estimated_memory_bytes=40,
+                                   estimated_memory_source="xla_memory_analysis",
+                                   verified_seq_len=32),
+               dataclasses.replace(_report([0.1, 0.1], 100, "process_rss_peak/2_chips", 1),
+                                   estimated_memory_bytes=50,
+                                   estimated_memory_source="xla_memory_analysis",
+                                   verified_seq_len=32)]
+    m = metrics.trial_metrics(trial, reports, peak=None)
+    assert (m.peak_memory_bytes_per_chip, m.memory_source) == (300, "process_rss_peak/2_chips")
+    assert (m.estimated_memory_bytes_per_chip, m.estimated_memory_source) == (
+        50, "xla_memory_analysis")
+    assert m.predicted_memory_bytes_per_chip == predict_step_memory(
+        trial.to_model_config(), trial.to_train_config(), mode=trial.mode, chips=2,
+        framework=trial.framework).total
+    assert m.verified_seq_len == 32
+    # torch-like reports: no estimate; nothing measured stays None, never an estimate.
+    bare = [_report([0.1, 0.1], None, "unknown", 1), _report([0.1, 0.1], None, "unknown", 1)]
+    m = metrics.trial_metrics(trial, bare, peak=None)
+    assert m.peak_memory_bytes_per_chip is None and m.memory_source is None
+    assert m.estimated_memory_bytes_per_chip is None and m.estimated_memory_source is None
+    assert m.predicted_memory_bytes_per_chip > 0 and m.verified_seq_len is None
+
+
+@pytest.mark.timeout(30)
+def test_hfu_counts_the_trials_framework():
+    trial = _two_chip_trial()
+    reports = [_report([0.1, 0.1], 1, "x", 1), _report([0.1, 0.1], 1, "x", 1)]
+    for framework in ("jax", "torch"):
+        cast = trial.model_copy(update={"framework": framework})
+        expected = flops.hardware_flops_per_step(
+            cast.to_model_config(), mode=cast.mode, chips=2, batch=1, seq_len=64,
+            framework=framework, remat=cast.remat).total
+        assert metrics.trial_metrics(cast, reports, peak=None).hardware_flops_per_step == \
+            expected
+
+
+@dataclasses.dataclass
+class _TimedReport:
+    """A report as part B's CPTrainReport carries it, with a compile time."""
+
+    report: CPTrainReport
+    compile_time_s: float
+
+    def __getattr__(self, name):
+        return getattr(self.report, name)
+
+
+@pytest.mark.timeout(30)
+def test_compile_time_is_the_slowest_process():
+    trial = _two_chip_trial()
+    reports = [_TimedReport(_report([0.1, 0.3], 1, "x", 1), 2.0),
+               _TimedReport(_report([0.2, 0.1], 1, "x", 1), 5.0)]
+    m = metrics.trial_metrics(trial, reports, peak=None)
+    assert m.compile_time_s == 5.0 and m.mfu is None and m.peak_flops_dtype is None
+
+
+@pytest.mark.timeout(30)
+def test_mfu_above_one_fails_naming_figure_peak_and_source():
+    trial = _two_chip_trial()
+    reports = [_report([0.1, 0.1], 1, "x", 1), _report([0.1, 0.1], 1, "x", 1)]
+    model_flops = metrics.trial_metrics(trial, reports, peak=None).model_flops_per_step
+    too_low = metrics.ChipPeak(model_flops / (0.1 * 2) / 1.5, "cpu_gemm_calibration:test",
+                               "bfloat16")  # MFU 1.5
+    with pytest.raises(metrics.UtilisationAboveOneError) as err:
+        metrics.trial_metrics(trial, reports, peak=too_low)
+    message = str(err.value)
+    assert message.startswith("mfu=1.500 > 1 is impossible")
+    assert f"{too_low.flops_per_s:.4g} FLOP/s" in message
+    assert "bfloat16, cpu_gemm_calibration:test" in message
+    # HFU counts more FLOPs than MFU: a peak between them fails on hfu.
+    m = metrics.trial_metrics(trial, reports, peak=metrics.ChipPeak(1e15, "x", "bfloat16"))
+    between = metrics.ChipPeak(model_flops / (0.1 * 2) * (1 + m.hfu / m.mfu) / 2, "x",
+                               "bfloat16")
+    with pytest.raises(metrics.UtilisationAboveOneError, match=r"^hfu="):
+        metrics.trial_metrics(trial, reports, peak=between)
+
+
+def test_datasheet_peak_follows_the_dtype():
+    bf16, fp32 = metrics.datasheet_peak("H100", "bfloat16"), metrics.datasheet_peak("h100",
+                                                                                   "float32")
+    assert (bf16.flops_per_s, bf16.dtype, bf16.source) == (989e12, "bfloat16",
+                                                            "datasheet_bf16_dense:h100-sxm")
+    assert (fp32.flops_per_s, fp32.dtype, fp32.source) == (67e12, "float32",
+                                                            "datasheet_fp32_no_tf32:h100-sxm")
+    assert metrics.datasheet_peak("h100-pcie", "bfloat16").flops_per_s == 756e12
+    tpu = metrics.datasheet_peak("v5p", "float32")
+    assert (tpu.flops_per_s, tpu.dtype) == (459e12, "bfloat16") and "float32 run" in tpu.source
+    assert metrics.datasheet_peak("v5p", "bfloat16").flops_per_s == 459e12
+
+
+@pytest.mark.timeout(30)
+def test_tpu_float32_trial_records_the_bf16_peak_it_was_divided_by():
+    trial = _two_chip_trial()
+    reports = [_report([0.1, 0.1], 1, "x", 1), _report([0.1, 0.1], 1, "x", 1)]
+    m = metrics.trial_metrics(trial, reports, peak=metrics.datasheet_peak("v5p", "float32"))
+    assert m.peak_flops_per_chip == 459e12 and m.peak_flops_dtype == "bfloat16"
+    assert 0 < m.mfu < 1 and "float32 run" in m.peak_flops_source
+
+
+def test_cpu_chip_peak_is_its_process_rate_over_its_chips():
+    torch_rank = PeakMeasurement(8e10, "cpu_gemm_calibration:torch:fp32:1024^3:threads=1:"
+                                       "cores=0-0(1 per chip)")
+    jax_host = PeakMeasurement(6e10, "cpu_gemm_calibration:jax:fp32:1024^3:cores=0-1(1 per "
+                                     "chip)")
+    peaks = metrics.cpu_chip_peaks([torch_rank, jax_host], [1, 2], "float32")
+    assert [p.flops_per_s for p in peaks] == [8e10, 3e10, 3e10]
+    trial = metrics.trial_peak(peaks)
+    assert trial.flops_per_s == pytest.approx(14e10 / 3) and trial.dtype == "float32"
+    assert trial.source == ";".join(sorted({torch_rank.source, jax_host.source}))
+    with pytest.raises(ValueError, match="different dtypes"):
+        metrics.trial_peak([metrics.ChipPeak(1.0, "a", "float32"),
+                            metrics.ChipPeak(1.0, "a", "bfloat16")])

@@ -57,7 +57,13 @@ def test_killed_rank_is_retried(local_ray):
 
     (result,) = run_sweep(tiny_spec(chips=[2], steps=20), MemorySink(), on_event=on_event)
     assert_consistent_metrics(result)
-    assert result.attempts == 2
+    assert result.attempts == 2 and result.error is None
+    # The first attempt's reason is kept in the history, beside the success that followed.
+    first, second = result.attempt_history
+    assert (first.attempt, first.status) == (1, "failed") and "died" in first.reason.lower()
+    assert first.hosts and first.started_at <= first.finished_at <= second.started_at
+    assert (second.attempt, second.status, second.reason) == (2, "succeeded", None)
+    assert second.hosts == result.hosts and second.finished_at <= result.finished_at
     retry = [e for e in events if isinstance(e, TrialRetrying)]
     assert len(retry) == 1 and "died" in retry[0].error.lower()
     pids = [tuple(w.pid for w in e.workers) for e in events if isinstance(e, TrialStarted)]
@@ -72,4 +78,6 @@ def test_killed_rank_without_retries_left_fails(local_ray):
                           options=options)
     assert result.status == "failed" and result.attempts == 1
     assert "gave up after 1 attempt" in result.error and "max_trial_retries=0" in result.error
+    (only,) = result.attempt_history
+    assert only.status == "failed" and "died" in only.reason.lower()
     assert_no_leaks()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any
 
 import jax
@@ -26,16 +27,18 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ... import device_memory
 from ...config import ModelConfig
 from ...cp_modes import CPMode, check_mode
 from ...data import synthetic_tokens
+from ...memory_model import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
 from ..model import model_loss
 from ..params import init_model_params
 from ..train import (
-    MEMORY_SOURCE,
+    ESTIMATE_SOURCE,
     StepFn,
     build_step_fn,
     compiled_peak_bytes,
@@ -204,12 +207,15 @@ class CompiledCPStep:
 
     compiled: Any
     """The jax Compiled step: call it as the jitted step (params and opt_state donated)."""
-    peak_memory_bytes: int | None
-    """Per chip, compiled_peak_bytes (XLA memory analysis)."""
+    estimated_memory_bytes: int | None
+    """Per chip, compiled_peak_bytes (XLA's memory analysis: an estimate, not a measurement)."""
     cp_comm_bytes_per_step: int
     """Most bytes any chip receives per step outside the weights' traffic (comm_bytes_per_chip)."""
     grad_sync_bytes_per_step: int
     """Most bytes any chip receives per step for the weights: gradient reduction + gathers."""
+    compile_time_s: float
+    """Seconds spent lowering and compiling the step and its comm reference here (a compile
+    this process already did, or JAX's persistent cache, makes it short)."""
 
 
 def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
@@ -223,15 +229,19 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     The bytes also compile the sync_grads=False reference (at FAST).
     """
     axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
+    start = time.perf_counter()
     shapes = cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis=axis)
     compiled = _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True).lower(
         *shapes).compile(compiler_options)
     reference_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
     reference = _jitted_step(model_cfg, reference_cfg, mesh, axis, mode, False).lower(
         *cp_step_shapes(model_cfg, reference_cfg, mesh=mesh, axis=axis)).compile(FAST)
+    compile_time_s = time.perf_counter() - start
     cp_bytes, sync_bytes = comm_bytes_per_chip(compiled, reference, mesh.devices.size)
-    return CompiledCPStep(compiled=compiled, peak_memory_bytes=compiled_peak_bytes(compiled),
-                          cp_comm_bytes_per_step=cp_bytes, grad_sync_bytes_per_step=sync_bytes)
+    return CompiledCPStep(compiled=compiled,
+                          estimated_memory_bytes=compiled_peak_bytes(compiled),
+                          cp_comm_bytes_per_step=cp_bytes, grad_sync_bytes_per_step=sync_bytes,
+                          compile_time_s=compile_time_s)
 
 
 def comm_bytes_per_chip(compiled, reference, num_chips: int):
@@ -260,12 +270,19 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     """Max relative error of the CP loss and summed gradients against one chip, same data.
 
     params: global arrays as cp_training_inputs lays them out; tokens_BT1: host int [B, T+1]
-    (inputs [:, :-1], targets [:, 1:]), the same on every process. The CP side runs the step's
-    own loss (param_sharding, remat) and gradient reduction; the reference is model_loss under
-    jax.value_and_grad on this process's first device, no remat. Each gradient's error is
-    relative to max(its norm, testing.VERIFY_GRAD_FLOOR × the whole reference gradient's
-    norm). Every process returns the same.
+    (inputs [:, :-1], targets [:, 1:]), the same on every process, T = train_cfg.seq_len (a
+    prefix of the run's sequence is verified by passing its tokens and seq_len). The CP side
+    runs the step's own loss (param_sharding, remat) and gradient reduction; the reference is
+    model_loss under jax.value_and_grad on this process's first device, no remat. Each
+    gradient's error is relative to max(its norm, testing.VERIFY_GRAD_FLOOR × the whole
+    reference gradient's norm). Every process returns the same.
     """
+    return _verify(params, tokens_BT1, model_cfg, train_cfg, mesh=mesh, axis=axis,
+                   mode=mode)[0]
+
+
+def _verify(params, tokens_BT1, model_cfg, train_cfg, *, mesh, axis, mode):
+    """verify_against_single_chip's (error, seconds spent lowering and compiling)."""
     axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
     dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
     inputs_BT, targets_BT = tokens_BT1[:, :-1], tokens_BT1[:, 1:]
@@ -278,52 +295,98 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
             remat=train_cfg.remat)
         return lax.psum(share, axis), layout.reduce_grads(grads)
 
+    def reference_loss_and_grads(params, inputs_BT, targets_BT):
+        return jax.value_and_grad(model_loss)(params, inputs_BT, targets_BT, model_cfg,
+                                              global_tokens=global_tokens, dtype=dtype)
+
     seq = P(None, axis)
-    cp_loss, cp_grads = _host(jax.jit(jax.shard_map(
+    cp_args = (params, *_global((inputs_BT, targets_BT), NamedSharding(mesh, seq)))
+    start = time.perf_counter()
+    cp_program = jax.jit(jax.shard_map(
         cp_loss_and_grads, mesh=mesh, in_specs=(param_specs, seq, seq),
-        out_specs=(P(), layout.grad_specs()), check_vma=False))(
-            params, *_global((inputs_BT, targets_BT), NamedSharding(mesh, seq))), mesh)
-    device = jax.local_devices()[0]
-    ref_loss, ref_grads = jax.jit(jax.value_and_grad(
-        lambda p, i, t: model_loss(p, i, t, model_cfg, global_tokens=global_tokens,
-                                   dtype=dtype)))(*jax.device_put(
-                                       (_host(params, mesh), inputs_BT, targets_BT), device))
-    return max_verify_error(ref_loss, cp_loss, jax.tree.leaves(ref_grads),
-                            jax.tree.leaves(cp_grads))
+        out_specs=(P(), layout.grad_specs()), check_vma=False)).lower(*cp_args).compile()
+    compile_time_s = time.perf_counter() - start
+    cp_loss, cp_grads = _host(cp_program(*cp_args), mesh)
+    del cp_args
+    ref_args = jax.device_put((_host(params, mesh), inputs_BT, targets_BT),
+                              jax.local_devices()[0])
+    start = time.perf_counter()
+    ref_program = jax.jit(reference_loss_and_grads).lower(*ref_args).compile()
+    compile_time_s += time.perf_counter() - start
+    ref_loss, ref_grads = ref_program(*ref_args)
+    error = max_verify_error(ref_loss, cp_loss, jax.tree.leaves(ref_grads),
+                             jax.tree.leaves(cp_grads))
+    return error, compile_time_s
+
+
+def _local_devices(mesh) -> list:
+    """This process's devices of the mesh (its chips)."""
+    return [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+
+
+def _verify_budget(devices, budget_bytes: int | None) -> int | None:
+    """The one-chip memory budget every process agrees on: the smallest one's (given, or the
+    chip's capacity: device_memory.jax_chip_capacity); None when no process knows one."""
+    if budget_bytes is None:
+        budget_bytes, _ = device_memory.jax_chip_capacity(devices)
+    if jax.process_count() == 1:
+        return budget_bytes
+    from jax.experimental import multihost_utils
+
+    known = multihost_utils.process_allgather(np.int64(-1 if budget_bytes is None
+                                                       else budget_bytes))
+    known = [int(b) for b in np.ravel(known) if b >= 0]
+    return min(known) if known else None
 
 
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                    mode: CPMode, steps: int, warmup_steps: int = 1,
-                    verify: bool = False) -> CPTrainReport:
+                    mode: CPMode, steps: int, warmup_steps: int = 1, verify: bool = False,
+                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every process of `mesh`.
 
     Every process builds the same weights (seed train_cfg.seed) and tokens, and feeds only its
     own devices' shards. warmup_steps untimed, then `steps` timed steps (outputs blocked on).
-    Peak memory per chip: XLA's memory analysis of the compiled step. Comm per chip per step:
+    Peak memory per chip is measured over the whole run (device_memory.jax_peak_memory of this
+    process's chips: the device allocator's peak, on CPU the process RSS / its chips); XLA's
+    memory analysis of the compiled step is the separate estimate. Comm per chip per step:
     from the step's HLO (compile_cp_train_step). verify=True first compares loss and gradients
-    at the initial weights against one chip (max_rel_err). Losses: every step, global mean.
-    Raises ValueError naming the numbers when `mode` cannot split the shape over the mesh.
+    at the initial weights against one chip (max_rel_err) on as much of the sequence as one
+    chip holds beside the step's state (memory_model.verify_seq_len within
+    verify_memory_budget_bytes, default the chip's capacity; verified_seq_len). Losses: every
+    step, global mean. Raises ValueError naming the numbers when `mode` cannot split the
+    shape over the mesh.
     """
     if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
             or warmup_steps < 0:
         raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
     axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
+    devices = _local_devices(mesh)
+    baseline = device_memory.jax_reset_peak(devices)
     params, opt_state, inputs_BT, targets_BT = cp_training_inputs(model_cfg, train_cfg,
                                                                   mesh=mesh, axis=axis)
-    max_rel_err = None
+    max_rel_err = verified_seq_len = None
+    compile_time_s = 0.0
     if verify:
-        max_rel_err = verify_against_single_chip(
-            params, synthetic_batch(model_cfg, train_cfg), model_cfg, train_cfg, mesh=mesh,
-            axis=axis, mode=mode)
+        budget = _verify_budget(devices, verify_memory_budget_bytes)
+        verified_seq_len = train_cfg.seq_len if budget is None else verify_seq_len(
+            model_cfg, train_cfg, mode=mode, chips=D, framework="jax", budget_bytes=budget)
+        if verified_seq_len is not None:
+            prefix_cfg = dataclasses.replace(train_cfg, seq_len=verified_seq_len)
+            tokens_BT1 = synthetic_batch(model_cfg, train_cfg)[:, :verified_seq_len + 1]
+            max_rel_err, compile_time_s = _verify(params, tokens_BT1, model_cfg, prefix_cfg,
+                                                  mesh=mesh, axis=axis, mode=mode)
     program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode)
-    compiled, peak_bytes = program.compiled, program.peak_memory_bytes
+    estimate = program.estimated_memory_bytes
 
-    losses, step_times_s = run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT,
-                                           steps=steps, warmup_steps=warmup_steps,
+    losses, step_times_s = run_timed_steps(program.compiled, params, opt_state, inputs_BT,
+                                           targets_BT, steps=steps, warmup_steps=warmup_steps,
                                            loss_to_host=lambda loss: float(_host(loss)))
+    peak_bytes, memory_source = device_memory.jax_peak_memory(devices, baseline=baseline)
     return CPTrainReport(
         losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
-        memory_source=MEMORY_SOURCE if peak_bytes is not None else "unknown", mode=mode,
-        chips=D, cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
+        memory_source=memory_source, estimated_memory_bytes=estimate,
+        estimated_memory_source=ESTIMATE_SOURCE if estimate is not None else None,
+        compile_time_s=compile_time_s + program.compile_time_s, mode=mode, chips=D,
+        cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
         grad_sync_bytes_per_step=program.grad_sync_bytes_per_step,
-        comm_source=COMM_SOURCE, max_rel_err=max_rel_err)
+        comm_source=COMM_SOURCE, max_rel_err=max_rel_err, verified_seq_len=verified_seq_len)

@@ -12,6 +12,7 @@ Legend: B batch, T global tokens, t = T/D tokens per rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 
@@ -19,13 +20,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ... import device_memory
 from ...config import ModelConfig
 from ...cp_modes import CPMode, check_cp_shape
 from ...data import synthetic_tokens
+from ...memory_model import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..model import GDNLanguageModel
-from ..train import build_model, peak_memory, train_step
+from ..train import build_model, train_step
 from .comm import count_comm, nbytes, rank_size, record
 from .layer import context_parallel
 from .sharding import (
@@ -136,8 +139,9 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
 
     `model` is the context-parallel model at its current weights, in train_cfg's
     param_sharding and remat; rank 0 also builds the plain single-chip model (replicated, no
-    remat) with those same weights (fsdp shards gathered) and runs it on the full sequence
-    tokens_BT1 [B, T+1]. Every rank returns the same value. Leaves no gradients behind.
+    remat) with those same weights (fsdp shards gathered) and runs it on the whole of
+    tokens_BT1 [B, T+1] (a prefix of the run's sequence verifies that prefix: pass its tokens
+    and this rank's shard of it). Every rank returns the same value. Leaves no gradients behind.
     """
     rank, _ = rank_size(group)
     device = inputs_Bt.device
@@ -164,9 +168,29 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     return err.item()
 
 
+def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
+                    device: torch.device, budget_bytes: int | None) -> int | None:
+    """Tokens per sequence the verify compares (memory_model.verify_seq_len), decided by rank
+    0, whose chip runs the reference, within budget_bytes (default: that chip's capacity,
+    device_memory.torch_chip_capacity, on CPU shared over the group's ranks as an upper bound
+    on those of its host), and broadcast so every rank runs the same CP verify step."""
+    rank, D = rank_size(group)
+    length = torch.zeros(1, dtype=torch.int64, device=device)
+    if rank == 0:
+        if budget_bytes is None:
+            budget_bytes, _ = device_memory.torch_chip_capacity(device, chips_on_host=D)
+        verified = train_cfg.seq_len if budget_bytes is None else verify_seq_len(
+            model_cfg, train_cfg, mode=mode, chips=D, framework="torch",
+            budget_bytes=budget_bytes)
+        length.fill_(0 if verified is None else verified)
+    dist.broadcast(length, group_src=0, group=group)
+    return int(length.item()) or None
+
+
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                     steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
-                    verify: bool = False) -> CPTrainReport:
+                    verify: bool = False,
+                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group`.
 
     Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
@@ -177,10 +201,13 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     counted over the first timed step (under remat they include the exchanges its backward
     re-issues); grad_sync_bytes_per_step adds to the counted gradient all-reduce the weight
     collectives of zero1 / fsdp (sharding.weight_sync_bytes, comm_source says so). verify=True
-    first compares loss and gradients at the initial weights against one chip (max_rel_err).
+    first compares loss and gradients at the initial weights against one chip (max_rel_err)
+    on as much of the sequence as that chip holds beside the step's state
+    (verified_length within verify_memory_budget_bytes; verified_seq_len).
     Returns this rank's report; losses (every step, global mean) are equal on every rank.
-    On CPU the peak memory is the process's peak RSS: with verify it includes, on rank 0,
-    the single-chip reference run on the full sequence.
+    Peak memory is measured over the whole run, verify included (device_memory: CUDA's
+    allocator peak, on CPU the process's RSS high-water mark); torch has no compile-time
+    estimate (estimated_memory_bytes None) and no compile (compile_time_s 0).
     Raises ValueError naming the numbers when `mode` cannot split the shape over the group.
     """
     if steps < 1 or warmup_steps < 0:
@@ -190,19 +217,24 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     check_cp_shape(mode=mode, chips=D, seq_len=train_cfg.seq_len, num_k_heads=gdn.num_k_heads,
                    num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
     device = torch.device(device)
+    device_memory.torch_reset_peak(device)
     model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=mode,
                                          device=device)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
     inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D)
-    max_rel_err = None
+    max_rel_err = verified_seq_len = None
     if verify:
-        max_rel_err = verify_against_single_chip(model, inputs_Bt, targets_Bt, tokens_BT1,
-                                                 model_cfg=model_cfg, train_cfg=train_cfg,
-                                                 group=group)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=mode,
+                                           device=device,
+                                           budget_bytes=verify_memory_budget_bytes)
+        if verified_seq_len is not None:
+            prefix_BT1 = tokens_BT1[:, :verified_seq_len + 1]
+            max_rel_err = verify_against_single_chip(
+                model, *shard_batch(prefix_BT1, rank=rank, chips=D), prefix_BT1,
+                model_cfg=model_cfg, train_cfg=dataclasses.replace(
+                    train_cfg, seq_len=verified_seq_len), group=group)
     grad_sync = gradient_sync(train_cfg.param_sharding, group=group)
     shares, times, comm = [], [], None
     for step in range(warmup_steps + steps):
@@ -222,7 +254,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
             times.append(elapsed)
         if step == warmup_steps:
             comm = counter
-    peak_bytes, source = peak_memory(device)
+    peak_bytes, source = device_memory.torch_peak_memory(device)
     # One all-reduce after the loop (outside the timed steps) turns the shares into global losses.
     losses = _global_sum(shares, group=group, device=device)
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
@@ -231,4 +263,5 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
         mode=mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
         grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
             model, optimizer, train_cfg, group=group),
-        comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err)
+        comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
+        verified_seq_len=verified_seq_len)

@@ -8,7 +8,7 @@ from gdn_core.hardware import ACCELERATOR_TYPES
 from gdn_core.presets import PRESETS
 from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 from workers.result import TRIAL_STATUSES
-from workers.spec import CP_MODES, FRAMEWORKS
+from workers.spec import CP_MODES, FRAMEWORKS, TRIAL_MODES
 
 from ...results_query import SORT_FIELDS
 from ...schemas import OptionsPublic
@@ -20,7 +20,8 @@ router = APIRouter(tags=["options"])
 @router.get("/options", response_model=OptionsPublic)
 def options(settings: SettingsDep) -> OptionsPublic:
     return OptionsPublic(
-        frameworks=list(FRAMEWORKS), modes=list(CP_MODES), presets=list(PRESETS),
+        frameworks=list(FRAMEWORKS), modes=list(CP_MODES),
+        trial_modes=list(TRIAL_MODES), presets=list(PRESETS),
         dtypes=list(COMPUTE_DTYPES), param_shardings=list(PARAM_SHARDINGS),
         remats=list(REMATS), accelerator_kinds=["cpu", "gpu", "tpu"],
         accelerator_types=["cpu", *ACCELERATOR_TYPES], trial_statuses=list(TRIAL_STATUSES),

@@ -25,11 +25,14 @@ def create_sweep(sweep_in: SweepCreate, session: SessionDep, settings: SettingsD
         s = sweep_in
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
             "type": "grid_too_large", "loc": ["body"],
-            "msg": (f"the grid has {s.grid_size} trials (frameworks {len(s.frameworks)} × modes "
-                    f"{len(s.modes)} × chips {len(s.chips)} × seq_lens {len(s.seq_lens)} × "
-                    f"dtypes {len(s.dtypes)} × param_shardings {len(s.param_shardings)} × "
-                    f"remats {len(s.remats)}); at most {settings.grid_cap} are accepted "
-                    f"(GDN_SWEEP_GRID_CAP): split the sweep or drop values"),
+            "msg": (f"the grid has {s.grid_size} trials (repeats {s.repeats} × frameworks "
+                    f"{len(s.frameworks)} × seq_lens {len(s.seq_lens)} × dtypes "
+                    f"{len(s.dtypes)} × param_shardings {len(s.param_shardings)} × remats "
+                    f"{len(s.remats)} × (modes {len(s.modes)} × chip counts "
+                    f"{len(s.chips) - s.has_baseline}"
+                    f"{' + the one-chip baseline' if s.has_baseline else ''})); at most "
+                    f"{settings.grid_cap} are accepted (GDN_SWEEP_GRID_CAP): split the sweep "
+                    f"or drop values"),
             "ctx": {"grid_size": s.grid_size, "grid_cap": settings.grid_cap}}])
     try:
         sweep = crud.create_sweep(session=session, sweep_create=sweep_in)

@@ -75,6 +75,23 @@ GS.pct = (value) => (value === null || value === undefined ? "" : (100 * value).
 
 GS.time = (iso) => (iso ? new Date(iso).toLocaleString() : "");
 
+// "median (fastest–slowest) ×n" of a trial's measured steps.
+GS.stepTime = function (t) {
+  if (t.step_time_s === null || t.step_time_s === undefined) return "";
+  const spread = t.step_time_min_s === null || t.step_time_min_s === undefined ? "" :
+    ` (${GS.num(t.step_time_min_s)}–${GS.num(t.step_time_max_s)})`;
+  return GS.num(t.step_time_s) + spread + (t.measured_steps ? ` ×${t.measured_steps}` : "");
+};
+
+// A table cell with the number of attempts; each attempt's status, hosts and reason as its title.
+GS.attempts = function (t) {
+  const history = t.attempt_history || [];
+  const lines = history.map((a) => `attempt ${a.attempt}: ${a.status}` +
+    (a.hosts.length ? ` on ${a.hosts.join(", ")}` : "") + (a.reason ? ` — ${a.reason.slice(0, 300)}` : ""));
+  return GS.el("td", { class: "num attempts", title: lines.join("\n") || null },
+               history.length > 1 ? `${history.length} (retried)` : (t.attempts || ""));
+};
+
 GS.progress = function (done, total) {
   const share = total ? Math.round((100 * done) / total) : 0;
   return GS.el("div", { class: "progress", title: done + " / " + total + " trials done",

@@ -1,21 +1,36 @@
 // The sweep page's plotly figures, built from succeeded trials only.
+//
+// Repeats of a grid point are drawn as one point: the median over the repeats of their
+// tokens/s/chip, with an error bar from the slowest to the fastest measured step of any repeat
+// (so run-to-run spread widens the bar instead of scattering points). One-chip baselines
+// (mode "none") are a series of their own in the chips = 1 panel, and the first point of every
+// CP mode's line in the scaling chart.
 "use strict";
 
 const Plots = {};
-Plots.MODE_COLORS = { ulysses: "#1f77b4", p2p: "#d62728", all_gather: "#2ca02c", log_scan: "#9467bd" };
+Plots.MODE_COLORS = { none: "#444444", ulysses: "#1f77b4", p2p: "#d62728", all_gather: "#2ca02c",
+                      log_scan: "#9467bd" };
 Plots.DASH = { jax: "solid", torch: "dash" };
+Plots.SYMBOL = { jax: "circle", torch: "square" };
 Plots.CONFIG = { responsive: true, displaylogo: false };
+
+Plots.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
 
 // A series: framework and mode, plus each step setting that differs from the default (so
 // points of a sweep over dtypes, param_shardings or remats never share a line).
-Plots.series = function (t) {
-  const settings = [t.dtype === "float32" ? "" : t.dtype,
-                    t.param_sharding === "replicated" ? "" : t.param_sharding,
-                    t.remat === "none" ? "" : `remat=${t.remat}`].filter(Boolean);
-  return [t.framework, t.mode, ...settings].join(" ");
+Plots.settings = function (t) {
+  return [t.dtype === "float32" ? "" : t.dtype,
+          t.param_sharding === "replicated" ? "" : t.param_sharding,
+          t.remat === "none" ? "" : `remat=${t.remat}`].filter(Boolean);
 };
+Plots.series = (t) => [t.framework, Plots.modeLabel(t.mode), ...Plots.settings(t)].join(" ");
 
 Plots.ok = (trials, metric) => trials.filter((t) => t.status === "succeeded" && t[metric] !== null);
+
+Plots.median = function (values) {
+  const s = [...values].sort((a, b) => a - b), m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
 
 // Sequence lengths as people say them: 65536 → "64k", 1048576 → "1M".
 Plots.tokens = function (n) {
@@ -24,80 +39,170 @@ Plots.tokens = function (n) {
   return String(n);
 };
 
-// One panel per chip count in a grid of up to 4 columns; returns layout axes and annotations.
-Plots.panels = function (chipsList, yTitle, yType, seqLens) {
-  const cols = Math.min(chipsList.length, 4), rows = Math.ceil(chipsList.length / cols);
+Plots.groupBy = function (rows, keyOf) {
+  const groups = new Map();
+  for (const row of rows) {
+    const key = keyOf(row);
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(row);
+  }
+  return groups;
+};
+
+// One panel per value (chip count or seq_len) in a grid of up to 4 columns; returns the
+// layout's axes and panel titles. x is log-scaled with the given ticks.
+Plots.panels = function (values, panelTitle, x, yTitle, yType) {
+  const cols = Math.min(values.length, 4) || 1, rows = Math.ceil(values.length / cols);
   const layout = { annotations: [], height: 300 * rows + 80 };
-  chipsList.forEach((chips, i) => {
+  values.forEach((value, i) => {
     const r = Math.floor(i / cols), c = i % cols, n = i ? i + 1 : "";
     layout["xaxis" + n] = { domain: [c / cols + 0.03, (c + 1) / cols - 0.03], anchor: "y" + n,
-                            type: "log", title: { text: "seq_len" }, tickvals: seqLens,
-                            ticktext: seqLens.map(Plots.tokens) };
+                            type: "log", title: { text: x.title }, tickvals: x.ticks,
+                            ticktext: x.ticks.map(x.label || String) };
     layout["yaxis" + n] = { domain: [1 - (r + 1) / rows + 0.08, 1 - r / rows - 0.04], anchor: "x" + n,
                             type: yType || "linear", title: { text: c === 0 ? yTitle : "" } };
-    layout.annotations.push({ text: `chips = ${chips}`, showarrow: false, xref: "x" + n + " domain",
+    layout.annotations.push({ text: panelTitle(value), showarrow: false, xref: "x" + n + " domain",
                               yref: "y" + n + " domain", x: 0.5, y: 1.08 });
   });
   return layout;
 };
 
-Plots.lines = function (trials, metric, chipsList) {
-  const traces = [], seen = new Set();
-  const groups = new Map();
-  for (const t of trials) {
-    const key = `${Plots.series(t)}|${t.chips}`;
-    if (!groups.has(key)) groups.set(key, []);
-    groups.get(key).push(t);
-  }
-  for (const [key, rows] of groups) {
-    const [name, chips] = key.split("|");
-    const i = chipsList.indexOf(Number(chips)), n = i ? i + 1 : "";
-    rows.sort((a, b) => a.seq_len - b.seq_len);
-    traces.push({ x: rows.map((t) => t.seq_len), y: rows.map((t) => t[metric]), name,
-                  legendgroup: name, showlegend: !seen.has(name), type: "scatter", mode: "lines+markers",
-                  xaxis: "x" + n, yaxis: "y" + n,
-                  line: { color: Plots.MODE_COLORS[rows[0].mode], dash: Plots.DASH[rows[0].framework] } });
+Plots.axes = (i) => ({ xaxis: "x" + (i ? i + 1 : ""), yaxis: "y" + (i ? i + 1 : "") });
+
+// tokens/s/chip of a trial at its median, fastest and slowest measured step.
+Plots.throughputRange = function (t) {
+  const y = t.tokens_per_s_per_chip, at = (s) => (s ? (y * t.step_time_s) / s : y);
+  return { y, hi: at(t.step_time_min_s), lo: at(t.step_time_max_s) };
+};
+
+// One point per (chips, seq_len) of `rows`: repeats merged (median; bar over every step).
+Plots.throughputPoints = function (rows) {
+  return [...Plots.groupBy(rows, (t) => `${t.chips}|${t.seq_len}`).values()].map((ts) => {
+    const r = ts.map(Plots.throughputRange);
+    return { chips: ts[0].chips, seq_len: ts[0].seq_len, y: Plots.median(r.map((p) => p.y)),
+             hi: Math.max(...r.map((p) => p.hi)), lo: Math.min(...r.map((p) => p.lo)),
+             text: `${ts.length} run${ts.length === 1 ? "" : "s"} · ` +
+                   `${ts.map((t) => t.measured_steps || "?").join("+")} measured steps` };
+  });
+};
+
+Plots.throughputTrace = function (points, x, name, first, extra) {
+  points.sort((a, b) => a[x] - b[x]);
+  return Object.assign({
+    x: points.map((p) => p[x]), y: points.map((p) => p.y), name, legendgroup: name,
+    showlegend: first, type: "scatter", mode: "lines+markers", hovertext: points.map((p) => p.text),
+    error_y: { type: "data", symmetric: false, visible: true, thickness: 1.2, width: 4,
+               array: points.map((p) => p.hi - p.y), arrayminus: points.map((p) => p.y - p.lo) },
+  }, extra);
+};
+
+Plots.throughput = function (div, sweep, trials) {
+  const chipsList = sweep.spec.chips, seqs = sweep.spec.seq_lens, seen = new Set(), traces = [];
+  const layout = Plots.panels(chipsList, (c) => `chips = ${c}`,
+                              { title: "seq_len", ticks: seqs, label: Plots.tokens }, "tokens/s/chip");
+  layout.title = { text: "tokens/s/chip vs seq_len, per mode (one panel per chip count; " +
+                         "bars: fastest to slowest measured step)" };
+  const rows = Plots.ok(trials, "tokens_per_s_per_chip");
+  for (const [key, group] of Plots.groupBy(rows, (t) => `${Plots.series(t)}|${t.chips}`)) {
+    const [name, chips] = key.split("|"), t = group[0];
+    traces.push(Plots.throughputTrace(Plots.throughputPoints(group), "seq_len", name, !seen.has(name), {
+      ...Plots.axes(chipsList.indexOf(Number(chips))),
+      line: { color: Plots.MODE_COLORS[t.mode], dash: Plots.DASH[t.framework] } }));
     seen.add(name);
+  }
+  Plotly.react(div, traces, layout, Plots.CONFIG);
+};
+
+// tokens/s/chip vs chips, one panel per seq_len: every CP mode's line starts at the one-chip
+// baseline its trials name (baseline_trial_id), whatever the mode.
+Plots.scaling = function (div, sweep, trials) {
+  const seqs = sweep.spec.seq_lens, chipsList = sweep.spec.chips, seen = new Set(), traces = [];
+  const layout = Plots.panels(seqs, (s) => `seq_len = ${Plots.tokens(s)}`,
+                              { title: "chips", ticks: chipsList }, "tokens/s/chip");
+  layout.title = { text: "scaling: tokens/s/chip vs chips from the one-chip baseline " +
+                         "(flat = perfect scaling)" };
+  const rows = Plots.ok(trials, "tokens_per_s_per_chip");
+  const byId = new Map(rows.map((t) => [t.id, t]));
+  const multi = rows.filter((t) => t.chips > 1);
+  for (const [key, group] of Plots.groupBy(multi, (t) => `${Plots.series(t)}|${t.seq_len}`)) {
+    const [name, seq] = key.split("|"), t = group[0];
+    const baselines = [...new Set(group.map((g) => byId.get(g.baseline_trial_id)).filter(Boolean))];
+    traces.push(Plots.throughputTrace(Plots.throughputPoints([...baselines, ...group]), "chips", name,
+      !seen.has(name), { ...Plots.axes(seqs.indexOf(Number(seq))),
+                         line: { color: Plots.MODE_COLORS[t.mode], dash: Plots.DASH[t.framework] } }));
+    seen.add(name);
+  }
+  Plotly.react(div, traces, layout, Plots.CONFIG);
+};
+
+// What a memory figure is. Measured peaks (device allocator, process RSS) and XLA's estimate
+// and gdn_core's prediction are different quantities: each is its own series, never mixed.
+Plots.measuredLabel = function (source) {
+  const s = String(source || "");
+  if (s.startsWith("process_rss")) return "process RSS (measured)";
+  if (s.startsWith("cuda_") || s.includes("peak_bytes_in_use")) return "device peak (measured)";
+  return `measured: ${s || "unknown"}`;
+};
+
+Plots.MEMORY_QUANTITIES = [
+  { field: "peak_memory_bytes_per_chip", label: (t) => Plots.measuredLabel(t.memory_source),
+    dash: "solid" },
+  { field: "estimated_memory_bytes_per_chip", label: () => "XLA estimate", dash: "dot" },
+  { field: "predicted_memory_bytes_per_chip", label: () => "predicted", dash: "dashdot" },
+];
+
+// Memory traces per chips panel: one per (series, quantity); `meta.quantity` names it.
+Plots.memoryTraces = function (sweep, trials) {
+  const chipsList = sweep.spec.chips, traces = [], seen = new Set();
+  const done = trials.filter((t) => t.status === "succeeded");
+  for (const q of Plots.MEMORY_QUANTITIES) {
+    const rows = done.filter((t) => t[q.field] !== null && t[q.field] !== undefined);
+    const groups = Plots.groupBy(rows, (t) => `${Plots.series(t)} · ${q.label(t)}|${t.chips}`);
+    for (const [key, group] of groups) {
+      const [name, chips] = key.split("|"), t = group[0];
+      const points = [...Plots.groupBy(group, (g) => g.seq_len).values()].map((gs) => ({
+        x: gs[0].seq_len, y: Math.max(...gs.map((g) => g[q.field])) }));  // repeats: the highest
+      points.sort((a, b) => a.x - b.x);
+      traces.push({ x: points.map((p) => p.x), y: points.map((p) => p.y), name, legendgroup: name,
+                    showlegend: !seen.has(name), type: "scatter", mode: "lines+markers",
+                    meta: { quantity: q.field, label: q.label(t) },
+                    ...Plots.axes(chipsList.indexOf(Number(chips))),
+                    line: { color: Plots.MODE_COLORS[t.mode], dash: q.dash },
+                    marker: { symbol: Plots.SYMBOL[t.framework] } });
+      seen.add(name);
+    }
   }
   return traces;
 };
 
-Plots.throughput = function (div, sweep, trials) {
-  const chipsList = sweep.spec.chips;
-  const layout = Plots.panels(chipsList, "tokens/s/chip", "linear", sweep.spec.seq_lens);
-  layout.title = { text: "tokens/s/chip vs seq_len, per mode (one panel per chip count)" };
-  Plotly.react(div, Plots.lines(Plots.ok(trials, "tokens_per_s_per_chip"), "tokens_per_s_per_chip",
-                                chipsList), layout, Plots.CONFIG);
-};
-
 Plots.memory = function (div, sweep, trials) {
-  const chipsList = sweep.spec.chips;
-  const layout = Plots.panels(chipsList, "peak memory per chip", "log", sweep.spec.seq_lens);
+  const chipsList = sweep.spec.chips, seqs = sweep.spec.seq_lens;
+  const layout = Plots.panels(chipsList, (c) => `chips = ${c}`,
+                              { title: "seq_len", ticks: seqs, label: Plots.tokens },
+                              "memory per chip", "log");
   chipsList.forEach((_, i) => Object.assign(layout["yaxis" + (i ? i + 1 : "")],
                                             { tickformat: "~s", ticksuffix: "B" }));
-  layout.title = { text: "peak memory per chip vs seq_len" +
-                   (sweep.chip_memory_bytes ? " (dotted: " + sweep.chip_memory_label + ")" : "") };
-  const traces = Plots.lines(Plots.ok(trials, "peak_memory_bytes_per_chip"),
-                             "peak_memory_bytes_per_chip", chipsList);
+  layout.title = { text: "memory per chip vs seq_len: measured peak (solid), XLA estimate (dotted), " +
+                   "prediction (dash-dot)" +
+                   (sweep.chip_memory_bytes ? "; grey dots: " + sweep.chip_memory_label : "") };
+  const traces = Plots.memoryTraces(sweep, trials);
   if (sweep.chip_memory_bytes) {
-    const seqs = sweep.spec.seq_lens;  // sorted; the line spans a bit beyond them (log x)
-    const span = [seqs[0] / 1.5, seqs[seqs.length - 1] * 1.5];
+    const span = [seqs[0] / 1.5, seqs[seqs.length - 1] * 1.5];  // a bit beyond them (log x)
     chipsList.forEach((_, i) => {
-      const n = i ? i + 1 : "";
       traces.push({ x: span, y: [sweep.chip_memory_bytes, sweep.chip_memory_bytes],
                     name: "chip memory", legendgroup: "chip memory", showlegend: i === 0, type: "scatter",
-                    mode: "lines", xaxis: "x" + n, yaxis: "y" + n, line: { color: "#444", dash: "dot" } });
+                    mode: "lines", ...Plots.axes(i), line: { color: "#999", dash: "dot" } });
     });
   }
   const ooms = trials.filter((t) => t.status === "oom");
   chipsList.forEach((chips, i) => {
-    const here = ooms.filter((t) => t.chips === chips), n = i ? i + 1 : "";
+    const here = ooms.filter((t) => t.chips === chips);
     if (!here.length) return;
     traces.push({ x: here.map((t) => t.seq_len), type: "scatter", mode: "markers", name: "oom",
                   y: here.map((t) => t.peak_memory_bytes_per_chip || sweep.chip_memory_bytes),
                   hovertext: here.map((t) => `${Plots.series(t)}: out of memory`),
                   legendgroup: "oom", showlegend: !traces.some((t) => t.name === "oom"),
-                  xaxis: "x" + n, yaxis: "y" + n, marker: { symbol: "x", size: 10, color: "#000" } });
+                  ...Plots.axes(i), marker: { symbol: "x", size: 10, color: "#000" } });
   });
   Plotly.react(div, traces, layout, Plots.CONFIG);
 };
@@ -111,12 +216,13 @@ Plots.mfu = function (div, sweep, trials) {
       const pts = rows.filter((t) => Plots.series(t) === name && t.chips === chips);
       return pts.length ? pts.reduce((a, b) => (b.mfu > a.mfu ? b : a)) : null;
     });
-    const mode = name.split(" ")[1], framework = name.split(" ")[0];
+    const sample = rows.find((t) => Plots.series(t) === name);
     return { type: "bar", name, x: chipsList.map((c) => `${c} chip${c === 1 ? "" : "s"}`),
              y: best.map((t) => (t ? t.mfu : null)),
              hovertext: best.map((t) => (t ? `best at seq_len ${t.seq_len}` : "")),
              hoverinfo: "x+y+text+name", textposition: "none",
-             marker: { color: Plots.MODE_COLORS[mode], pattern: { shape: framework === "torch" ? "/" : "" } } };
+             marker: { color: Plots.MODE_COLORS[sample.mode],
+                       pattern: { shape: sample.framework === "torch" ? "/" : "" } } };
   });
   Plotly.react(div, traces, {
     title: { text: "MFU by mode × chips (best over seq_len)" }, barmode: "group", height: 380,
@@ -126,6 +232,7 @@ Plots.mfu = function (div, sweep, trials) {
 
 Plots.drawAll = function (sweep, trials) {
   Plots.throughput(document.getElementById("plot-throughput"), sweep, trials);
+  Plots.scaling(document.getElementById("plot-scaling"), sweep, trials);
   Plots.memory(document.getElementById("plot-memory"), sweep, trials);
   Plots.mfu(document.getElementById("plot-mfu"), sweep, trials);
 };

@@ -14,7 +14,7 @@ function fillSelect(id, values, anyLabel) {
 function params() {
   const p = new URLSearchParams();
   for (const name of ["preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
-                      "seq_len_min", "seq_len_max"]) {
+                      "repeat", "seq_len_min", "seq_len_max"]) {
     const value = document.getElementById("f-" + name).value.trim();
     if (value) p.set(name, value);
   }
@@ -27,14 +27,19 @@ function params() {
 }
 
 function resultRow(t) {
-  const num = (v) => GS.el("td", { class: "num" }, v);
+  const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
   return GS.el("tr", { "data-trial-id": t.id },
     num(t.id), GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
     GS.el("td", {}, t.preset), GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips),
     num(t.seq_len), num(t.batch_size), GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
-    GS.el("td", {}, t.remat), GS.el("td", {}, t.accelerator),
-    num(GS.num(t.tokens_per_s_per_chip)), num(GS.num(t.step_time_s)), num(GS.pct(t.mfu)),
-    num(GS.pct(t.hfu)), num(GS.bytes(t.peak_memory_bytes_per_chip)),
+    GS.el("td", {}, t.remat), num(t.repeat), GS.el("td", {}, t.accelerator),
+    GS.el("td", {}, t.device_name || ""), GS.attempts(t),
+    num(GS.num(t.tokens_per_s_per_chip)),
+    num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
+    num(GS.stepTime(t)), num(GS.num(t.compile_time_s)), num(GS.pct(t.mfu)), num(GS.pct(t.hfu)),
+    num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
+    num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
+    num(GS.bytes(t.predicted_memory_bytes_per_chip)),
     num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
     num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), GS.el("td", {}, GS.time(t.finished_at)));
 }
@@ -65,7 +70,7 @@ async function init() {
   const o = await GS.api("/api/options");
   fillSelect("f-preset", o.presets, "any");
   fillSelect("f-framework", o.frameworks, "any");
-  fillSelect("f-mode", o.modes, "any");
+  fillSelect("f-mode", o.trial_modes, "any");
   fillSelect("f-accelerator", o.accelerator_types, "any");
   fillSelect("f-dtype", o.dtypes, "any");
   fillSelect("f-param_sharding", o.param_shardings, "any");

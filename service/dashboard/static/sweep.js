@@ -4,16 +4,26 @@
 const sweepId = Number(window.location.pathname.split("/").filter(Boolean).pop());
 let timer = null;
 
-function trialRow(t) {
-  const num = (v) => GS.el("td", { class: "num" }, v);
+function trialRow(t, repeated) {
+  const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
   const loss = t.loss_first === null ? "" : `${GS.num(t.loss_first, 4)} → ${GS.num(t.loss_last, 4)}`;
-  return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status },
-    num(t.id), GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips), num(t.seq_len),
-    GS.el("td", {}, `${t.dtype} · ${t.param_sharding} · remat ${t.remat}`),
-    GS.el("td", {}, GS.badge(t.status)), num(GS.num(t.tokens_per_s_per_chip)),
-    num(GS.num(t.step_time_s)), num(GS.pct(t.mfu)), num(GS.bytes(t.peak_memory_bytes_per_chip)),
+  const settings = `${t.dtype} · ${t.param_sharding} · remat ${t.remat}` +
+                   (repeated ? ` · repeat ${t.repeat}` : "");
+  return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
+                       "data-attempts": t.attempt_history.length },
+    num(t.id), GS.el("td", {}, t.framework),
+    GS.el("td", { title: t.mode === "none" ? "one chip, no context parallelism: the baseline" : null },
+          t.mode), num(t.chips), num(t.seq_len), GS.el("td", {}, settings),
+    GS.el("td", {}, GS.badge(t.status)), GS.attempts(t), num(GS.num(t.tokens_per_s_per_chip)),
+    num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
+    num(GS.stepTime(t)), num(GS.num(t.compile_time_s)), num(GS.pct(t.mfu)),
+    num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
+    num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
+    num(GS.bytes(t.predicted_memory_bytes_per_chip)),
     num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
-    num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss), num(GS.num(t.max_rel_err)),
+    num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss),
+    num(GS.num(t.max_rel_err), t.verified_seq_len ? `verified on ${t.verified_seq_len} tokens` : null),
+    GS.el("td", {}, t.device_name || ""),
     GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
 }
 
@@ -29,7 +39,9 @@ function showSweep(s) {
     `preset ${m.preset}${m.num_layers ? ` (${m.num_layers} layers)` : ""} · batch ${s.spec.batch_size} · ` +
     `dtypes ${s.spec.dtypes.join(", ")} · param shardings ${s.spec.param_shardings.join(", ")} · ` +
     `remats ${s.spec.remats.join(", ")} · ${s.spec.warmup_steps} warm-up + ${s.spec.steps} measured steps · ` +
-    `${a.kind}/${a.type} · frameworks ${s.spec.frameworks.join(", ")} · modes ${s.spec.modes.join(", ")}`;
+    `${a.kind}/${a.type} · frameworks ${s.spec.frameworks.join(", ")} · modes ${s.spec.modes.join(", ")}` +
+    (s.spec.repeats > 1 ? ` · ${s.spec.repeats} repeats of every point` : "") +
+    (s.spec.one_chip_baseline && s.spec.chips.includes(1) ? " · one-chip baseline (mode none) shared by every mode" : "");
   document.getElementById("sweep-error").textContent = s.error || "";
   document.getElementById("cancel").hidden = GS.FINAL_SWEEP.has(s.status) || s.status === "cancelling";
 }
@@ -39,7 +51,8 @@ async function refresh() {
     const [sweep, trials] = await Promise.all([
       GS.api(`/api/sweeps/${sweepId}`), GS.api(`/api/sweeps/${sweepId}/trials?limit=10000`)]);
     showSweep(sweep);
-    document.querySelector("#trials tbody").replaceChildren(...trials.data.map(trialRow));
+    const repeated = sweep.spec.repeats > 1;
+    document.querySelector("#trials tbody").replaceChildren(...trials.data.map((t) => trialRow(t, repeated)));
     Plots.drawAll(sweep, trials.data);
     document.body.dataset.sweepStatus = sweep.status;
     if (GS.FINAL_SWEEP.has(sweep.status) && timer !== null) {

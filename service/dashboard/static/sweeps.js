@@ -40,13 +40,18 @@ function formBody() {
     accelerator: { kind: value("accelerator_kind"), type: value("accelerator_type") },
     verify: document.getElementById("verify").checked,
     trial_timeout_s: Number(value("trial_timeout_s")),
+    repeats: Number(value("repeats")),
   };
 }
 
+// Trials the API will create (SweepSpec.grid_size): chips = 1 runs once as the one-chip
+// baseline, not once per mode; every point runs `repeats` times.
 function showGridSize() {
   const b = formBody();
-  const n = [b.frameworks, b.modes, b.chips, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
+  const chips = new Set(b.chips), baseline = chips.has(1) ? 1 : 0;
+  const settings = [b.frameworks, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
     .reduce((product, values) => product * values.length, 1);
+  const n = (b.repeats || 1) * settings * (b.modes.length * (chips.size - baseline) + baseline);
   document.getElementById("grid-size").textContent =
     `${n} trial${n === 1 ? "" : "s"} (cap ${options ? options.grid_cap : "?"})`;
 }

@@ -1,0 +1,169 @@
+"""Measured memory of this process's chips, and how much one chip can hold.
+
+Measured figures only (the estimates live elsewhere: XLA's memory analysis in jax_gdn.train,
+the analytic predictor in memory_model). Sources, as stored with every result:
+    cuda_max_allocated          torch.cuda.max_memory_allocated since the run's reset
+    jax_peak_bytes_in_use       max over this process's devices of memory_stats()
+                                ["peak_bytes_in_use"], a new high set during the run
+    jax_peak_bytes_in_use_process_lifetime
+                                the same figure when the run set no new high: JAX cannot reset
+                                it, so it may belong to an earlier, larger run in this process
+    process_rss_peak            CPU: this process's resident-set high-water mark (VmHWM) since
+                                the run reset it
+    process_rss_peak/{n}_chips  CPU, one JAX process driving n chips: that mark divided by n
+    process_rss_peak_lifetime   CPU without a resettable mark (not Linux): ru_maxrss
+Framework modules are imported inside the functions, so a torch-only or JAX-only process
+loads only its own.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+RSS_SOURCE = "process_rss_peak"
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident-set high-water mark (Linux); False where unsupported."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> tuple[int, str]:
+    """(bytes, source) of this process's resident-set high-water mark (module docstring)."""
+    hwm_kib = _status_kib("VmHWM")
+    if hwm_kib is not None:
+        return hwm_kib * 1024, RSS_SOURCE
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return int(rss if sys.platform == "darwin" else rss * 1024), f"{RSS_SOURCE}_lifetime"
+
+
+def per_chip_rss(chips: int) -> tuple[int, str]:
+    """peak_rss shared out over the `chips` chips one process drives, labelled so."""
+    peak, source = peak_rss()
+    if chips <= 1:
+        return peak, source
+    return peak // chips, f"{source}/{chips}_chips"
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo: what this host could give without swapping (Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# --------------------------------------------------------------------------- torch
+
+def torch_reset_peak(device) -> None:
+    """Start a run's measurement on a torch device: CUDA's peak stats, or the process RSS mark."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        reset_peak_rss()
+
+
+def torch_peak_memory(device) -> tuple[int, str]:
+    """(bytes, source) measured since torch_reset_peak: CUDA's allocator peak, else RSS."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    return peak_rss()
+
+
+def torch_chip_capacity(device, *, chips_on_host: int = 1) -> tuple[int | None, str]:
+    """(bytes one chip can hold, source): the GPU's total memory, or on CPU the host's
+    MemAvailable shared over chips_on_host chips."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1]), "cuda_mem_get_info_total"
+    return _cpu_share(chips_on_host)
+
+
+def _cpu_share(chips: int) -> tuple[int | None, str]:
+    available = host_available_bytes()
+    if available is None:
+        return None, "unknown"
+    return available // max(chips, 1), f"mem_available/{max(chips, 1)}_chips"
+
+
+# --------------------------------------------------------------------------- JAX
+
+def _device_stats(device) -> dict | None:
+    try:
+        return device.memory_stats()
+    except Exception:  # some backends raise instead of returning None
+        return None
+
+
+def _device_peak(devices) -> int | None:
+    peaks = [(_device_stats(d) or {}).get("peak_bytes_in_use") for d in devices]
+    return max(peaks) if peaks and all(p is not None for p in peaks) else None
+
+
+def jax_reset_peak(devices) -> int | None:
+    """Start a run's measurement over this process's JAX devices; return the baseline.
+
+    CPU: resets the process RSS mark (returns None). Accelerators: returns the peak so far,
+    which JAX cannot reset, so jax_peak_memory can tell whether the run set a new high.
+    """
+    if devices[0].platform == "cpu":
+        reset_peak_rss()
+        return None
+    return _device_peak(devices)
+
+
+def jax_peak_memory(devices, *, baseline: int | None = None) -> tuple[int | None, str]:
+    """(bytes per chip, source) measured over this process's devices (module docstring).
+
+    devices: this process's JAX devices (jax.local_devices()); baseline: jax_reset_peak's
+    return. CPU: the process RSS mark / len(devices). Accelerators: the largest device peak,
+    or (None, "unknown") where memory_stats says nothing.
+    """
+    if devices[0].platform == "cpu":
+        return per_chip_rss(len(devices))
+    peak = _device_peak(devices)
+    if peak is None:
+        return None, "unknown"
+    new_high = baseline is None or peak > baseline
+    return peak, "jax_peak_bytes_in_use" if new_high else \
+        "jax_peak_bytes_in_use_process_lifetime"
+
+
+def jax_chip_capacity(devices) -> tuple[int | None, str]:
+    """(bytes one chip can hold, source): memory_stats' bytes_limit on GPU/TPU, else the
+    host's MemAvailable shared over this process's chips."""
+    if devices[0].platform == "cpu":
+        return _cpu_share(len(devices))
+    limits = [(_device_stats(d) or {}).get("bytes_limit") for d in devices]
+    if all(limit is not None for limit in limits):
+        return int(min(limits)), "jax_bytes_limit"
+    return None, "unknown"
+
+
+__all__ = ["RSS_SOURCE", "host_available_bytes", "jax_chip_capacity", "jax_peak_memory",
+           "jax_reset_peak", "peak_rss", "per_chip_rss", "reset_peak_rss",
+           "torch_chip_capacity", "torch_peak_memory", "torch_reset_peak"]

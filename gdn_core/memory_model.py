@@ -1,0 +1,378 @@
+"""Predict a training step's memory per chip from shapes and step settings alone (no compile).
+
+`predict_step_memory` is the one answer to "will it fit?": the verify decision (which prefix
+of the sequence one chip can check), the service's admission control and the capacity planner
+all call it. It counts what the step of gdn_core.{jax_gdn,torch_gdn}.cp.train holds at its
+peak, term by term (MemoryPrediction's fields; `total` says how they add up):
+
+    weights            float32 master weights this chip stores (fsdp: its shards)
+    compute_weights    weight copies in the compute dtype or gathered whole: bf16 casts kept
+                       for backward, fsdp's gathered layers, the embedding and LM head
+    grads              float32 gradients (before a zero1 reduce-scatter they are whole)
+    optimizer_state    AdamW m and v, float32 (zero1 / fsdp: this chip's slice)
+    activations        what backward keeps across all layers under train_cfg.remat
+    backward_working   one layer's backward at a time: its cotangents and, under remat, its
+                       rebuilt residuals (BACKWARD_WORKING_FRACTION of the layer's residuals)
+    exchange_buffers   the CP mode's transient exchange buffers and saved pairs/states
+    loss_logits        the chunked cross-entropy's float32 logits of one chunk, forward and
+                       backward (never [tokens, vocab] whole)
+    temporaries        the gradient sync's or the optimizer update's buffers (update phase)
+
+Activation bytes per token and layer come from the tensors each framework's layer saves for
+backward, counted per width class (E hidden, I MLP width, Kd = Hk·Dk, value head widths H·Dv,
+H·Dk, chunk-local H·C, per-head scalars H, per-chunk states H·Dk²/C and H·Dk·Dv/C):
+JAX from jax.ad_checkpoint.saved_residuals of jax_gdn's model, torch from the tensors autograd
+packs (torch.autograd.graph.saved_tensors_hooks) for torch_gdn's model. The tests recount both
+and compare the totals with XLA's memory analysis of the compiled step
+(tests/gdn_core/test_memory_model.py), so a change to the layers that moves memory shows up.
+All figures are bytes per chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .config import ModelConfig
+from .cp_modes import check_cp_shape
+from .train_config import TrainConfig, check_framework
+
+FLOAT32_BYTES = 4
+COMPUTE_BYTES = {"float32": 4, "bfloat16": 2}
+JAX_LOSS_CHUNK_TOKENS = 1024
+"""jax_gdn.model.LOSS_CHUNK_TOKENS (not imported: this module stays free of JAX and torch)."""
+TORCH_LOSS_CHUNK_LOGITS = 2 ** 26
+"""torch_gdn.loss.LOSS_CHUNK_LOGITS: logit elements per chunk."""
+LOSS_LOGIT_COPIES = 2
+"""A loss chunk's float32 [tokens, V] buffers alive at once in backward: the recomputed logits
+and their gradient (the softmax fuses into it)."""
+BACKWARD_WORKING_FRACTION = {
+    "jax": {"none": 0.6, "gdn": 0.6, "full": 0.8},
+    "torch": {"none": 0.1, "gdn": 0.25, "full": 0.9},
+}
+"""One layer's backward holds about this fraction of the layer's float32 remat-none residual
+set beyond what is kept: its cotangents, and under remat its rebuilt residuals. JAX: XLA's
+buffer reuse overlaps the two (its memory analysis of the tests' steps: none 0.56, gdn 0.54,
+full 0.78). torch: autograd frees each residual as soon as its node has run, so little is
+added beyond the rebuilt core (gdn) or layer (full) (the CPU allocator's peak under
+torch.profiler: none ≤ 0.15, gdn 0.24, full 0.92)."""
+TOP_LEVEL_SAVED_PER_TOKEN = 4
+"""float32 hidden-width tensors kept outside the layers: embedding output, final norm's input
+and output, the loss chunks' inputs."""
+
+# Bytes per token and layer that backward keeps, by (framework, dtype, remat), per width class.
+_SAVED_BYTES_PER_TOKEN: dict[tuple[str, str, str], dict[str, float]] = {
+    # JAX: the remat policy's residuals (model.remat_policy); none keeps the rule's chunk terms,
+    # gdn the projections, norms and MLP gate/up, full only the layer input (scan carry).
+    ("jax", "float32", "none"): {"E": 24, "I": 24, "Kd": 56, "HDv": 76, "HDk": 60, "HC": 32,
+                                 "H": 72, "HKK/C": 4, "HKV/C": 12, "H/C": 4, "1": 16},
+    ("jax", "bfloat16", "none"): {"E": 20, "I": 12, "Kd": 44, "HDv": 64, "HDk": 54, "HC": 30,
+                                  "H": 70, "HKK/C": 4, "HKV/C": 10, "H/C": 4, "1": 16},
+    ("jax", "float32", "gdn"): {"E": 16, "I": 8, "Kd": 8, "HDv": 8, "H": 8},
+    ("jax", "bfloat16", "gdn"): {"E": 8, "I": 4, "Kd": 4, "HDv": 4, "H": 4},
+    ("jax", "float32", "full"): {"E": 4},
+    ("jax", "bfloat16", "full"): {"E": 2},
+    # torch: autograd's saved tensors; autocast casts each matmul's input separately (bf16
+    # copies of the normed input per projection), the residual stream stays float32.
+    ("torch", "float32", "none"): {"E": 24, "I": 16, "Kd": 16, "HDv": 44, "HDk": 52, "HC": 20,
+                                   "H": 40, "HKK/C": 4, "HKV/C": 8, "H/C": 4, "1": 8},
+    ("torch", "bfloat16", "none"): {"E": 28, "I": 8, "Kd": 8, "HDv": 34, "HDk": 46, "HC": 18,
+                                    "H": 38, "HKK/C": 4, "HKV/C": 10, "H/C": 4, "1": 8},
+    ("torch", "float32", "gdn"): {"E": 24, "I": 16, "Kd": 8, "HDv": 28, "H": 12, "1": 8},
+    ("torch", "bfloat16", "gdn"): {"E": 28, "I": 8, "Kd": 4, "HDv": 22, "H": 8, "1": 8},
+    ("torch", "float32", "full"): {"E": 4},
+    ("torch", "bfloat16", "full"): {"E": 4},
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryPrediction:
+    """Predicted bytes per chip of one training step at its peak, by part (module docstring)."""
+
+    framework: str
+    """jax or torch: how the parts overlap in time differs (total)."""
+    weights: int
+    compute_weights: int
+    grads: int
+    optimizer_state: int
+    activations: int
+    backward_working: int
+    exchange_buffers: int
+    loss_logits: int
+    temporaries: int
+
+    @property
+    def total(self) -> int:
+        """The peak: weights and optimizer state throughout, plus the larger of the backward
+        phase and the update phase (gradients and temporaries; the activations are gone).
+
+        Backward: compute weights, exchanges, activations and the larger of one layer's working
+        set and the loss's logits (they come and go before the layers' backward). JAX holds
+        the whole gradients beside the activations (the layer scan's stacked outputs); torch
+        sets gradients to None before each forward and frees each residual as the gradients
+        grow, so its backward peaks at the larger of the activations and the gradients.
+        """
+        transient = self.compute_weights + self.exchange_buffers
+        if self.framework == "torch":
+            backward = transient + max(
+                self.activations + max(self.backward_working, self.loss_logits),
+                self.grads + self.backward_working)
+        else:
+            backward = transient + self.grads + self.activations + max(
+                self.backward_working, self.loss_logits)
+        update = self.grads + self.temporaries
+        return self.weights + self.optimizer_state + max(backward, update)
+
+    @property
+    def resident_state(self) -> int:
+        """What the step keeps between steps and while a verify reference runs beside it:
+        weights, gradients and optimizer state."""
+        return self.weights + self.grads + self.optimizer_state
+
+
+# --------------------------------------------------------------------------- parameters
+
+def layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of one decoder layer's parameters (torch layout, as gdn_core builds them)."""
+    gdn, E, I = model_cfg.gdn, model_cfg.hidden_size, model_cfg.intermediate_size
+    H, Cc = gdn.num_v_heads, gdn.conv_dim
+    return {"gdn_norm": (E,), "in_proj_qkv": (Cc, E), "in_proj_z": (gdn.value_dim, E),
+            "in_proj_b": (H, E), "in_proj_a": (H, E), "conv1d": (Cc, 1, gdn.conv_kernel_size),
+            "dt_bias": (H,), "A_log": (H,), "norm": (gdn.head_v_dim,),
+            "out_proj": (E, gdn.value_dim), "mlp_norm": (E,), "gate_proj": (I, E),
+            "up_proj": (I, E), "down_proj": (E, I)}
+
+
+def top_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of the parameters outside the layers: embedding, final norm, LM head."""
+    E, V = model_cfg.hidden_size, model_cfg.vocab_size
+    return {"embed_tokens": (V, E), "norm": (E,), "lm_head": (V, E)}
+
+
+_MATMUL_WEIGHTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+                   "gate_proj", "up_proj", "down_proj")
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def _shard_size(shape: tuple[int, ...], chips: int, framework: str) -> int:
+    """Elements of one chip's slice of a leaf split over `chips`.
+
+    JAX (jax_gdn.cp.param_sharding): 1/chips along a dim divisible by chips, else whole.
+    torch (FSDP2): dim 0 padded up to a multiple of chips.
+    """
+    if chips == 1:
+        return _size(shape)
+    if framework == "torch":
+        return math.ceil(shape[0] / chips) * _size(shape[1:])
+    return _size(shape) // chips if any(d % chips == 0 for d in shape) else _size(shape)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Params:
+    total: int
+    """Elements of the whole model."""
+    layer: int
+    """Elements of one decoder layer."""
+    top: int
+    """Elements of the embedding and the LM head (the final norm is negligible)."""
+    matmul: int
+    """Elements of the weights the matmuls read (the layers' projections and the LM head)."""
+    sharded: int
+    """Elements this chip keeps when every leaf is split over the chips (zero1 / fsdp)."""
+    zero_rank: int
+    """torch ZeroRedundancyOptimizer: elements of the largest rank's parameter partition."""
+
+
+def _param_counts(model_cfg: ModelConfig, chips: int, framework: str) -> _Params:
+    layer, top = layer_param_shapes(model_cfg), top_param_shapes(model_cfg)
+    L = model_cfg.num_layers
+    layer_total = sum(map(_size, layer.values()))
+    sharded = (L * sum(_shard_size(s, chips, framework) for s in layer.values())
+               + sum(_shard_size(s, chips, framework) for s in top.values()))
+    # ZeroRedundancyOptimizer assigns parameters, largest first, to the least-loaded rank.
+    loads = [0] * chips
+    for size in sorted([_size(s) for s in layer.values()] * L
+                       + [_size(s) for s in top.values()], reverse=True):
+        loads[loads.index(min(loads))] += size
+    return _Params(
+        total=L * layer_total + sum(map(_size, top.values())), layer=layer_total,
+        top=_size(top["embed_tokens"]) + _size(top["lm_head"]),
+        matmul=L * sum(_size(layer[n]) for n in _MATMUL_WEIGHTS) + _size(top["lm_head"]),
+        sharded=sharded, zero_rank=max(loads))
+
+
+# --------------------------------------------------------------------------- activations
+
+def _widths(model_cfg: ModelConfig, heads: float) -> dict[str, float]:
+    """Per-token element counts of each width class; `heads` value heads on this chip."""
+    gdn = model_cfg.gdn
+    C, Dk, Dv = gdn.chunk_size, gdn.head_k_dim, gdn.head_v_dim
+    head_share = heads / gdn.num_v_heads
+    return {"E": model_cfg.hidden_size, "I": model_cfg.intermediate_size,
+            "Kd": gdn.key_dim * head_share, "HDv": heads * Dv, "HDk": heads * Dk,
+            "HC": heads * C, "H": heads, "HKK/C": heads * Dk * Dk / C,
+            "HKV/C": heads * Dk * Dv / C, "H/C": heads / C, "1": 1}
+
+
+def saved_bytes_per_token(model_cfg: ModelConfig, *, framework: str, dtype: str, remat: str,
+                          heads: float | None = None) -> float:
+    """Bytes one layer keeps for backward per token (this chip's `heads`; default all)."""
+    table = _SAVED_BYTES_PER_TOKEN[(framework, dtype, remat)]
+    widths = _widths(model_cfg, model_cfg.gdn.num_v_heads if heads is None else heads)
+    return sum(per_width * widths[name] for name, per_width in table.items())
+
+
+def _exchange_bytes(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
+                    local_tokens: int, compute_bytes: int) -> int:
+    """The CP mode's buffers on one chip: per layer the saved incoming pair/state (custom VJPs
+    keep A and h_in), and one layer's transient exchange buffers, forward or backward."""
+    if chips == 1:
+        return 0
+    gdn, L = model_cfg.gdn, model_cfg.num_layers
+    H, Dk, Dv = gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+    state = batch * H * Dk * Dv * FLOAT32_BYTES
+    pair = batch * H * Dk * (Dk + Dv) * FLOAT32_BYTES
+    halo = batch * (gdn.conv_kernel_size - 1) * gdn.conv_dim * compute_bytes
+    if mode == "ulysses":
+        # q, k, v, g, beta out to head shards and o back: send and receive buffers.
+        per_token = gdn.conv_dim + 2 * H + gdn.value_dim
+        return 2 * batch * local_tokens * per_token * FLOAT32_BYTES
+    saved = L * pair
+    transient = {"p2p": 2 * state, "all_gather": 2 * chips * pair,
+                 "log_scan": 2 * max(1, math.ceil(math.log2(chips))) * pair}[mode]
+    return saved + transient + 2 * halo
+
+
+# --------------------------------------------------------------------------- the prediction
+
+def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
+                        chips: int, framework: str, optimizer: bool = True) -> MemoryPrediction:
+    """Predict the per-chip bytes of one CP training step (forward, backward, sync, AdamW).
+
+    train_cfg: batch, global seq_len, dtype, param_sharding, remat as the step runs them;
+    mode / chips: the CP layout (chips == 1: the single-chip step, any mode). optimizer=False
+    leaves out AdamW's state and update: a gradient-only run, as a verify reference is.
+    Raises ValueError naming the numbers for a shape `mode` cannot split over `chips`.
+    """
+    check_framework(framework)
+    gdn = model_cfg.gdn
+    check_cp_shape(mode=mode, chips=chips, seq_len=train_cfg.seq_len,
+                   num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
+                   conv_kernel_size=gdn.conv_kernel_size)
+    is_jax = framework == "jax"
+    sharding = train_cfg.param_sharding if chips > 1 else "replicated"
+    params = _param_counts(model_cfg, chips, framework)
+    B, t = train_cfg.batch_size, train_cfg.seq_len // chips
+    compute_bytes, L = COMPUTE_BYTES[train_cfg.dtype], model_cfg.num_layers
+    bf16 = train_cfg.dtype == "bfloat16"
+
+    stored = params.sharded if sharding == "fsdp" else params.total
+    opt_elements = {"replicated": params.total, "zero1": params.zero_rank if not is_jax
+                    else params.sharded, "fsdp": params.sharded}[sharding]
+    # Gradients: whole under replicated and zero1 (reduced after backward); fsdp keeps its
+    # shards, and the embedding's and LM head's whole (they are used whole).
+    grads = params.total if sharding != "fsdp" else params.sharded + params.top
+    if sharding == "fsdp":
+        # The running layer gathered, the embedding and the LM head gathered whole (float32
+        # where the model reads them so).
+        compute = params.layer * compute_bytes + params.top * FLOAT32_BYTES
+    elif bf16 and (not is_jax or train_cfg.remat == "none"):
+        # torch autocast caches a bf16 copy of every matmul weight for the whole forward;
+        # JAX keeps each layer's bf16 casts as residuals unless the layer is recomputed.
+        compute = params.matmul * compute_bytes
+    else:
+        compute = 2 * params.layer * compute_bytes if bf16 else 0
+
+    # Ulysses runs the rule over the whole sequence on Hv/D heads: per chip the same per-head
+    # work as t tokens of all heads, so the token count t stands for both.
+    kept = saved_bytes_per_token(model_cfg, framework=framework, dtype=train_cfg.dtype,
+                                 remat=train_cfg.remat)
+    working = BACKWARD_WORKING_FRACTION[framework][train_cfg.remat] * saved_bytes_per_token(
+        model_cfg, framework=framework, dtype="float32", remat="none")
+    top_level = TOP_LEVEL_SAVED_PER_TOKEN * model_cfg.hidden_size * FLOAT32_BYTES
+    tokens = B * t
+    loss_tokens = min(tokens, JAX_LOSS_CHUNK_TOKENS if is_jax else
+                      max(1, TORCH_LOSS_CHUNK_LOGITS // model_cfg.vocab_size))
+    # The update phase's temporaries, one after the other: the gradient sync (JAX: the
+    # replicated psum writes a second whole gradient, zero1's reduce-scatter a shard; torch:
+    # sum_gradients concatenates the gradients into one flat buffer, replicated and zero1),
+    # then the update (optax fuses AdamW into the donated buffers; torch's foreach AdamW, its
+    # CUDA default, builds one list of the state's slice for the denominator).
+    if chips == 1:
+        synced = 0
+    elif is_jax:
+        synced = {"replicated": params.total, "zero1": opt_elements, "fsdp": 0}[sharding]
+    else:
+        synced = 0 if sharding == "fsdp" else params.total
+    update = 0 if is_jax or not optimizer else opt_elements
+    return MemoryPrediction(
+        framework=framework,
+        weights=stored * FLOAT32_BYTES,
+        compute_weights=int(compute),
+        grads=grads * FLOAT32_BYTES,
+        optimizer_state=2 * opt_elements * FLOAT32_BYTES if optimizer else 0,
+        activations=int(tokens * (L * kept + top_level)),
+        backward_working=int(tokens * working),
+        exchange_buffers=_exchange_bytes(model_cfg, mode=mode, chips=chips, batch=B,
+                                         local_tokens=t, compute_bytes=compute_bytes),
+        loss_logits=LOSS_LOGIT_COPIES * loss_tokens * model_cfg.vocab_size * FLOAT32_BYTES,
+        temporaries=max(synced, update) * FLOAT32_BYTES,
+    )
+
+
+# --------------------------------------------------------------------------- verify
+
+def verify_reference_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, seq_len: int,
+                            framework: str) -> MemoryPrediction:
+    """One chip's forward + backward of the verify reference on the first seq_len tokens:
+    replicated weights, no remat, no optimizer (as both frameworks' verify runs it)."""
+    reference = dataclasses.replace(train_cfg, seq_len=seq_len, param_sharding="replicated",
+                                    remat="none")
+    return predict_step_memory(model_cfg, reference, mode="p2p", chips=1, framework=framework,
+                               optimizer=False)
+
+
+def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str, chips: int,
+                   framework: str, budget_bytes: int) -> int | None:
+    """The tokens per sequence a verify can compare against one chip within budget_bytes.
+
+    The chip that runs the reference also holds the CP step's weights, gradients and AdamW
+    state (resident_state of the step's prediction); the reference must fit beside them.
+    Returns train_cfg.seq_len when the whole sequence fits, else the longest prefix that fits
+    and is a valid CP length — a multiple of chips × chunk_size that `mode` can split — or
+    None when not even the shortest such prefix fits.
+    """
+    if not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise ValueError(f"budget_bytes={budget_bytes!r} must be a non-negative integer")
+    resident = predict_step_memory(model_cfg, train_cfg, mode=mode, chips=chips,
+                                   framework=framework).resident_state
+
+    def fits(seq_len: int) -> bool:
+        reference = verify_reference_memory(model_cfg, train_cfg, seq_len=seq_len,
+                                            framework=framework)
+        return resident + reference.total <= budget_bytes
+
+    if fits(train_cfg.seq_len):
+        return train_cfg.seq_len
+    step = chips * model_cfg.gdn.chunk_size
+    gdn = model_cfg.gdn
+    valid = []
+    for k in range(1, (train_cfg.seq_len - 1) // step + 1):
+        try:
+            check_cp_shape(mode=mode, chips=chips, seq_len=k * step, num_k_heads=gdn.num_k_heads,
+                           num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+        except ValueError:
+            continue
+        valid.append(k * step)
+    # Memory grows with the prefix: binary search for the longest one that fits.
+    low, high = 0, len(valid)
+    while low < high:
+        mid = (low + high) // 2
+        if fits(valid[mid]):
+            low = mid + 1
+        else:
+            high = mid
+    return valid[low - 1] if low else None

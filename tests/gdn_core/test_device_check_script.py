@@ -1,0 +1,107 @@
+"""scripts/device-check.sh and the step-table benchmark it ends with, on this CPU-only host.
+
+Without a CUDA device the script must say so, let the gpu tests skip and exit 0; the step
+table's code path (a child process per row, the table, its JSON and markdown) runs here on
+the tiny preset. The GPU numbers themselves come only from a device run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gdn_core.bench import step
+from gdn_core.flops import model_flops_per_step
+from gdn_core.presets import get_preset
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "device-check.sh"
+needs_no_cuda = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="a CUDA device is present: the script runs the full check")
+
+
+def run_script(*args, out_dir, timeout_s):
+    env = dict(os.environ, OUT=str(out_dir), PYTHON=sys.executable)
+    env.pop("JAX_PLATFORMS", None)  # as on a fresh machine: the script chooses
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+@needs_no_cuda
+@pytest.mark.timeout(240)
+def test_script_without_cuda_says_so_skips_gpu_tests_and_exits_0(tmp_path):
+    done = run_script(out_dir=tmp_path, timeout_s=200)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-2000:]
+    assert "no CUDA device" in out
+    assert "devices: cuda=0 jax_gpu=0" in out
+    assert " skipped" in out and "passed" not in out and "failed" not in out, out[-3000:]
+    assert "=== kernel" not in out and "=== step" not in out  # they need a GPU
+    assert "env: ok" in out and "tests: ok" in out  # the summary
+    assert (tmp_path / "device-check.log").read_text().count("no CUDA device") >= 1
+
+
+@pytest.mark.slow  # two child processes compiling both frameworks' step: ~40 s here
+@pytest.mark.timeout(600)
+def test_step_table_runs_both_frameworks_on_cpu(tmp_path):
+    seq_len = 32
+    done = subprocess.run(
+        [sys.executable, "-m", "gdn_core.bench", "step", "--device", "cpu", "--preset", "tiny",
+         "--seq-len", str(seq_len), "--steps", "1", "--warmup", "1", "--rule-repeats", "1",
+         "--dtypes", "float32", "--budget-s", "500", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=560)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = [line.split() for line in done.stdout.splitlines()]
+    assert [row[:2] for row in table if row[1:2] == ["float32"]] == [  # the table's rows
+        ["torch", "float32"], ["jax", "float32"]]
+    rows = json.loads((tmp_path / "step-table.json").read_text())
+    flops = model_flops_per_step(get_preset("tiny"), batch=1, seq_len=seq_len).total
+    for row in rows:
+        label = f"{row['framework']} {row['dtype']}"
+        assert row["error"] is None, label
+        assert row["step_time_s"] > 0 and len(row["step_times_s"]) == 1, label
+        assert math.isclose(row["tokens_per_s"], seq_len / row["step_time_s"]), label
+        assert row["model_flops_per_step"] == flops, label
+        assert row["peak_source"].startswith(f"cpu_gemm_calibration:{row['framework']}:fp32")
+        assert math.isclose(row["mfu"], flops / (row["step_time_s"] * row["peak_flops_per_s"]))
+        assert 0 < row["mfu"] <= 1, label
+        assert row["memory_source"].startswith("process_rss"), label
+        assert row["peak_memory_bytes"] > 2**20, label
+        assert row["rule_time_s"] > 0 and row["rule_flops_per_s"] > 0, label
+        assert len(row["losses"]) == 2 and all(math.isfinite(x) for x in row["losses"]), label
+    assert rows[0]["xla_estimate_bytes"] is None and rows[1]["xla_estimate_bytes"] > 0
+    markdown = (tmp_path / "step-table.md").read_text()
+    assert markdown.startswith("| framework | dtype |") and markdown.count("| torch |") == 1
+
+
+def test_rows_beyond_the_budget_are_reported_not_lost(tmp_path, capsys):
+    code = step.main(["--device", "cpu", "--preset", "tiny", "--budget-s", "0",
+                      "--out", str(tmp_path)])
+    assert code == 1
+    rows = json.loads((tmp_path / "step-table.json").read_text())
+    assert [(r["framework"], r["dtype"]) for r in rows] == [
+        ("torch", "bfloat16"), ("jax", "bfloat16"), ("torch", "float32"), ("jax", "float32")]
+    assert all(r["error"].startswith("not run: --budget-s spent") for r in rows)
+    assert capsys.readouterr().out.count("FAILED: not run") == 2 * len(rows)  # progress + table
+
+
+def test_step_options_are_checked():
+    with pytest.raises(SystemExit, match="--frameworks='torch,tf'"):
+        step.main(["--frameworks", "torch,tf", "--budget-s", "0"])
+
+
+@pytest.mark.slow  # every part of the script on CPU at toy sizes: minutes of JAX compiles here
+@pytest.mark.timeout(1800)
+def test_script_cpu_dry_run_runs_every_part(tmp_path):
+    done = run_script("--cpu-dry-run", out_dir=tmp_path, timeout_s=1700)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
+    for part in ("env", "tests", "kernel", "step"):
+        assert f"{part}: ok" in done.stdout, part
+    assert (tmp_path / "step-table.json").exists()
