@@ -27,6 +27,7 @@ from .sink import ResultSink
 from .spec import SweepSpec, TrialSpec, expand_trials
 from .trial_runner import TrialRunner, now
 from .warm_pool import WarmPool
+from .worker_group import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ class SweepDriver:
                             continue
                         in_use[chip_resource(trial.accelerator_kind)] += trial.chips
                         self.sink.trial_started(trial)
-                        running[executor.submit(runner.run, trial)] = trial
+                        warm = verdict if isinstance(verdict, WorkerGroup) else None
+                        running[executor.submit(runner.run, trial, warm)] = trial
                     if not running:
                         continue
                     done, _ = cf.wait(running, timeout=self.options.poll_interval_s,
@@ -136,14 +138,18 @@ class SweepDriver:
                                      started_at=now(), finished_at=now()))
 
     def _admit(self, trial: TrialSpec, pool: WarmPool, in_use: collections.Counter,
-               static_cluster: bool) -> bool | Exception:
-        """True to start `trial` now, False to wait, or the error that fails it outright."""
+               static_cluster: bool) -> WorkerGroup | bool | Exception:
+        """True to start `trial` now (or the idle group of its shape, taken from the pool for
+        it: counting on a group still in the pool let two trials admitted together both wait
+        for one, the second blocking on chips the pool then held), False to wait, or the error
+        that fails it outright."""
         request = ChipRequest(framework=trial.framework, chips=trial.chips,
                               accelerator_kind=trial.accelerator_kind,
                               accelerator_type=trial.accelerator_type)
         resource = request.resource
-        if pool.has(request.shape):
-            return True
+        warm = pool.take(request.shape)
+        if warm is not None:
+            return warm
         total = ray.cluster_resources().get(resource, 0.0)
         if static_cluster and trial.chips > total:
             return ChipCapacityError(trial.chips, resource, total)

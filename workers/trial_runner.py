@@ -58,17 +58,22 @@ class TrialRunner:
         """CPU GEMM peaks (PeakMeasurement) by WorkerGroup.cpu_calibration_keys key."""
         self._lock = threading.Lock()
 
-    def run(self, trial: TrialSpec) -> TrialResult:
+    def run(self, trial: TrialSpec, warm_group: WorkerGroup | None = None) -> TrialResult:
         """The trial's final result (never raises for the trial's own failures), with one
         AttemptRecord per attempt: a trial that succeeded on attempt 2 keeps attempt 1's
-        reason."""
+        reason. warm_group: an idle group of the trial's shape the driver took from the pool
+        when it admitted the trial (so two trials admitted together never count on one)."""
         started, history = now(), []
         while True:
             attempt, attempt_started = len(history) + 1, now()
             if self.cancel_event.is_set():
+                if warm_group is not None:
+                    self.pool.give(warm_group)  # unused: back to the pool, closed at the end
+                    warm_group = None
                 outcome = _Attempt(status="cancelled", error="sweep cancelled before it ran")
             else:
-                outcome = self._attempt(trial, attempt)
+                outcome = self._attempt(trial, attempt, warm_group)
+                warm_group = None
             history.append(AttemptRecord(attempt=attempt, status=outcome.status,
                                          reason=outcome.error, hosts=list(outcome.hosts),
                                          started_at=attempt_started, finished_at=now()))
@@ -87,10 +92,11 @@ class TrialRunner:
 
     # ------------------------------------------------------------------ one attempt
 
-    def _attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
+    def _attempt(self, trial: TrialSpec, attempt: int,
+                 warm_group: WorkerGroup | None = None) -> _Attempt:
         group, counters, device_name = None, [], None
         try:
-            group, reused = self._acquire(trial)
+            group, reused = (warm_group, True) if warm_group else self._acquire(trial)
             device_name = ", ".join(group.device_names) or None
             group.check_devices(trial.accelerator_type)  # the chip MFU's peak is for
             peak = self._peak(trial, group)

@@ -55,10 +55,6 @@ class WarmPool:
             total += request.chips
         return total
 
-    def has(self, shape: tuple) -> bool:
-        with self._lock:
-            return any(g.chips.request.shape == shape for g in self._idle.values())
-
     def evict(self, resource: str, chips: int) -> int:
         """Shut down idle groups of `resource`, oldest first, until `chips` are freed."""
         freed, victims = 0, []

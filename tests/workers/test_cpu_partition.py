@@ -208,3 +208,20 @@ def test_sweep_asking_more_chips_than_cores_is_warned(ray_one_chip_per_core, cap
         (warning,) = cpu_chip_warnings([1, 2 * len(HOST_CORES)])
     assert f"up to {2 * len(HOST_CORES)} CPU chips" in warning and "share cores" in warning
     assert warning in caplog.text
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_trials_of_one_shape_on_all_chips_share_the_warm_group(
+        ray_one_chip_per_core):
+    # Every chip in one shape, two trials at once: the second must wait for the first's warm
+    # group, not count on it while reserving chips of its own (that blocked it until the
+    # placement timeout, the chips held by the idle group — the README demo on 2 cores).
+    chips = len(HOST_CORES)
+    spec = tiny_spec(modes=["all_gather", "p2p"], chips=[chips], seq_lens=[16 * chips,
+                                                                        32 * chips])
+    options = DriverOptions(placement_timeout_s=20)
+    results = run_sweep(spec, MemorySink(), max_concurrent_trials=2, options=options)
+    assert len(results) == 4
+    assert all(r.status == "succeeded" for r in results), [(r.trial.key, r.error)
+                                                           for r in results]
+    assert_no_leaks()
