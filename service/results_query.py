@@ -58,7 +58,7 @@ class ResultFilters(BaseModel):
         default=[], description="run of a repeated grid point (0, 1, …)")
     device_name: list[str] = Field(default=[], description="the chip as its runtime names it")
     memory_source: list[str] = Field(default=[], description="what the measured peak memory "
-                                     "is: process_rss_hwm, cuda_max_allocated, …")
+                                     "is: process_rss_peak, cuda_max_allocated, …")
     sweep_id: int | None = None
     sort: str = "-tokens_per_s_per_chip"
     offset: int = Field(default=0, ge=0)

@@ -12,7 +12,6 @@ import os
 import platform
 import resource
 import socket
-import sys
 from pathlib import Path
 
 _VERSION_PACKAGES = ("torch", "jax", "jaxlib", "ray", "gdn-sweep")
@@ -112,27 +111,6 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
-def reset_peak_rss() -> bool:
-    """Reset this process's resident-set high-water mark (Linux); False where unsupported.
-
-    A reused worker would otherwise report the peak of an earlier, larger trial.
-    """
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> tuple[int, str]:
-    """(bytes, source): VmHWM since the last reset, else the process-lifetime ru_maxrss."""
-    hwm = _status_kib("VmHWM")
-    if hwm is not None:
-        return hwm * 1024, "process_rss_hwm"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024), "process_rss"
-
-
 @contextlib.contextmanager
 def address_space_cap(extra_bytes: int | None):
     """Let this process's address space grow by at most extra_bytes (RLIMIT_AS soft limit).
@@ -192,4 +170,4 @@ def read_oom_kills(path: str) -> int | None:
 
 __all__ = ["ProcessIdentity", "WorkerInfo", "address_space_cap", "cpu_model_name",
            "describe_self", "free_port", "host_cpu_count", "memory_cap_for", "oom_kill_counter",
-           "peak_rss", "read_oom_kills", "reset_peak_rss", "software_versions"]
+           "read_oom_kills", "software_versions"]
