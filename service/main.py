@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from .api.errors import install_error_handlers
+from .api.guards import install_guards
 from .api.main import api_router
 from .core.config import Settings, get_settings
 from .core.db import make_engine, make_session_factory, upgrade_database
@@ -48,6 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(engine)
     app.state.scheduler = (Scheduler(session_factory=app.state.session_factory,
                                      settings=settings) if settings.run_scheduler else None)
+    install_error_handlers(app)
+    install_guards(app, settings)
     app.include_router(api_router)
     mount_dashboard(app)
     return app
