@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from workers.result import TrialStatus
 
 from ... import crud
+from ...admission import grid_cap_error
 from ...models import FINAL_SWEEP_STATUSES
 from ...schemas import SweepCreate, SweepCreated, SweepPublic, SweepsPublic, TrialsPublic
 from ..deps import SchedulerDep, SessionDep, SettingsDep, TokenDep
@@ -21,19 +22,9 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 def create_sweep(sweep_in: SweepCreate, session: SessionDep, settings: SettingsDep,
                  scheduler: SchedulerDep) -> SweepCreated:
     """Queue a sweep; its trials run in the background (skipped grid points counted apart)."""
-    if sweep_in.grid_size > settings.grid_cap:
-        s = sweep_in
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[{
-            "type": "grid_too_large", "loc": ["body"],
-            "msg": (f"the grid has {s.grid_size} trials (repeats {s.repeats} × frameworks "
-                    f"{len(s.frameworks)} × seq_lens {len(s.seq_lens)} × dtypes "
-                    f"{len(s.dtypes)} × param_shardings {len(s.param_shardings)} × remats "
-                    f"{len(s.remats)} × (modes {len(s.modes)} × chip counts "
-                    f"{len(s.chips) - s.has_baseline}"
-                    f"{' + the one-chip baseline' if s.has_baseline else ''})); at most "
-                    f"{settings.grid_cap} are accepted (GDN_SWEEP_GRID_CAP): split the sweep "
-                    f"or drop values"),
-            "ctx": {"grid_size": s.grid_size, "grid_cap": settings.grid_cap}}])
+    too_large = grid_cap_error(sweep_in, settings.grid_cap)
+    if too_large is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=[too_large])
     try:
         sweep = crud.create_sweep(session=session, sweep_create=sweep_in)
     except ValueError as err:  # a model the presets cannot build: nothing was committed
