@@ -96,7 +96,8 @@ class TrialRunner:
                  warm_group: WorkerGroup | None = None) -> _Attempt:
         group, counters, device_name = None, [], None
         try:
-            group, reused = (warm_group, True) if warm_group else self._acquire(trial)
+            group, reused = ((warm_group, True) if warm_group
+                             else self._acquire(trial, retry=attempt > 1))
             device_name = ", ".join(group.device_names) or None
             group.check_devices(trial.accelerator_type)  # the chip MFU's peak is for
             peak = self._peak(trial, group)
@@ -131,7 +132,7 @@ class TrialRunner:
         self.pool.give(group)
         return result
 
-    def _acquire(self, trial: TrialSpec) -> tuple[WorkerGroup, bool]:
+    def _acquire(self, trial: TrialSpec, *, retry: bool) -> tuple[WorkerGroup, bool]:
         request = ChipRequest(framework=trial.framework, chips=trial.chips,
                               accelerator_kind=trial.accelerator_kind,
                               accelerator_type=trial.accelerator_type,
@@ -139,9 +140,11 @@ class TrialRunner:
         group = self.pool.take(request.shape)
         if group is not None:
             return group, True
-        chips = TrialChips.create(request, timeout_s=self.options.placement_timeout_s,
-                                  cancelled=self.cancel_event.is_set,
-                                  poll_interval_s=self.options.poll_interval_s)
+        # A first attempt was admitted with room made for it; a retry was not.
+        with self.pool.waiting_for(request.resource, evict_idle=retry):
+            chips = TrialChips.create(request, timeout_s=self.options.placement_timeout_s,
+                                      cancelled=self.cancel_event.is_set,
+                                      poll_interval_s=self.options.poll_interval_s)
         try:
             ctx = WorkerGroupContext(chips=chips, options=self.options)
             group = WorkerGroup.create(ctx)

@@ -3,12 +3,16 @@
 Starting a trial's actors (torch / JAX imports, rendezvous) costs seconds; a trial of the same
 shape — framework, chips, accelerator — can run on the same processes and placement group.
 JAX fixes its device count per process, hence the chip count in the key. Idle groups hold
-their chips, so the driver evicts them (oldest first) when another shape needs room, and
-`close()` tears all down at the end of the sweep.
+their chips, so the driver evicts them (oldest first) when another shape needs room, a group
+returned while a trial waits for chips of its kind is shut down rather than kept (it would
+hold what the trial waits for: a retry after a lost node, say), and `close()` tears all down
+at the end of the sweep.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import threading
 from collections import OrderedDict
 
@@ -21,6 +25,7 @@ class WarmPool:
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
         self._idle: OrderedDict[int, WorkerGroup] = OrderedDict()  # id → group, oldest first
+        self._waiting: collections.Counter = collections.Counter()  # resource → trials placing
         self._lock = threading.Lock()
 
     def take(self, shape: tuple) -> WorkerGroup | None:
@@ -34,11 +39,27 @@ class WarmPool:
 
     def give(self, group: WorkerGroup) -> None:
         """Return a group that finished a trial cleanly."""
-        if not self.enabled:
-            group.shutdown()
-            return
         with self._lock:
-            self._idle[id(group)] = group
+            keep = self.enabled and not self._waiting[group.chips.request.resource]
+            if keep:
+                self._idle[id(group)] = group
+        if not keep:
+            group.shutdown()
+
+    @contextlib.contextmanager
+    def waiting_for(self, resource: str, *, evict_idle: bool):
+        """While a trial waits for chips of `resource`: groups given back are shut down, and
+        with evict_idle the idle ones are first (a retry placing anew after its node died must
+        not wait on chips that finished trials left idle here)."""
+        with self._lock:
+            self._waiting[resource] += 1
+        try:
+            if evict_idle:
+                self.evict(resource, chips=1 << 62)
+            yield
+        finally:
+            with self._lock:
+                self._waiting[resource] -= 1
 
     def idle_chips(self, resource: str, *, except_shape: tuple | None = None) -> int:
         """Chips of `resource` held by idle groups (not counting one of except_shape)."""
