@@ -31,6 +31,7 @@ All figures are bytes per chip.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from .config import ModelConfig
@@ -186,6 +187,7 @@ class _Params:
     """torch ZeroRedundancyOptimizer: elements of the largest rank's parameter partition."""
 
 
+@functools.lru_cache(maxsize=256)  # O(leaves × chips); admission asks once per grid point
 def _param_counts(model_cfg: ModelConfig, chips: int, framework: str) -> _Params:
     layer, top = layer_param_shapes(model_cfg), top_param_shapes(model_cfg)
     L = model_cfg.num_layers

@@ -1,25 +1,43 @@
-"""`gdn-sweep bench api`: latency of the read API over a database of 100,000 trials.
+"""`gdn-sweep bench api`: the read API over a database of 100,000 trials.
 
-Fills a fresh SQLite file and a fresh PostgreSQL database (created and dropped here) with
-synthetic sweeps, serves the real app with uvicorn on loopback, and times GET /api/results
-with filters and GET /api/sweeps/{id} from an HTTP client (keep-alive). Prints p50/p99 per
-query and backend; the goal is p99 < 50 ms.
+Latency (the default): fills a fresh SQLite file and a fresh PostgreSQL database (created and
+dropped here) with synthetic sweeps, serves the real app with uvicorn on loopback, and times
+GET /api/results with filters and GET /api/sweeps/{id} one request at a time (keep-alive).
+Prints p50/p99 per query and backend; the goal is p99 < 50 ms.
 
     gdn-sweep bench api [--rows 100000] [--requests 300] [--backends sqlite,postgresql]
+
+Load (`--concurrency`): a real `gdn-sweep serve` process (its scheduler and local Ray
+included) on PostgreSQL with 100,000 results, and closed-loop clients: each sends its next
+request when the last one returns, half `GET /api/results?limit=50` with filters, half
+`GET /api/sweeps/{id}`, for `--duration-s` at each concurrency. Prints req/s, p50, p99, max,
+the status counts, and the serve process's CPU per request (its Ray excluded), per
+`--workers` value; `--baseline DIR` adds the same run of another checkout's serve (e.g.
+`git archive HEAD | tar -x -C DIR`), side by side.
+
+    gdn-sweep bench api --concurrency 50,500 --duration-s 30 --workers 1,2 [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import itertools
+import multiprocessing
+import os
 import random
 import secrets
+import signal
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
@@ -192,7 +210,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--postgres-url", default="postgresql+psycopg://postgres@127.0.0.1:5432/"
                         "postgres", help="a server where a scratch database may be created")
+    load = parser.add_argument_group("load (closed-loop clients against `gdn-sweep serve`)")
+    load.add_argument("--concurrency", type=_int_list, default=None,
+                      help="clients at once, comma-separated (e.g. 50,500): run the load "
+                           "benchmark, on PostgreSQL")
+    load.add_argument("--duration-s", type=float, default=30.0, help="per concurrency")
+    load.add_argument("--workers", type=_int_list, default=[1],
+                      help="serve --workers values to compare (default 1)")
+    load.add_argument("--baseline", metavar="DIR", default=None,
+                      help="also run the serve of this checkout (1 worker, its defaults)")
+    load.add_argument("--client-processes", type=int, default=2,
+                      help="processes the clients are spread over (default 2)")
+    load.add_argument("--database-url", default=None,
+                      help="an already filled database to reuse (default: a scratch one)")
     args = parser.parse_args(argv)
+    if args.concurrency:
+        return _load_main(args)
     table = []
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
         with _database(backend, args.postgres_url) as url:
@@ -210,6 +243,286 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {backend} | {name} | {p50:.1f} | {p99:.1f} | {rows:g} | "
               f"{'yes' if p99 < GOAL_MS else 'NO'} |")
     return 0
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+# --- load: closed-loop clients against a real `gdn-sweep serve` -------------------------------
+
+LOAD_PATHS = ("/api/results", "/api/sweeps/{id}")
+
+
+def load_request(rng: random.Random, sweep_ids: list[int]) -> str:
+    """One request of the mix: results with filters (a page of 50), or one sweep."""
+    if rng.random() < 0.5:
+        return f"/api/sweeps/{rng.choice(sweep_ids)}"
+    n = rng.randrange(len(sweep_ids))
+    presets = sorted(PRESETS)
+    return "/api/results?" + urlencode({
+        "preset": presets[n % len(presets)], "accelerator": ACCELERATORS[n % 5][1],
+        "mode": rng.choice(MODES), "dtype": "bfloat16", "sort": "-tokens_per_s_per_chip",
+        "limit": 50})
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """(status, keep-alive) of one HTTP/1.1 response, its body read and dropped."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
+    headers = {k.strip().lower(): v.strip().lower() for k, v in headers.items()}
+    if headers.get("transfer-encoding") == "chunked":
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+    else:
+        await reader.readexactly(int(headers.get("content-length", 0)))
+    return status, headers.get("connection") != "close"
+
+
+async def _client(port: int, rng: random.Random, sweep_ids: list[int], start_at: float,
+                  end_at: float, out: list, statuses: collections.Counter) -> None:
+    """One client: a keep-alive connection, a request as soon as the last one returned."""
+    reader = writer = None
+    while time.time() < end_at:
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            path = load_request(rng, sweep_ids)
+            sent = time.time()
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            try:
+                status, keep_alive = await asyncio.wait_for(_read_response(reader),
+                                                            max(0.1, end_at + 1 - sent))
+            except TimeoutError:  # still waiting when the window closed: counted apart
+                if sent >= start_at:
+                    statuses["unfinished"] += 1
+                break
+            done = time.time()
+            if sent >= start_at and done <= end_at:  # the warm-up and the tail do not count
+                out.append(done - sent)
+                statuses[str(status)] += 1
+            if not keep_alive:
+                writer.close()
+                writer = None
+        except (OSError, asyncio.IncompleteReadError, ValueError) as err:
+            if time.time() >= start_at:
+                statuses[type(err).__name__] += 1
+            if writer is not None:
+                writer.close()
+            writer = None
+            await asyncio.sleep(0.05)
+    if writer is not None:
+        writer.close()
+
+
+def _client_process(port: int, clients: int, seed: int, sweep_ids: list[int], window,
+                    ready, go, queue) -> None:
+    async def run() -> tuple[list, collections.Counter]:
+        latencies, statuses = [], collections.Counter()
+        rng = random.Random(seed)
+        await asyncio.gather(*(
+            _client(port, random.Random(rng.random()), sweep_ids, window[0], window[1],
+                    latencies, statuses) for _ in range(clients)))
+        return latencies, statuses
+
+    ready.put(os.getpid())
+    go.wait()
+    queue.put(asyncio.run(run()))
+
+
+def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int], *,
+             processes: int = 2, warmup_s: float = 3.0, seed: int = 7,
+             measured_pids: list[int] = ()) -> dict:
+    """Closed-loop clients against 127.0.0.1:port: req/s, p50/p99/max (ms), status counts,
+    and the CPU the `measured_pids` spent per request. The clients start together, warm up
+    for `warmup_s`, then count what completes within `duration_s`."""
+    psutil = _psutil()
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, queue = ctx.Queue(), ctx.Event(), ctx.Queue()
+    window = ctx.Array("d", 2)
+    processes = max(1, min(processes, concurrency))
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    workers = [ctx.Process(target=_client_process, daemon=True, args=(
+        port, n, seed + i, sweep_ids, window, ready, go, queue)) for i, n in enumerate(shares)]
+    for worker in workers:
+        worker.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    start_at = time.time() + warmup_s
+    end_at = window[1] = start_at + duration_s
+    window[0] = start_at
+    go.set()
+    measured = [psutil.Process(pid) for pid in measured_pids]
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu_before = _cpu_s(measured)
+    time.sleep(max(0.0, end_at - time.time()))
+    cpu_after = _cpu_s(measured)
+    latencies, statuses = [], collections.Counter()
+    for _ in workers:
+        got_latencies, got_statuses = queue.get(timeout=300)
+        latencies += got_latencies
+        statuses.update(got_statuses)
+    for worker in workers:
+        worker.join(30)
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+
+    return {"concurrency": concurrency, "requests": len(latencies),
+            "rps": len(latencies) / duration_s,
+            "p50": pct(0.50) if latencies else float("nan"),
+            "p99": pct(0.99) if latencies else float("nan"),
+            "max": latencies[-1] * 1000 if latencies else float("nan"),
+            "statuses": dict(sorted(statuses.items())),
+            "cpu_ms_per_request": ((cpu_after - cpu_before) * 1000 / len(latencies)
+                                   if latencies else float("nan"))}
+
+
+def _psutil():
+    import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
+    import psutil
+
+    return psutil
+
+
+def _cpu_s(processes) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except Exception:  # noqa: BLE001 - exited meanwhile
+            pass
+    return total
+
+
+class ServeProcess:
+    """`python -m service.cli serve` of `checkout` on a free port, until stop()."""
+
+    def __init__(self, checkout: Path, database_url: str, args: list[str], log: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(checkout), "GDN_SWEEP_UPGRADE_ON_START": "false",
+               "GDN_SWEEP_CPU_CHIPS": "2", "DATABASE_URL": database_url}
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), *args],
+            cwd=checkout, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Until /api/health answers 200 and the process tree (its Ray starting) is quiet."""
+        import httpx
+
+        psutil = _psutil()
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise SystemExit(f"serve exited with {self.process.returncode}; see "
+                                 f"{self.log.name}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/api/health", timeout=5) \
+                        .status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit(f"serve not healthy after {timeout_s:.0f} s; see {self.log.name}")
+        tree = [psutil.Process(self.process.pid)]
+        while time.monotonic() < deadline:  # a local Ray takes a while to settle
+            tree = [tree[0], *tree[0].children(recursive=True)]
+            before = _cpu_s(tree)
+            time.sleep(2.0)
+            if _cpu_s(tree) - before < 0.3:
+                return
+
+    def api_pids(self) -> list[int]:
+        """The serve process and its uvicorn workers (not the scheduler's Ray)."""
+        psutil = _psutil()
+        root = psutil.Process(self.process.pid)
+        return [root.pid, *(p.pid for p in root.children()
+                            if "multiprocessing" in " ".join(p.cmdline()))]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(120)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def _load_main(args) -> int:
+    here = Path(__file__).resolve().parents[1]
+    variants = [(f"this checkout, --workers {n}", here, [] if n == 1 else ["--workers", str(n)])
+                for n in args.workers]
+    if args.baseline:
+        variants.insert(0, (f"baseline {args.baseline}", Path(args.baseline).resolve(), []))
+    rows = []
+    with (_reused(args.database_url) if args.database_url
+          else _database("postgresql", args.postgres_url)) as url:
+        sweep_ids = _ensure_filled(url, args.rows)
+        logs = Path(tempfile.mkdtemp(prefix="gdn-sweep-bench-load-"))
+        for i, (label, checkout, serve_args) in enumerate(variants):
+            serve = ServeProcess(checkout, url, serve_args, logs / f"serve-{i}.log")
+            try:
+                serve.wait_ready()
+                print(f"{label}: serving on port {serve.port} (log {serve.log.name})",
+                      flush=True)
+                for concurrency in args.concurrency:
+                    row = run_load(serve.port, concurrency, args.duration_s, sweep_ids,
+                                   processes=args.client_processes,
+                                   measured_pids=serve.api_pids())
+                    rows.append((label, row))
+                    print(f"  {concurrency} clients: {row['rps']:.0f} req/s, p50 "
+                          f"{row['p50']:.0f} ms, p99 {row['p99']:.0f} ms", flush=True)
+            finally:
+                serve.stop()
+    print(f"\nPostgreSQL, {args.rows} results; closed-loop clients, {args.duration_s:g} s each; "
+          f"half GET /api/results?limit=50 with filters, half GET /api/sweeps/{{id}}\n")
+    print("| serve | clients | req/s | p50 ms | p99 ms | max ms | statuses | API CPU ms/req |")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    for label, row in rows:
+        shown = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
+        print(f"| {label} | {row['concurrency']} | {row['rps']:.0f} | {row['p50']:.0f} | "
+              f"{row['p99']:.0f} | {row['max']:.0f} | {shown} | "
+              f"{row['cpu_ms_per_request']:.1f} |")
+    return 0
+
+
+def _ensure_filled(url: str, rows: int) -> list[int]:
+    """The database's sweep ids, after filling it with `rows` trials if it has none."""
+    start = time.perf_counter()
+    upgrade_database(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        ids = list(conn.scalars(text("SELECT id FROM sweeps ORDER BY id")))
+    engine.dispose()
+    if ids:
+        return ids
+    ids = fill(url, rows)
+    print(f"postgresql: {rows} trials in {len(ids)} sweeps loaded in "
+          f"{time.perf_counter() - start:.1f} s", flush=True)
+    return ids
+
+
+class _reused:
+    def __init__(self, url: str) -> None:
+        self.url = Settings(database_url=url).database_url
+
+    def __enter__(self) -> str:
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 class _database:

@@ -6,7 +6,8 @@
     gdn-sweep bench sweep [SWEEP.yaml] [options]      a sweep's wall time: compile, steps, rest
     gdn-sweep bench api [options]                     REST latency over 100,000 result rows
     gdn-sweep run sweep.yaml [--db URL|--jsonl F]     run a sweep on Ray (local or a cluster)
-    gdn-sweep serve                                   API + dashboard + scheduler
+    gdn-sweep serve [--workers N]                     API + dashboard + scheduler
+    gdn-sweep scheduler                               the scheduler alone (no HTTP)
     gdn-sweep results [filters] [--csv]               succeeded trials from the database
     gdn-sweep db upgrade                              apply the Alembic migrations
 """
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gdn_core.train_config import COMPUTE_DTYPES, REMATS
@@ -54,54 +56,113 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    import yaml
-
-    from workers.cluster import connect_ray
-    from workers.driver import run_sweep
+    """`run`: into the database (--db, the service's path: sweep row, progress bar, cancel
+    from the API, resume) or a JSON-lines file. Both check the file as POST /api/sweeps does
+    (exit 2, nothing written) and exit 0 only when every trial succeeded or was skipped, 1
+    otherwise, 130 on Ctrl-C (the stopped trials stay pending for a resume)."""
     from workers.options import DriverOptions
-    from workers.progress import format_event
-    from workers.sink import JsonLinesSink
-    from workers.spec import SweepSpec
 
     options = DriverOptions(placement_timeout_s=args.placement_timeout_s,
                             worker_start_timeout_s=args.worker_start_timeout_s,
                             max_trial_retries=args.max_trial_retries,
                             reuse_workers=not args.no_reuse_workers)
-    if args.db:  # the service's path: sweep row, progress bar, cancel from the API, resume
+    if (args.sweep is None) == (args.resume is None):
+        args.parser.error("give a sweep YAML file or --resume SWEEP_ID (with --db)")
+    if args.db or args.resume is not None:
+        if not args.db:
+            args.parser.error("--resume needs --db URL")
         from service.commands import run_with_db
+        from service.core.config import Settings
+        from service.core.logging import configure_logging
 
+        # the progress bar is the view: the log (a line per trial event) shows problems only,
+        # unless asked for more
+        configure_logging(args.log_level or os.environ.get("GDN_SWEEP_LOG_LEVEL") or "warning",
+                          Settings().log_format)
         return run_with_db(args.sweep, database_url=args.db, ray_address=args.address,
                            max_concurrent_trials=args.max_concurrent_trials,
-                           cpu_chips=args.cpu_chips, driver_options=options)
-    from pydantic import ValidationError
+                           cpu_chips=args.cpu_chips, resume_sweep_id=args.resume,
+                           progress=not args.no_progress, driver_options=options)
+    return _run_into_jsonl(args, options)
 
-    from service.commands import _validation_text
 
-    with open(args.sweep, encoding="utf-8") as f:
-        try:
-            spec = SweepSpec.model_validate(yaml.safe_load(f))
-        except ValidationError as err:  # a bad sweep is the user's error, not a traceback
-            print(f"{args.sweep}: not a valid sweep:\n{_validation_text(err)}", file=sys.stderr)
-            return 2
+def _run_into_jsonl(args: argparse.Namespace, options) -> int:
+    from service.core.config import Settings
+    from service.foreground import (
+        EXIT_BAD_INPUT,
+        EXIT_INTERRUPTED,
+        SweepFileError,
+        load_spec,
+        needs_ray,
+    )
+    from workers.cluster import connect_ray, shutdown_ray
+    from workers.driver import run_sweep
+    from workers.progress import format_event
+    from workers.sink import JsonLinesSink
+
+    settings = Settings()
+    try:
+        spec = load_spec(args.sweep, grid_cap=settings.grid_cap)
+    except SweepFileError as err:
+        print(err, file=sys.stderr)
+        return EXIT_BAD_INPUT
     sink = JsonLinesSink(args.jsonl or f"{spec.name}.jsonl")
-    connect_ray(args.address, cpu_chips=args.cpu_chips)
 
     def show(event) -> None:
         line = format_event(event)
         if line:
             print(line, flush=True)
 
-    results = run_sweep(spec, sink, max_concurrent_trials=args.max_concurrent_trials,
-                        on_event=show, options=options)
-    return 0 if all(r.status in ("succeeded", "skipped") for r in results) else 1
+    try:
+        if needs_ray(spec):
+            connect_ray(args.address, cpu_chips=args.cpu_chips,
+                        dashboard_port=settings.ray_dashboard_port,
+                        include_dashboard=settings.ray_include_dashboard)
+        run_sweep(spec, sink, max_concurrent_trials=args.max_concurrent_trials,
+                  on_event=show, options=options)
+    except KeyboardInterrupt:
+        _, pending = _jsonl_outcome(sink.path, spec)
+        print(f"\nstopped: {pending} trial(s) stay pending for a resume; run the same command "
+              f"again to finish them (results so far in {sink.path})", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        shutdown_ray()
+    ok, _ = _jsonl_outcome(sink.path, spec)
+    return 0 if ok else 1
+
+
+def _jsonl_outcome(path, spec) -> tuple[bool, int]:
+    """(every trial of `spec` succeeded or was skipped, trials without an outcome) from the
+    JSON-lines file, whatever run of it wrote them."""
+    import json
+
+    from service.foreground import SUCCESSFUL
+    from workers.spec import expand_trials
+
+    statuses = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record.get("event") == "finished":
+                statuses[record["key"]] = record["status"]
+    keys = [trial.key for trial in expand_trials(spec)]
+    ok = all(statuses.get(key) in SUCCESSFUL for key in keys)
+    return ok, sum(statuses.get(key, "cancelled") == "cancelled" for key in keys)
 
 
 def _add_run_parser(sub) -> None:
     run = sub.add_parser("run", help="run a sweep YAML on Ray (resumes from its sink)")
-    run.add_argument("sweep", help="sweep YAML (the SweepSpec schema of the REST API)")
+    run.add_argument("sweep", nargs="?",
+                     help="sweep YAML (the SweepSpec schema of the REST API)")
     run.add_argument("--jsonl", default=None,
                      help="JSON-lines results file, also read to resume (default <name>.jsonl)")
     run.add_argument("--db", default=None, help="database URL (the service's sink)")
+    run.add_argument("--resume", type=int, metavar="SWEEP_ID",
+                     help="with --db: finish a recorded sweep instead of reading a file")
+    run.add_argument("--no-progress", action="store_true", help="with --db: no progress bar")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
+                     help="with --db: the log's level (default $GDN_SWEEP_LOG_LEVEL, else "
+                          "warning: info adds one line per trial event)")
     run.add_argument("--address", default=None,
                      help="Ray address (default $RAY_ADDRESS, as under `ray job submit`; "
                           "empty: start a local Ray)")
@@ -114,7 +175,7 @@ def _add_run_parser(sub) -> None:
     run.add_argument("--max-trial-retries", type=int, default=2)
     run.add_argument("--no-reuse-workers", action="store_true",
                      help="fresh actors for every trial (no warm pool)")
-    run.set_defaults(run=_run_sweep)
+    run.set_defaults(run=_run_sweep, parser=run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(sub)
     from service.commands import add_service_commands
 
-    add_service_commands(sub, include_run=False)
+    add_service_commands(sub)
     return parser
 
 

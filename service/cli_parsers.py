@@ -8,18 +8,35 @@ from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 from workers.spec import FRAMEWORKS, TRIAL_MODES
 
 DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, results,
-                db_upgrade, run_with_db) -> None:
+def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
+                db_upgrade) -> None:
     p = sub.add_parser("serve", help="run the REST API, dashboard and scheduler")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--db", dest="database_url", help=DB_HELP)
     p.add_argument("--ray-address", help="Ray cluster (default: $RAY_ADDRESS; empty: local)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--workers", type=_positive, default=1,
+                   help="API worker processes (default 1, with the scheduler inside; more: "
+                        "the scheduler runs in a process of its own, started and stopped "
+                        "with the service)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="default $GDN_SWEEP_LOG_LEVEL, info")
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="no log line per HTTP request")
     p.set_defaults(run=lambda a: serve(host=a.host, port=a.port, database_url=a.database_url,
-                                       ray_address=a.ray_address, log_level=a.log_level))
+                                       ray_address=a.ray_address, log_level=a.log_level,
+                                       workers=a.workers, access_log=a.access_log))
+
+    p = sub.add_parser("scheduler", help="run the scheduler alone (no HTTP): sweeps queued "
+                       "in the database run here; for `serve` processes started with "
+                       "GDN_SWEEP_RUN_SCHEDULER=false")
+    p.add_argument("--db", dest="database_url", help=DB_HELP)
+    p.add_argument("--ray-address", help="Ray cluster (default: $RAY_ADDRESS; empty: local)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="default $GDN_SWEEP_LOG_LEVEL, info")
+    p.set_defaults(run=lambda a: scheduler(database_url=a.database_url,
+                                           ray_address=a.ray_address, log_level=a.log_level))
 
     p = sub.add_parser("results", help="print succeeded trials from the database")
     p.add_argument("--db", dest="database_url", help=DB_HELP)
@@ -56,24 +73,9 @@ def add_parsers(sub: argparse._SubParsersAction, *, include_run: bool, serve, re
     up.add_argument("--revision", default="head")
     up.set_defaults(run=lambda a: db_upgrade(database_url=a.database_url, revision=a.revision))
 
-    if not include_run:
-        return
-    p = sub.add_parser("run", help="run a sweep YAML in the foreground into the database")
-    p.add_argument("spec", nargs="?", help="sweep YAML (the POST /api/sweeps body)")
-    p.add_argument("--db", dest="database_url", help=DB_HELP)
-    p.add_argument("--ray-address", help="Ray cluster (default: $RAY_ADDRESS; empty: local)")
-    p.add_argument("--max-concurrent-trials", type=int)
-    p.add_argument("--cpu-chips", type=int, help="virtual CPU chips of a local Ray")
-    p.add_argument("--resume", type=int, dest="resume_sweep_id", metavar="SWEEP_ID",
-                   help="finish a recorded sweep instead of reading a file")
-    p.add_argument("--no-progress", action="store_true")
 
-    def _run(a: argparse.Namespace) -> int:
-        if a.spec is None and a.resume_sweep_id is None:
-            p.error("give a sweep YAML file or --resume SWEEP_ID")
-        return run_with_db(a.spec, database_url=a.database_url, ray_address=a.ray_address,
-                           max_concurrent_trials=a.max_concurrent_trials,
-                           cpu_chips=a.cpu_chips, resume_sweep_id=a.resume_sweep_id,
-                           progress=not a.no_progress)
-
-    p.set_defaults(run=_run)
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value

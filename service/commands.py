@@ -1,4 +1,5 @@
-"""The service's `gdn-sweep` actions: serve, results, db upgrade, run (a sweep into the DB).
+"""The service's `gdn-sweep` actions: serve, scheduler, results, db upgrade, run (a sweep
+into the DB).
 
 Each is a plain function returning an exit code; `add_service_commands` adds them to the CLI's
 argparse sub-commands (service/cli.py wires them).
@@ -7,34 +8,132 @@ argparse sub-commands (service/cli.py wires them).
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TextIO
 
 from .core.config import Settings
+
+log = logging.getLogger("service.commands")
+SCHEDULER_STOP_TIMEOUT_S = 150.0
+"""How long serve waits for its scheduler process to stop (running trials, then Ray)."""
 
 
 def _settings(**overrides) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+def _export(**variables: str | None) -> None:
+    """Command-line options into the environment, where every process of the service (uvicorn
+    workers, the scheduler process) reads its Settings."""
+    os.environ.update({k: v for k, v in variables.items() if v is not None})
+
+
 def serve(*, host: str = "127.0.0.1", port: int = 8000, database_url: str | None = None,
-          ray_address: str | None = None, log_level: str = "info") -> int:
-    """Run the API, dashboard and scheduler (one process: exactly one scheduler per DB)."""
+          ray_address: str | None = None, log_level: str | None = None, workers: int = 1,
+          access_log: bool = True) -> int:
+    """Run the API and dashboard in `workers` uvicorn processes, and the scheduler: inside
+    the one worker, or with several, in one `gdn-sweep scheduler` process of its own (API
+    workers then run none: exactly one scheduler per database). SIGTERM and Ctrl-C stop it
+    all cleanly (the scheduler, then a local Ray, every process of it); exit code 0."""
     import uvicorn
 
-    from .main import create_app
+    from .core.logging import configure_logging
 
-    settings = _settings(database_url=database_url, ray_address=ray_address)
+    _export(DATABASE_URL=database_url, RAY_ADDRESS=ray_address, GDN_SWEEP_LOG_LEVEL=log_level)
+    settings = Settings()
+    # the Host check answers the name bound to (an address is answered anyway)
+    _export(GDN_SWEEP_ALLOWED_HOSTS=",".join([*settings.allowed_hosts, host.lower()]))
+    configure_logging(settings.log_level, settings.log_format)
     if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_token:
-        print(f"warning: serving on {host} with no GDN_SWEEP_API_TOKEN: anyone who reaches it "
-              "can start and cancel sweeps", file=sys.stderr)
-    print(f"gdn-sweep: dashboard on http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}/ "
-          f"(database {_shown(settings.database_url)})", file=sys.stderr)
+        log.warning("serving on %s with no GDN_SWEEP_API_TOKEN: anyone who reaches it can "
+                    "start and cancel sweeps", host)
+    log.info("dashboard on http://%s:%d/", "127.0.0.1" if host == "0.0.0.0" else host, port,
+             extra={"database": _shown(settings.database_url), "workers": workers})
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
+    scheduler_process = None
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, workers=1)
-    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
-        return 130
+        if workers > 1:
+            if settings.upgrade_on_start:  # once, here: the processes would race to migrate
+                from .core.db import upgrade_database
+
+                log.info("database at revision %s", upgrade_database(settings.database_url))
+                _export(GDN_SWEEP_UPGRADE_ON_START="false")
+            if settings.run_scheduler:
+                scheduler_process = subprocess.Popen(
+                    [sys.executable, "-m", "service.cli", "scheduler"])
+                log.info("scheduler process started", extra={"pid": scheduler_process.pid})
+            _export(GDN_SWEEP_RUN_SCHEDULER="false")
+        uvicorn.run("service.main:serve_app", factory=True, host=host, port=port,
+                    workers=workers, log_config=None, log_level=settings.log_level,
+                    access_log=access_log)
+    except KeyboardInterrupt:  # a signal before uvicorn took over signals: nothing runs yet
+        pass
+    finally:
+        if scheduler_process is not None:
+            _stop_process(scheduler_process, SCHEDULER_STOP_TIMEOUT_S)
+    log.info("shutdown complete")
+    return 0
+
+
+def _stop_process(process: subprocess.Popen, timeout_s: float) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        log.error("scheduler process %d did not stop in %.0f s; killing it", process.pid,
+                  timeout_s)
+        process.kill()
+        process.wait()
+    log.info("scheduler process stopped", extra={"pid": process.pid,
+                                                 "exit_code": process.returncode})
+
+
+def scheduler(*, database_url: str | None = None, ray_address: str | None = None,
+              log_level: str | None = None) -> int:
+    """Run the scheduler alone, no HTTP, until SIGTERM or Ctrl-C: it stops the running sweep
+    for a resume, stops a local Ray completely and exits 0."""
+    from .core.db import make_engine, make_session_factory, upgrade_database
+    from .core.logging import configure_logging
+    from .main import build_scheduler
+
+    settings = _settings(database_url=database_url, ray_address=ray_address,
+                         log_level=log_level)
+    configure_logging(settings.log_level, settings.log_format)
+    stop = threading.Event()
+
+    def request_stop(signum, _frame) -> None:
+        if not stop.is_set():
+            log.info("%s received: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, request_stop)
+    if settings.upgrade_on_start:
+        log.info("database at revision %s", upgrade_database(settings.database_url))
+    engine = make_engine(settings.database_url)
+    runner = build_scheduler(make_session_factory(engine), settings)
+    runner.start()
+    log.info("scheduler started", extra={"runner": runner.runner_id,
+                                         "database": _shown(settings.database_url)})
+    try:
+        while not stop.wait(1.0):
+            if runner.join(0):
+                log.error("the scheduler thread ended on its own")
+                return 1
+    finally:
+        if not runner.stop(SCHEDULER_STOP_TIMEOUT_S - 30):
+            log.error("the scheduler did not stop in time")
+        log.info("scheduler stopped")
+        runner.ray.shutdown()
+        engine.dispose()
+    log.info("shutdown complete")
     return 0
 
 
@@ -73,7 +172,7 @@ def results(*, database_url: str | None = None, preset: list[str] | None = None,
             repeat=repeat or [], sweep_id=sweep_id, sort=sort, limit=limit,
             format="csv" if csv else "json")
     except ValidationError as err:
-        print(_validation_text(err), file=sys.stderr)
+        print(validation_text(err), file=sys.stderr)
         return 2
     upgrade_database(settings.database_url)
     engine = make_engine(settings.database_url)
@@ -91,7 +190,7 @@ def results(*, database_url: str | None = None, preset: list[str] | None = None,
     return 0
 
 
-def run_with_db(spec_path: str | Path, *, database_url: str | None = None,
+def run_with_db(spec_path: str | Path | None, *, database_url: str | None = None,
                 ray_address: str | None = None, max_concurrent_trials: int | None = None,
                 cpu_chips: int | None = None, resume_sweep_id: int | None = None,
                 progress: bool = True, out: TextIO = sys.stderr, driver_options=None) -> int:
@@ -100,8 +199,9 @@ def run_with_db(spec_path: str | Path, *, database_url: str | None = None,
     The sweep shows up in the dashboard like one submitted through the API. With
     `resume_sweep_id`, the trials of that sweep without a result run again (the file is not
     read); running the same file again resumes an unfinished identical sweep. Ctrl-C stops
-    (running trials are killed) and leaves the sweep to resume. `driver_options` is a
-    workers.options.DriverOptions (placement/start timeouts, retries, warm reuse).
+    (running trials are killed) and leaves the sweep queued to resume. `driver_options` is a
+    workers.options.DriverOptions (placement/start timeouts, retries, warm reuse). Exit
+    codes: see service/foreground.py.
     """
     from .foreground import run_sweep_into_db
 
@@ -111,12 +211,11 @@ def run_with_db(spec_path: str | Path, *, database_url: str | None = None,
                              progress=progress, out=out, driver_options=driver_options)
 
 
-def add_service_commands(sub: argparse._SubParsersAction, *, include_run: bool = True) -> None:
-    """Add serve, results, db and (optionally) run to the `gdn-sweep` sub-commands."""
+def add_service_commands(sub: argparse._SubParsersAction) -> None:
+    """Add serve, scheduler, results and db to the `gdn-sweep` sub-commands."""
     from .cli_parsers import add_parsers
 
-    add_parsers(sub, include_run=include_run, serve=serve, results=results,
-                db_upgrade=db_upgrade, run_with_db=run_with_db)
+    add_parsers(sub, serve=serve, scheduler=scheduler, results=results, db_upgrade=db_upgrade)
 
 
 def _shown(url: str) -> str:
@@ -125,6 +224,7 @@ def _shown(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def _validation_text(err) -> str:
+def validation_text(err) -> str:
+    """A pydantic ValidationError as `field: message` lines."""
     return "\n".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
                      for e in err.errors())

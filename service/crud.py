@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -14,6 +16,7 @@ from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
 
 from .models import (
     FACT_COLUMNS,
+    IdempotencyKey,
     Result,
     Sweep,
     Trial,
@@ -25,8 +28,10 @@ from .models import (
 from .schemas import SweepPublic, TrialPublic, trials_from_mappings
 
 
-def create_sweep(*, session: Session, sweep_create: SweepSpec) -> Sweep:
-    """Insert the sweep and one row per grid point in one transaction (skipped ones final)."""
+def create_sweep(*, session: Session, sweep_create: SweepSpec,
+                 idempotency_key: str | None = None) -> Sweep:
+    """Insert the sweep and one row per grid point in one transaction (skipped ones final),
+    with its `idempotency_key` if given (IntegrityError: another sweep committed that key)."""
     trials = expand_trials(sweep_create)
     skipped = sum(t.skip_reason is not None for t in trials)
     sweep = Sweep(name=sweep_create.name, status="queued",
@@ -42,6 +47,9 @@ def create_sweep(*, session: Session, sweep_create: SweepSpec) -> Sweep:
     session.flush()
     session.add_all(result_for(row, status="skipped", error=row.skip_reason, finished_at=now)
                     for row in rows if row.skip_reason is not None)
+    if idempotency_key is not None:
+        session.add(IdempotencyKey(key=idempotency_key, request_hash=spec_hash(sweep_create),
+                                   sweep_id=sweep.id, created_at=now))
     session.commit()
     return sweep
 
@@ -186,3 +194,15 @@ def claim_sweep(*, session: Session, sweep_id: int, from_statuses: Sequence[str]
                                                Sweep.status.in_(from_statuses)).values(**values))
     session.commit()
     return done.rowcount == 1
+
+
+def spec_hash(spec: SweepSpec) -> str:
+    """SHA-256 of the validated spec as JSON with sorted keys: equal for the same sweep however
+    its request body was spelled (whitespace, key order, defaults left out)."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def get_idempotency_key(*, session: Session, key: str) -> IdempotencyKey | None:
+    """The stored Idempotency-Key `key` (with its sweep), None if no sweep was created with it."""
+    return session.get(IdempotencyKey, key)

@@ -1,6 +1,9 @@
 """The FastAPI app: REST API under /api, dashboard pages, the scheduler in the background.
 
     uvicorn --factory service.main:create_app      (or `gdn-sweep serve`)
+
+`gdn-sweep serve` loads `serve_app` (the settings and the log configuration from the
+environment) in each of its uvicorn workers.
 """
 
 from __future__ import annotations
@@ -8,18 +11,59 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
+import anyio
+from anyio import to_thread
 from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .api.errors import install_error_handlers
 from .api.guards import install_guards
 from .api.main import api_router
 from .core.config import Settings, get_settings
 from .core.db import make_engine, make_session_factory, upgrade_database
+from .core.logging import configure_logging, sweep_event_logger
 from .dashboard import mount_dashboard
+from .ray_setup import RayConnection
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+
+def build_scheduler(session_factory: sessionmaker[Session], settings: Settings) -> Scheduler:
+    """The scheduler of `settings`, logging one line per trial event with its sweep's id."""
+    scheduler: Scheduler | None = None
+    scheduler = Scheduler(session_factory=session_factory, settings=settings,
+                          ray=RayConnection.from_settings(settings),
+                          on_event=sweep_event_logger(lambda: scheduler.running_sweep_id))
+    return scheduler
+
+
+class ApiConcurrencyLimit:
+    """At most `limit` API requests inside the app at once; the rest wait at the door, in
+    order, holding nothing.
+
+    An API request holds its database session from its first query until its response is
+    sent, and hops to the thread pool up to three times (session, endpoint, response
+    validation). With more requests inside than pool connections, the threads block waiting
+    for connections that requests waiting for a thread hold: under 500 concurrent reads the
+    pool timed out (30 s, then 500s). With `limit` = threads <= connections, every request
+    inside gets a connection and a thread at once."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        self.app, self.limit = app, limit
+        self._slots: anyio.Semaphore | None = None  # made in the server's event loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or not scope["path"].startswith("/api/")
+                or scope["path"] == "/api/health/live"):  # no database session: no wait
+            await self.app(scope, receive, send)
+            return
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.limit)
+        async with self._slots:
+            await self.app(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -28,30 +72,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Sync routes run in anyio's thread pool: as many threads as database connections.
+        to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         if settings.upgrade_on_start:
             revision = await run_in_threadpool(upgrade_database, settings.database_url)
             log.info("database at revision %s", revision)
         if app.state.scheduler is not None:
             app.state.scheduler.start()
+            log.info("scheduler started", extra={"runner": app.state.scheduler.runner_id})
         try:
             yield
         finally:
             if app.state.scheduler is not None:
                 await run_in_threadpool(app.state.scheduler.stop)
-                app.state.scheduler.ray.shutdown()
+                log.info("scheduler stopped")
+                await run_in_threadpool(app.state.scheduler.ray.shutdown)
             app.state.engine.dispose()
 
     app = FastAPI(title="gdn-sweep", version="0.1.0", lifespan=lifespan,
                   description="Sweeps of Gated DeltaNet training under context parallelism: "
                               "submit grids, follow trials, query results.")
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, threads=settings.api_threads)
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = make_session_factory(engine)
-    app.state.scheduler = (Scheduler(session_factory=app.state.session_factory,
-                                     settings=settings) if settings.run_scheduler else None)
+    app.state.scheduler = (build_scheduler(app.state.session_factory, settings)
+                           if settings.run_scheduler else None)
     install_error_handlers(app)
     install_guards(app, settings)
+    app.add_middleware(ApiConcurrencyLimit, limit=settings.api_threads)
     app.include_router(api_router)
     mount_dashboard(app)
     return app
+
+
+def serve_app() -> FastAPI:
+    """The app of one `gdn-sweep serve` worker: settings and log format from the environment
+    (serve exports its options there, so every worker process gets the same)."""
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_format)
+    return create_app(settings)

@@ -209,6 +209,22 @@ class TrialAttempt(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class IdempotencyKey(Base):
+    """An `Idempotency-Key` a POST /api/sweeps came with: the sweep it created and the hash of
+    its validated spec. Written in the sweep's transaction; the key being the primary key, of
+    two concurrent requests with one key only the first to commit creates a sweep."""
+
+    __tablename__ = "idempotency_keys"
+
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    """SHA-256 (hex) of the spec as JSON with sorted keys (crud.spec_hash)."""
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    sweep: Mapped[Sweep] = relationship()
+
+
 METRIC_COLUMNS: tuple[str, ...] = (
     "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "maxtext_flops_per_step",
     "hardware_flops_per_step", "peak_flops_per_chip", "peak_flops_source", "peak_flops_dtype",

@@ -8,13 +8,15 @@ import json
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, field_validator,
+                      model_validator)
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gdn_core.train_config import ParamSharding, Remat
-from workers.spec import AcceleratorKind, DType, Framework, TrialMode
+from workers.spec import AcceleratorKind, DType, Framework, TrialMode, check_plain_text
 
+from .api.params import DB_INT_MAX, DbInt
 from .crud import public_select, public_trials
 from .models import Result, Trial
 from .schemas import TrialPublic
@@ -37,31 +39,34 @@ SORT_FIELDS = {
 
 JSON_PAGE = 100
 
+FilterText = Annotated[StrictStr, Field(max_length=200), BeforeValidator(check_plain_text)]
+"""A text filter value: no control characters (PostgreSQL refuses NUL) or lone surrogates."""
+
 
 class ResultFilters(BaseModel):
     """Query parameters of GET /api/results (repeat a list parameter to match any of them)."""
 
     model_config = ConfigDict(extra="forbid")
-    preset: list[str] = []
+    preset: list[FilterText] = []
     framework: list[Framework] = []
     mode: list[TrialMode] = Field(default=[], description="a CP mode, or none: one-chip "
                                   "baselines")
-    chips: list[int] = []
-    seq_len_min: int | None = Field(default=None, ge=1)
-    seq_len_max: int | None = Field(default=None, ge=1)
-    accelerator: list[str] = Field(default=[], description="chip type: cpu, h100, v5p, …")
+    chips: list[DbInt] = []
+    seq_len_min: DbInt | None = Field(default=None, ge=1)
+    seq_len_max: DbInt | None = Field(default=None, ge=1)
+    accelerator: list[FilterText] = Field(default=[], description="chip type: cpu, h100, v5p, …")
     accelerator_kind: list[AcceleratorKind] = []
     dtype: list[DType] = []
     param_sharding: list[ParamSharding] = []
     remat: list[Remat] = []
-    repeat: list[Annotated[int, Field(ge=0)]] = Field(
-        default=[], description="run of a repeated grid point (0, 1, …)")
-    device_name: list[str] = Field(default=[], description="the chip as its runtime names it")
-    memory_source: list[str] = Field(default=[], description="what the measured peak memory "
-                                     "is: process_rss_peak, cuda_max_allocated, …")
-    sweep_id: int | None = None
-    sort: str = "-tokens_per_s_per_chip"
-    offset: int = Field(default=0, ge=0)
+    repeat: list[DbInt] = Field(default=[], description="run of a repeated grid point (0, 1, …)")
+    device_name: list[FilterText] = Field(default=[],
+                                          description="the chip as its runtime names it")
+    memory_source: list[FilterText] = Field(default=[], description="what the measured peak "
+                                            "memory is: process_rss_peak, cuda_max_allocated, …")
+    sweep_id: DbInt | None = None
+    sort: FilterText = "-tokens_per_s_per_chip"
+    offset: int = Field(default=0, ge=0, le=DB_INT_MAX)
     limit: int | None = Field(default=None, ge=1, le=100_000,
                               description=f"default {JSON_PAGE} for JSON, every row for CSV")
     format: Literal["json", "csv"] = "json"

@@ -3,12 +3,13 @@
 Restart-safe by construction: the database is the queue (see service/sweep_run.py). On start
 and whenever idle, the scheduler takes the oldest sweep that is queued, or running/cancelling
 with no live runner (its own from before a restart, or one whose runner stopped renewing its
-heartbeat). The driver runs every trial whose key has no final status yet, so pending trials
-run, trials that were running when the service died run again, and no trial gets a second
-result row (service/sink.py). Cancel (API, any process) sets the sweep `cancelling`; the
-driver then stops the running trials and reports the rest cancelled. `stop()` is a shutdown,
-not a cancel: the sink is detached first, so unfinished trials stay unfinished and are
-resumed by the next scheduler.
+heartbeat). Before any, it stores the results a dead predecessor left in the spool
+(service/spool.py). The driver runs every trial whose key has no final status yet, so pending
+trials run, trials that were running when the service died run again, and no trial gets a
+second result row (service/sink.py). Cancel (API, any process) sets the sweep `cancelling`;
+the driver then stops the running trials and reports the rest cancelled. `stop()` is a
+shutdown, not a cancel: the sink is detached first, so unfinished trials stay unfinished, and
+the claim is released, so the next scheduler resumes the sweep at once.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from . import sweep_run
 from .core.config import Settings
 from .models import Sweep
 from .ray_setup import RayConnection
-from .sink import DatabaseSink
+from .sink import DatabaseSink, clean_error, is_transient, replay_spool
+from .spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,9 @@ class Scheduler:
                  on_event: Callable[[object], None] | None = None) -> None:
         self._session_factory = session_factory
         self._settings = settings
-        self.runner_id = settings.scheduler_id
-        self.ray = ray or RayConnection(settings.ray_address, cpu_chips=settings.cpu_chips)
+        self.runner_id = sweep_run.runner_identity(settings.scheduler_id)
+        self.spool = Spool(settings.spool_dir, session_factory.kw["bind"].url)
+        self.ray = ray or RayConnection.from_settings(settings)
         self._on_event = on_event
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -103,16 +106,24 @@ class Scheduler:
     def _loop(self) -> None:
         poll_s = self._settings.scheduler_poll_s
         self.ray.ensure()  # connect at start, so /api/health reports Ray from the beginning
+        replayed = False
         while not self._stop.is_set():
             try:
+                if not replayed:  # results a dead predecessor spooled count before any resume
+                    replay_spool(self.spool, self._session_factory)
+                    replayed = True
                 with self._session_factory() as session:
-                    sweep_id = sweep_run.next_sweep_id(session=session, runner_id=self.runner_id,
+                    sweep_id = sweep_run.next_sweep_id(session=session,
                                                        lease_s=self._settings.lease_s)
                 if sweep_id is not None and self.ray.ensure():
                     self._run(sweep_id)
                     continue
-            except Exception:  # keep serving: log, wait, look again
-                log.exception("scheduler loop failed; retrying in %.1f s", poll_s)
+            except Exception as err:  # keep serving: log, wait, look again
+                if is_transient(err):
+                    log.warning("scheduler: database unavailable (%s); retrying in %.1f s",
+                                clean_error(err), poll_s)
+                else:
+                    log.exception("scheduler loop failed; retrying in %.1f s", poll_s)
             self._wake.wait(poll_s)
             self._wake.clear()
 
@@ -120,31 +131,61 @@ class Scheduler:
         with self._session_factory() as session:
             claimed = sweep_run.claim(session=session, sweep_id=sweep_id,
                                       runner_id=self.runner_id, lease_s=self._settings.lease_s)
-            if claimed == "cancelling":  # cancelled while no runner was alive
-                sweep_run.finish(session=session, sweep_id=sweep_id, status="cancelled")
+            if claimed is not None:
+                log.info("sweep %s: claimed", sweep_id, extra={
+                    "event": "sweep_claimed", "sweep_id": sweep_id, "status": claimed})
+            if claimed == "cancelling" and not sweep_run.finish(  # no runner was alive
+                    session=session, sweep_id=sweep_id, status="cancelled",
+                    stop_event=self._stop):
+                self._release(sweep_id)
             if claimed != "running":
                 return
             spec = SweepSpec.model_validate(session.get(Sweep, sweep_id).spec)
-        running = _Running(sweep_id, DatabaseSink(self._session_factory, sweep_id),
-                           threading.Event())
+        running = _Running(sweep_id, DatabaseSink(self._session_factory, sweep_id,
+                                                  spool=self.spool), threading.Event())
         with self._lock:
+            stopping = self._stop.is_set()
+            if not stopping:
+                self._current = running
+        if stopping:
+            self._release(sweep_id)
+            return
+        log.info("sweep %s: running %r (runner %s)", sweep_id, spec.name, self.runner_id,
+                 extra={"event": "sweep_started", "sweep_id": sweep_id, "trials": spec.grid_size})
+        try:
+            error = sweep_run.drive(
+                session_factory=self._session_factory, sweep_id=sweep_id, spec=spec,
+                sink=running.sink, cancel_event=running.cancel_event, runner_id=self.runner_id,
+                max_concurrent_trials=self._settings.max_concurrent_trials,
+                poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
+                stop_event=self._stop)
+        finally:
+            with self._lock:
+                self._current = None
+        if running.sink.detached:  # shutdown (or taken over): unfinished trials wait for a resume
+            running.sink.close(timeout_s=5.0)  # what is not stored by then stays spooled
             if self._stop.is_set():
-                return  # the claim stays ours: the next scheduler resumes it at once
-            self._current = running
-        log.info("sweep %s: running %r", sweep_id, spec.name)
-        error = sweep_run.drive(
-            session_factory=self._session_factory, sweep_id=sweep_id, spec=spec,
-            sink=running.sink, cancel_event=running.cancel_event, runner_id=self.runner_id,
-            max_concurrent_trials=self._settings.max_concurrent_trials,
-            poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
-            stop_event=self._stop)
-        with self._lock:
-            self._current = None
-        if running.sink.detached:
-            return  # shutdown (or taken over): the DB keeps the unfinished trials for a resume
+                self._release(sweep_id)
+            return
         status = ("failed" if error is not None else
                   "cancelled" if running.cancel_event.is_set() else "finished")
         with self._session_factory() as session:
-            sweep_run.finish(session=session, sweep_id=sweep_id, status=status,
-                             error=None if error is None else f"sweep driver failed: {error}")
-        log.info("sweep %s: %s", sweep_id, status)
+            ended = sweep_run.finish(
+                session=session, sweep_id=sweep_id, status=status, stop_event=self._stop,
+                error=None if error is None else f"sweep driver failed: {error}")
+        running.sink.close()
+        if not ended:
+            self._release(sweep_id)
+            return
+        log.info("sweep %s: %s", sweep_id, status,
+                 extra={"event": "sweep_finished", "sweep_id": sweep_id, "status": status})
+
+    def _release(self, sweep_id: int) -> None:
+        """Give up the claim on a clean stop, so the next scheduler resumes at once (best
+        effort: with the database down, the lease or the dead-process check frees it)."""
+        try:
+            with self._session_factory() as session:
+                sweep_run.release(session=session, sweep_id=sweep_id, runner_id=self.runner_id)
+        except Exception as err:  # noqa: BLE001
+            log.warning("sweep %s: could not release the claim (%s)", sweep_id,
+                        clean_error(err))

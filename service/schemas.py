@@ -180,14 +180,24 @@ class TrialsPublic(BaseModel):
 
 class ComponentHealth(BaseModel):
     ok: bool | None
-    """True reachable, False not, None not used by this process."""
+    """True reachable, False not, None not used by this process (or not connected yet)."""
     detail: str
+    """"reachable" / "unreachable (ErrorClass)", the database prefixed with its backend
+    (sqlite, postgresql); never an address, path or driver message (those are logged)."""
 
 
 class HealthPublic(BaseModel):
+    """GET /api/health/ready (and /api/health): whether this process can serve sweeps."""
+
     status: Literal["ok", "unavailable"]
     database: ComponentHealth
     ray: ComponentHealth
+
+
+class LivenessPublic(BaseModel):
+    """GET /api/health/live: the process serves requests."""
+
+    status: Literal["ok"]
 
 
 class OptionsPublic(BaseModel):

@@ -7,25 +7,38 @@ kept as a trial marked skipped with the reason, never dropped silently.
 One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
 (framework, seq_len, dtype, param_sharding, remat, repeat) as trials of mode "none": the
 one-chip baseline that every mode's chips > 1 trials name in `baseline_key`.
+
+Admission: every number is strict (`true` or "2" is not a chip count) and bounded (MAX_CHIPS,
+MAX_SEQ_LEN, ...), text refuses control characters and unpaired surrogates (check_plain_text),
+and a point whose predicted memory per chip exceeds the chip is kept as skipped with the
+prediction, unless the sweep sets `admit_over_memory` (chip_memory_bytes, expand_trials).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Literal
+import os
+import re
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
     field_validator,
     model_validator,
 )
 
 from gdn_core import hardware
 from gdn_core.cp_modes import CP_MODES, CPMode, check_cp_shape
+from gdn_core.memory_model import predict_step_memory
 from gdn_core.presets import PRESETS, get_preset
 from gdn_core.config import ModelConfig
 from gdn_core.train_config import ComputeDType, ParamSharding, Remat, TrainConfig
@@ -41,6 +54,43 @@ ONE_CHIP_CP_MODE: CPMode = "p2p"
 """What gdn_core runs for a mode-"none" trial: p2p on one chip exchanges nothing (D−1 = 0
 rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step."""
 
+MAX_CHIPS = 16_384
+"""Most chips a trial may ask for: the biggest pods are ~9k chips (a TPU v5p pod has 8,960),
+so 2^14 leaves room while refusing counts no cluster has."""
+MAX_SEQ_LEN = 2 ** 30
+"""Longest seq_len: the Integer seq_len columns (int32 on PostgreSQL) hold it; memory
+admission refuses far shorter sequences for any real model on any chip."""
+
+_REFUSED_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_plain_text(value):
+    """`value`, unless it is text holding a control character (C0 with NUL, DEL, C1) or an
+    unpaired surrogate: PostgreSQL cannot store NUL, no UTF-8 encoder writes a lone surrogate,
+    and neither belongs in a name or a filter. (A JSON pair like "\\ud83d\\ude00" arrives as
+    one character, so any surrogate left is unpaired.) Run before the type check, which would
+    refuse a surrogate without saying where it is."""
+    bad = _REFUSED_CHARACTERS.search(value) if isinstance(value, str) else None
+    if bad is not None:
+        char = bad.group()
+        kind = "an unpaired surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
+        raise ValueError(f"the text contains {kind}, U+{ord(char):04X}, at position "
+                         f"{bad.start()}; use printable text (no control characters, no "
+                         "unpaired surrogates)")
+    return value
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("the name is blank; use at least one character that is not a space")
+    return text
+
+
+PlainText = Annotated[StrictStr, BeforeValidator(check_plain_text)]
+"""A string without control characters or unpaired surrogates (check_plain_text)."""
+Name = Annotated[StrictStr, Field(min_length=1, max_length=200),
+                 BeforeValidator(check_plain_text), AfterValidator(_not_blank)]
+
 
 def _grid_list(field: str, default: str):
     """A grid dimension: a list, named in the plural; the singular name and a single value
@@ -53,9 +103,9 @@ class ModelSpec(BaseModel):
     """The model a sweep trains: a preset, optionally with another depth or vocabulary."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    preset: str = "tiny"
-    num_layers: int | None = Field(default=None, ge=1, le=512)
-    vocab_size: int | None = Field(default=None, ge=2, le=1_000_000)
+    preset: PlainText = Field(default="tiny", max_length=64)
+    num_layers: StrictInt | None = Field(default=None, ge=1, le=512)
+    vocab_size: StrictInt | None = Field(default=None, ge=2, le=1_000_000)
 
     @field_validator("preset")
     @classmethod
@@ -70,8 +120,9 @@ class AcceleratorSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: AcceleratorKind = "cpu"
-    type: str = Field(default="cpu", description="chip type for the peak table, e.g. h100, v5p; "
-                      "'cpu' for CPU hosts (peak measured by a GEMM calibration)")
+    type: PlainText = Field(default="cpu", max_length=64, description="chip type for the peak "
+                            "table, e.g. h100, v5p; 'cpu' for CPU hosts (peak measured by a "
+                            "GEMM calibration)")
 
     @model_validator(mode="after")
     def _type_matches_kind(self) -> "AcceleratorSpec":
@@ -88,37 +139,47 @@ class SweepSpec(BaseModel):
     remats, for one model and batch, each point run `repeats` times (chips=1 once for all
     modes: the one-chip baseline)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = Field(min_length=1, max_length=200)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    name: Name
     frameworks: list[Framework] = Field(default=["jax", "torch"], min_length=1)
     modes: list[CPMode] = Field(default=["all_gather"], min_length=1)
-    chips: list[int] = Field(min_length=1)
-    seq_lens: list[int] = Field(min_length=1)
+    chips: list[StrictInt] = Field(min_length=1, description=f"chip counts, 1 to {MAX_CHIPS}")
+    seq_lens: list[StrictInt] = Field(min_length=1,
+                                      description=f"global tokens per sequence, 1 to {MAX_SEQ_LEN}")
     model: ModelSpec = ModelSpec()
-    batch_size: int = Field(default=1, ge=1, le=1024)
+    batch_size: StrictInt = Field(default=1, ge=1, le=1024)
     dtypes: list[DType] = _grid_list("dtypes", "float32")
     param_shardings: list[ParamSharding] = _grid_list("param_shardings", "replicated")
     remats: list[Remat] = _grid_list("remats", "none")
-    steps: int = Field(default=3, ge=1, le=10_000)
-    warmup_steps: int = Field(default=1, ge=0, le=1_000)
+    steps: StrictInt = Field(default=3, ge=1, le=10_000)
+    warmup_steps: StrictInt = Field(default=1, ge=0, le=1_000)
     accelerator: AcceleratorSpec = AcceleratorSpec()
-    verify: bool = False
-    trial_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
-    repeats: int = Field(default=1, ge=1, le=20)
+    verify: StrictBool = False
+    trial_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600, strict=True)
+    repeats: StrictInt = Field(default=1, ge=1, le=20)
     """Times each grid point runs, as separate trials (TrialSpec.repeat 0 … repeats−1), to
     show how much a measurement varies between runs; keys gain `/repeat=r` when > 1."""
-    one_chip_baseline: bool = True
+    one_chip_baseline: StrictBool = True
     """True: chips=1 runs once per (framework, seq_len, dtype, param_sharding, remat, repeat)
     as mode "none", the baseline every mode's rows refer to (`baseline_key`). False: one chip
     per mode, as sweeps stored before the baseline existed ran (migration 0003 marks them so).
     Either way a sweep whose `chips` lacks 1 has no baseline: none is added for it."""
+    admit_over_memory: StrictBool = Field(default=False, description="run grid points "
+                                          "predicted not to fit the chip's memory (else they "
+                                          "are recorded skipped, with the prediction)")
+    """False: a point whose predicted memory per chip (gdn_core.memory_model) exceeds the
+    chip's memory (chip_memory_bytes) is recorded skipped, the reason naming both. True: run
+    such points anyway (to find where the prediction is wrong, or to record the OOM)."""
 
     @field_validator("chips", "seq_lens")
     @classmethod
-    def _positive_unique(cls, values: list[int], info) -> list[int]:
-        bad = [v for v in values if v < 1]
+    def _in_range_unique(cls, values: list[int], info) -> list[int]:
+        high = MAX_CHIPS if info.field_name == "chips" else MAX_SEQ_LEN
+        bad = [v for v in values if not 1 <= v <= high]
         if bad:
-            raise ValueError(f"{info.field_name} has non-positive values {bad}; use integers >= 1")
+            shown = ", ".join(map(str, bad[:5])) + (", …" if len(bad) > 5 else "")
+            raise ValueError(f"{info.field_name} has values outside 1…{high}: [{shown}]; use "
+                             f"integers >= 1 and <= {high}")
         return sorted(set(values))
 
     @field_validator("dtypes", "param_shardings", "remats", mode="before")
@@ -249,14 +310,15 @@ class TrialSpec(BaseModel):
 
 
 def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
-    """All trials in a stable order; points a mode cannot serve carry skip_reason.
+    """All trials in a stable order; points a mode cannot serve carry skip_reason, and so do
+    points predicted not to fit the chip's memory (unless spec.admit_over_memory).
 
     Repeats are the outer loop (every point once, then every point again, …), so a noisy
     spell of the machine spreads over different points rather than all runs of one. With the
     baseline, a chips=1 point appears once, as mode "none", where its first mode had it."""
     model_cfg = get_preset(spec.model.preset, num_layers=spec.model.num_layers,
                            vocab_size=spec.model.vocab_size)
-    gdn = model_cfg.gdn
+    skip_reasons: dict[tuple, str | None] = {}  # per point, shared by its repeats
     trials = []
     for repeat in range(spec.repeats):
         seen_baselines = set()
@@ -273,6 +335,10 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 baseline_key = trial_key(
                     mode="none" if spec.has_baseline else mode, chips=1, **settings,
                     repeat=repeat if spec.repeats > 1 else None)
+            point = (mode, chips, *settings.values())
+            if point not in skip_reasons:
+                skip_reasons[point] = _skip_reason(spec, model_cfg, mode=mode, chips=chips,
+                                                   **settings)
             trials.append(TrialSpec(
                 framework=framework, mode=mode, chips=chips, seq_len=seq_len,
                 batch_size=spec.batch_size, preset=model_cfg.name,
@@ -282,20 +348,65 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 accelerator_type=spec.accelerator.type,
                 verify=spec.verify and chips > 1,  # one chip is its own reference
                 timeout_s=spec.trial_timeout_s, repeat=repeat, repeats=spec.repeats,
-                baseline_key=baseline_key,
-                skip_reason=_skip_reason(mode, chips, seq_len, gdn)))
+                baseline_key=baseline_key, skip_reason=skip_reasons[point]))
     return trials
 
 
-def _skip_reason(mode: str, chips: int, seq_len: int, gdn) -> str | None:
+def host_memory_bytes() -> int | None:
+    """Physical memory of the host this process runs on (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int) -> tuple[int | None, str]:
+    """(bytes, what they are) of one chip of a `chips`-chip trial: the HBM of a GPU/TPU type
+    (gdn_core.hardware.CHIP_SPECS); for CPU chips, the physical memory of the host that
+    expands the sweep (the service's, or `gdn-sweep run`'s) shared by the trial's chips,
+    virtual CPU chips being partitions of one host. None: unknown, nothing is refused."""
+    if accelerator.kind != "cpu":
+        hbm = hardware.hbm_bytes_per_chip(accelerator.type)
+        return hbm, f"the {_gib(hbm)} HBM of one {accelerator.type} chip"
+    host = host_memory_bytes()
+    if host is None:
+        return None, "unknown"
+    return host // chips, (f"{_gib(host // chips)} per chip: this host's {_gib(host)} of RAM "
+                           f"shared by {chips} CPU chip(s)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / hardware.GIB:.1f} GiB"
+
+
+def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, framework: str, mode: str,
+                 chips: int, seq_len: int, dtype: str, param_sharding: str,
+                 remat: str) -> str | None:
+    """Why the point cannot run: a shape its CP mode cannot split, or (unless
+    spec.admit_over_memory) a predicted memory per chip above the chip's."""
+    gdn = model_cfg.gdn
     cp_mode = ONE_CHIP_CP_MODE if mode == "none" else mode
     try:
         check_cp_shape(mode=cp_mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
                        num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
     except ValueError as err:
         return str(err)
-    return None
+    if spec.admit_over_memory:
+        return None
+    available, what = chip_memory_bytes(spec.accelerator, chips)
+    if available is None:
+        return None
+    train_cfg = TrainConfig(batch_size=spec.batch_size, seq_len=seq_len, dtype=dtype,
+                            param_sharding=param_sharding, remat=remat)
+    predicted = predict_step_memory(model_cfg, train_cfg, mode=cp_mode, chips=chips,
+                                    framework=framework).total
+    if predicted <= available:
+        return None
+    return (f"predicted memory {_gib(predicted)} per chip ({predicted} bytes, "
+            f"gdn_core.memory_model.predict_step_memory) exceeds {what}; set "
+            "admit_over_memory: true to run it anyway")
 
 
-__all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "ModelSpec", "ONE_CHIP_CP_MODE",
-           "SweepSpec", "TRIAL_MODES", "TrialMode", "TrialSpec", "expand_trials", "trial_key"]
+__all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "MAX_CHIPS", "MAX_SEQ_LEN", "ModelSpec",
+           "ONE_CHIP_CP_MODE", "PlainText", "SweepSpec", "TRIAL_MODES", "TrialMode", "TrialSpec",
+           "check_plain_text", "chip_memory_bytes", "expand_trials", "trial_key"]

@@ -8,14 +8,32 @@
     GDN_SWEEP_API_TOKEN               bearer token required on mutating calls (empty: none)
     GDN_SWEEP_RUN_SCHEDULER           run sweeps in this process (default true)
     GDN_SWEEP_UPGRADE_ON_START        alembic upgrade head when the app starts (default true)
+    GDN_SWEEP_MAX_REQUEST_BYTES       largest request body accepted (default 1048576; 413 above)
+    GDN_SWEEP_ALLOWED_HOSTS           Host names served (default 127.0.0.1,localhost,::1; plus
+                                      the address a connection came in on); others get 400
+    GDN_SWEEP_ALLOWED_ORIGINS         origins besides the service's own whose pages may POST
+                                      (default none; e.g. https://sweeps.example.com behind a proxy)
+    GDN_SWEEP_RAY_DASHBOARD_PORT      port of a local Ray's dashboard (default Ray's: 8265, or
+                                      the next free one); it listens on 127.0.0.1
+    GDN_SWEEP_RAY_INCLUDE_DASHBOARD   start a local Ray's dashboard (default: if installed)
+    GDN_SWEEP_LOG_LEVEL               debug, info (default), warning, error
+    GDN_SWEEP_LOG_FORMAT              text (default: time level logger message key=value…) or json
+    GDN_SWEEP_API_THREADS             threads per API worker serving requests, and requests let
+                                      in at once (default 4); the database pool holds as many
+                                      connections, plus 4
 """
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+NameList = Annotated[list[str], NoDecode]
+"""A list read from the environment as comma-separated names (or a JSON list)."""
 
 
 class Settings(BaseSettings):
@@ -45,13 +63,40 @@ class Settings(BaseSettings):
     upgrade_on_start: bool = True
     """Apply the Alembic migrations when the app starts."""
     scheduler_id: str = Field(default="service", min_length=1, max_length=100)
-    """This scheduler's name in `sweeps.runner`; a restarted service resumes its own sweeps
-    at once. Give each service that shares a database its own id."""
+    """This scheduler's name in `sweeps.runner`, as `<id>@<host>:<pid>:<start time>`: each
+    process is its own runner, whatever the id; a restarted service resumes at once the
+    sweeps of its dead predecessor on the same host."""
     lease_s: float = Field(default=60.0, gt=0)
     """A sweep whose runner has not renewed its heartbeat for this long may be taken over
     (the runner died); runners renew every scheduler_poll_s."""
     scheduler_poll_s: float = Field(default=2.0, gt=0)
     """How often an idle scheduler looks for sweeps queued by other processes."""
+    ray_dashboard_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port of the dashboard of a local Ray (None: Ray's 8265, or the next free one). A local
+    Ray listens on 127.0.0.1 only, dashboard included."""
+    ray_include_dashboard: bool | None = None
+    """Start a local Ray's dashboard (None: when its dependencies are installed)."""
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    """Level of the service's log (`--log-level` overrides it)."""
+    log_format: Literal["text", "json"] = "text"
+    """One line per record: `time level logger message key=value…`, or one JSON object."""
+    api_threads: int = Field(default=4, ge=1, le=256)
+    """Threads per API worker process that serve requests, and API requests it lets in at
+    once (the rest queue); its database pool holds as many connections plus a few for the
+    scheduler. Few: the routes are CPU-bound Python, and more threads only fight the event
+    loop for the GIL (use `--workers` to use more cores)."""
+    spool_dir: str = "~/.cache/gdn-sweep/spool"
+    """Local directory where trial results wait for the database (service/spool.py); a
+    restarted service stores what its dead predecessor left there before resuming."""
+    max_request_bytes: int = Field(default=1024 * 1024, ge=1)
+    """Largest request body accepted; a longer one is refused with 413 (declared or streamed)."""
+    allowed_hosts: NameList = ["127.0.0.1", "localhost", "::1"]
+    """Host header names the service answers (port ignored; `*` accepts any). The address a
+    connection arrived on is accepted too, so a service bound to an IP answers by that IP. An
+    unknown Host gets 400: a page whose DNS name was rebound to this machine cannot read it."""
+    allowed_origins: NameList = []
+    """Origins (scheme://host[:port]) besides the service's own whose pages may send POST,
+    PUT, PATCH and DELETE; other cross-origin ones get 403 (no cross-site cancel)."""
 
     @field_validator("database_url")
     @classmethod
@@ -65,10 +110,22 @@ class Settings(BaseSettings):
                 return "postgresql+psycopg://" + url[len(prefix):]
         return url
 
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value):
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("ray_address", "api_token")
     @classmethod
     def _strip(cls, value: str) -> str:
         return value.strip()
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _name_list(cls, value):
+        if isinstance(value, str):
+            value = json.loads(value) if value.lstrip().startswith("[") else value.split(",")
+        return [name.strip().lower().rstrip("/") for name in value if name.strip()]
 
 
 @lru_cache

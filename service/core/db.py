@@ -1,7 +1,8 @@
 """The database engine, sessions, and Alembic upgrades run from code.
 
 SQLite gets WAL journaling, a busy timeout and foreign keys, so the scheduler thread and API
-requests can write at the same time; PostgreSQL uses psycopg 3 with a small pool.
+requests can write at the same time; PostgreSQL uses psycopg 3 with a pool sized to the
+threads that use it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,16 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str, **kwargs) -> Engine:
-    """Create the engine for `url` with this service's connection settings."""
+PG_CONNECT_TIMEOUT_S = 10
+"""Seconds a new PostgreSQL connection may take (libpq connect_timeout)."""
+POOL_SPARE = 4
+"""Connections beyond one per request thread: the scheduler, its sinks, health checks."""
+
+
+def make_engine(url: str, *, threads: int = 4, **kwargs) -> Engine:
+    """Create the engine for `url` with this service's connection settings; on PostgreSQL a
+    pool of one connection per thread that queries at once (`threads`) plus POOL_SPARE, so no
+    request waits for a connection while its thread could run."""
     if is_sqlite(url):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
                                **kwargs)
@@ -37,8 +46,11 @@ def make_engine(url: str, **kwargs) -> Engine:
             cur.close()
 
         return engine
-    pool = {} if "poolclass" in kwargs else {"pool_size": 10, "max_overflow": 10}
-    return create_engine(url, pool_pre_ping=True, **pool, **kwargs)
+    pool = {} if "poolclass" in kwargs else {"pool_size": threads + POOL_SPARE,
+                                             "max_overflow": POOL_SPARE}
+    # A database host that drops packets must fail fast (a 503), not after the OS TCP timeout.
+    connect_args = {"connect_timeout": PG_CONNECT_TIMEOUT_S, **kwargs.pop("connect_args", {})}
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **pool, **kwargs)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

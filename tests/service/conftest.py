@@ -89,6 +89,31 @@ def client(db_url) -> Iterator[TestClient]:
         yield test_client
 
 
+@pytest.fixture
+def api_server(db_url) -> Iterator[str]:
+    """A real uvicorn (in a thread) serving the API on `db_url`, no scheduler: its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(api_settings(db_url)), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
 @pytest.fixture(scope="package")
 def local_ray():
     """One local Ray (4 virtual CPU chips) for every sweep-running test of this package."""

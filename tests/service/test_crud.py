@@ -123,26 +123,29 @@ def test_capacity_planning_views(session_factory):
 
 def test_claims_one_runner_at_a_time_and_resumes_running_trials(session_factory):
     sweep_id, trials = make_sweep(session_factory, seq_lens=[64, 128])
+    a, b = "a@host-a:10:1", "b@host-b:20:2"  # runners on other hosts: alive as far as we know
     with session_factory() as s:
-        assert sweep_run.next_sweep_id(session=s, runner_id="a", lease_s=60) == sweep_id
-        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="a", lease_s=60) == "running"
+        assert sweep_run.next_sweep_id(session=s, lease_s=60) == sweep_id
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id=a, lease_s=60) == "running"
         s.execute(update(Trial).where(Trial.key == trials[0].key).values(status="running"))
         s.commit()
-        # a live runner's sweep is not for others
-        assert sweep_run.next_sweep_id(session=s, runner_id="b", lease_s=60) is None
-        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="b", lease_s=60) is None
-        assert sweep_run.heartbeat(session=s, sweep_id=sweep_id, runner_id="a") == "running"
-        # the same runner after a restart takes it back at once; its running trial re-runs
-        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="a", lease_s=60) == "running"
-        assert set(s.scalars(select(Trial.status))) == {"pending"}
-        # a runner that stopped renewing loses the sweep after the lease
+        # a live runner's sweep is not for others, nor for a second claim by the same name
+        assert sweep_run.next_sweep_id(session=s, lease_s=60) is None
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id=b, lease_s=60) is None
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id=a, lease_s=60) is None
+        assert sweep_run.heartbeat(session=s, sweep_id=sweep_id, runner_id=a) == "running"
+        # a runner that stopped renewing loses the sweep after the lease; its running trial
+        # re-runs
         s.execute(update(Sweep).values(heartbeat_at=utcnow() - dt.timedelta(seconds=120)))
         s.commit()
-        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="b", lease_s=60) == "running"
-        assert sweep_run.heartbeat(session=s, sweep_id=sweep_id, runner_id="a") is None
-        s.execute(update(Sweep).values(status="cancelling"))
+        assert sweep_run.next_sweep_id(session=s, lease_s=60) == sweep_id
+        assert sweep_run.claim(session=s, sweep_id=sweep_id, runner_id=b, lease_s=60) == "running"
+        assert set(s.scalars(select(Trial.status))) == {"pending"}
+        assert sweep_run.heartbeat(session=s, sweep_id=sweep_id, runner_id=a) is None
+        # a cancelling sweep whose runner vanished is taken only to be closed
+        s.execute(update(Sweep).values(status="cancelling", heartbeat_at=None))
         s.commit()
-        claimed = sweep_run.claim(session=s, sweep_id=sweep_id, runner_id="b", lease_s=60)
+        claimed = sweep_run.claim(session=s, sweep_id=sweep_id, runner_id=a, lease_s=60)
         assert claimed == "cancelling"
         sweep_run.finish(session=s, sweep_id=sweep_id, status="cancelled")
         sweep = s.get(Sweep, sweep_id)

@@ -1,6 +1,8 @@
 """The outage tests' private PostgreSQL really goes away and comes back with its data."""
 
-import time, psycopg, pytest
+import psycopg
+import pytest
+
 from tests.service.private_postgres import PrivatePostgres
 
 @pytest.mark.timeout(120)

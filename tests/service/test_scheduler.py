@@ -1,7 +1,7 @@
 """The scheduler end to end: the real workers driver on a local Ray, SQLite.
 
-Restart: a scheduler stopped mid-sweep (as if the service died) leaves one trial succeeded,
-one running and the rest pending; a new scheduler on the same database finishes the sweep and
+Restart: a scheduler stopped mid-sweep leaves one trial succeeded, one running and the rest
+pending, and releases its claim; a new scheduler on the same database finishes the sweep and
 every trial ends with exactly one result row. Cancel: through the API, the running trial stops
 and every other trial is recorded cancelled. Retry: a trial whose rank is killed succeeds on
 its second attempt, and the database and API keep the first attempt's reason.
@@ -102,6 +102,8 @@ def test_restart_mid_sweep_resumes_and_no_trial_gets_two_results(local_ray, sqli
     assert sweep_status(session_factory, sweep_id) == "running"
     with session_factory() as s:
         kept = s.execute(select(Result.trial_id, Result.finished_at)).one()
+        # a clean stop gives the claim up, so the next scheduler resumes at once
+        assert s.execute(select(Sweep.runner, Sweep.heartbeat_at)).one() == (None, None)
 
     second = Scheduler(session_factory=session_factory, settings=scheduler_settings(url))
     second.start()
@@ -153,7 +155,7 @@ def test_run_a_sweep_file_into_the_database_with_progress(local_ray, sqlite_db, 
     assert "2/2" in printed and "sweep 1: finished (succeeded 2)" in printed, printed
     with session_factory() as s:
         sweep = s.get(Sweep, 1)
-        assert sweep.status == "finished" and sweep.runner.startswith("cli:")
+        assert sweep.status == "finished" and sweep.runner.startswith("cli@")
     assert list(results_per_trial(session_factory, 1).values()) == [1, 1]
 
 

@@ -19,7 +19,8 @@ from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, ti
 def test_out_of_memory_is_oom_and_the_sweep_goes_on(local_ray):
     # 64 × 8192 tokens make 512 MiB of fp32 logits (and as much again for their gradient):
     # past a 1 GiB address-space cap that 64 × 64 tokens fit in easily.
-    spec = tiny_spec(batch_size=64, seq_lens=[64, 8192])
+    # admit_over_memory: on a host under ~7 GiB the prediction would skip the point instead.
+    spec = tiny_spec(batch_size=64, seq_lens=[64, 8192], admit_over_memory=True)
     options = DriverOptions(rank_memory_limit_bytes=1 << 30)
     results = run_sweep(spec, MemorySink(), options=options)
     small, big = sorted(results, key=lambda r: r.trial.seq_len)

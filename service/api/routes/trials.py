@@ -7,12 +7,13 @@ from fastapi import APIRouter, HTTPException, status
 from ... import crud
 from ...schemas import TrialPublic
 from ..deps import SessionDep
+from ..params import RowId
 
 router = APIRouter(prefix="/trials", tags=["trials"])
 
 
 @router.get("/{trial_id}", response_model=TrialPublic)
-def read_trial(trial_id: int, session: SessionDep) -> TrialPublic:
+def read_trial(trial_id: RowId, session: SessionDep) -> TrialPublic:
     """One trial with its result, its one-chip baseline (ids and speed-up) and every attempt
     it took (`attempt_history`: a retried trial keeps the reasons of the attempts that died)."""
     trial = crud.get_trial(session=session, trial_id=trial_id)

@@ -1,0 +1,61 @@
+"""Many concurrent reads on one API process: every one answered 200, none waits out the pool.
+
+With more requests inside the app than database connections, threads blocked waiting for a
+connection that requests waiting for a thread held (the response is validated on the thread
+pool after the endpoint, the session still open): the pool timed out after 30 s and answered
+500. The app lets in only as many API requests as it has threads (service/main.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from service.core.db import make_engine, make_session_factory
+from service.main import create_app
+
+from .conftest import api_settings
+from .seed import seed_sweep
+
+CLIENTS = 60
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_reads_beyond_the_pool_all_succeed_quickly(postgresql_url):
+    engine = make_engine(postgresql_url)
+    sweep_id = seed_sweep(make_session_factory(engine), seq_lens=[64, 128], chips=[1, 2])
+    engine.dispose()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # 2 threads: a pool of 2 + 4 connections (+ 4 overflow), far fewer than the clients
+    app = create_app(api_settings(postgresql_url, api_threads=2))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+
+    async def clients() -> list[int]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                                     limits=httpx.Limits(max_connections=CLIENTS)) as client:
+            paths = [f"/api/sweeps/{sweep_id}", "/api/results?limit=50&sort=-mfu"] * (CLIENTS // 2)
+            responses = await asyncio.gather(*(client.get(p) for p in paths * 3))
+        return [r.status_code for r in responses]
+
+    try:
+        start = time.monotonic()
+        statuses = asyncio.run(clients())
+        elapsed = time.monotonic() - start
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert statuses == [200] * len(statuses)
+    assert elapsed < 25, f"{len(statuses)} reads took {elapsed:.1f} s (the pool waits 30 s)"

@@ -1,0 +1,115 @@
+"""SweepSpec admission: strict types, bounds, plain text, and the memory check of expand_trials
+(every way in — the API, `gdn-sweep run`, the JSONL path — expands through it)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from gdn_core import hardware
+from gdn_core.memory_model import predict_step_memory
+from gdn_core.presets import get_preset
+from gdn_core.train_config import TrainConfig
+from service.demo import demo_sweep
+from tests.service.conftest import TINY_SWEEP
+from workers.spec import (MAX_CHIPS, MAX_SEQ_LEN, AcceleratorSpec, SweepSpec, chip_memory_bytes,
+                          expand_trials, host_memory_bytes)
+
+H100_27B = dict(name="27b", frameworks=["jax"], modes=["all_gather"], chips=[8],
+                model={"preset": "qwen3.5-27b"}, dtypes=["bfloat16"],
+                accelerator={"kind": "gpu", "type": "h100"})
+
+
+def refusal(**fields) -> list[dict]:
+    with pytest.raises(ValidationError) as caught:
+        SweepSpec.model_validate({**TINY_SWEEP, **fields})
+    return caught.value.errors()
+
+
+@pytest.mark.parametrize("fields, loc, needle", [
+    ({"chips": [True]}, ("chips", 0), "valid integer"),
+    ({"chips": ["2"]}, ("chips", 0), "valid integer"),
+    ({"seq_lens": [False]}, ("seq_lens", 0), "valid integer"),
+    ({"repeats": "2"}, ("repeats",), "valid integer"),
+    ({"one_chip_baseline": "false"}, ("one_chip_baseline",), "valid boolean"),
+    ({"chips": [MAX_CHIPS + 1]}, ("chips",), f"<= {MAX_CHIPS}"),
+    ({"seq_lens": [MAX_SEQ_LEN + 1]}, ("seq_lens",), f"<= {MAX_SEQ_LEN}"),
+    ({"chips": [0, -3]}, ("chips",), "[0, -3]"),
+    ({"name": " \u3000 "}, ("name",), "blank"),
+    ({"name": "line\nbreak"}, ("name",), "U+000A"),
+    ({"name": "c1\x9b"}, ("name",), "U+009B"),
+    ({"name": "half \ud83d pair"}, ("name",), "unpaired surrogate, U+D83D, at position 5"),
+], ids=["chips-true", "chips-string", "seq-len-false", "repeats-string", "baseline-string",
+        "chips-over", "seq-len-over", "chips-non-positive", "name-blank", "name-newline",
+        "name-c1", "name-surrogate"])
+def test_spec_refuses_loose_types_bounds_and_unprintable_text(fields, loc, needle):
+    errors = refusal(**fields)
+    assert any(e["loc"] == loc and needle in e["msg"] for e in errors), errors
+
+
+def test_bounds_themselves_and_printable_unicode_are_accepted():
+    spec = SweepSpec.model_validate({**TINY_SWEEP, "name": "ümlaut 😀 名前",
+                                     "chips": [1, MAX_CHIPS], "seq_lens": [MAX_SEQ_LEN],
+                                     "trial_timeout_s": 600})
+    assert spec.chips == [1, MAX_CHIPS] and spec.seq_lens == [MAX_SEQ_LEN]
+    assert spec.trial_timeout_s == 600.0 and spec.admit_over_memory is False
+
+
+def test_non_finite_timeout_is_refused():
+    for value in (float("nan"), float("inf")):
+        assert refusal(trial_timeout_s=value)[0]["type"] == "finite_number"
+
+
+def test_over_memory_point_is_skipped_naming_prediction_and_chip():
+    (trial,) = expand_trials(SweepSpec(**H100_27B, seq_lens=[2 ** 24]))
+    predicted = predict_step_memory(
+        get_preset("qwen3.5-27b"), TrainConfig(seq_len=2 ** 24, dtype="bfloat16"),
+        mode="all_gather", chips=8, framework="jax").total
+    assert predicted > hardware.hbm_bytes_per_chip("h100")
+    assert f"({predicted} bytes," in trial.skip_reason
+    assert f"{predicted / 2 ** 30:.1f} GiB per chip" in trial.skip_reason
+    assert "the 80.0 GiB HBM of one h100 chip" in trial.skip_reason
+    assert "admit_over_memory: true" in trial.skip_reason
+
+    (forced,) = expand_trials(SweepSpec(**H100_27B, seq_lens=[2 ** 24], admit_over_memory=True))
+    assert forced.skip_reason is None and forced.key == trial.key
+
+
+def test_only_the_points_over_memory_are_skipped():
+    # Short sequences of the 27B model fit 8 H100s; the longest does not.
+    trials = expand_trials(SweepSpec(**{**H100_27B, "param_shardings": ["fsdp"],
+                                        "remats": ["full"]}, seq_lens=[4096, 2 ** 24]))
+    assert {t.seq_len: t.skip_reason is None for t in trials} == {4096: True, 2 ** 24: False}
+
+
+def test_cpu_chips_share_the_expanding_hosts_ram():
+    host = host_memory_bytes()
+    assert host is not None and host > 0
+    memory, what = chip_memory_bytes(AcceleratorSpec(), 4)
+    assert memory == host // 4 and "shared by 4 CPU chip(s)" in what
+    # 27B on one CPU chip needs terabytes: more than any test host has.
+    (trial,) = expand_trials(SweepSpec.model_validate(
+        {**TINY_SWEEP, "model": {"preset": "qwen3.5-27b"}, "seq_lens": [2 ** 20]}))
+    assert "of RAM shared by 1 CPU chip(s)" in trial.skip_reason
+
+
+@pytest.mark.parametrize("sweep", [TINY_SWEEP, demo_sweep(2), demo_sweep(4)],
+                         ids=["tiny", "demo-2-cores", "demo-4-cores"])
+def test_demo_and_tiny_sweeps_are_not_skipped(sweep):
+    assert all(t.skip_reason is None for t in expand_trials(SweepSpec.model_validate(sweep)))
+
+
+@pytest.mark.timeout(120)
+def test_a_grid_at_the_cap_expands_quickly_at_the_largest_chip_counts():
+    # Predicting memory at 16k chips costs ~0.25 s uncached (the ZeRO partition); a 512-point
+    # grid must still be answered while the client waits.
+    spec = SweepSpec(**{**H100_27B, "modes": ["all_gather", "p2p", "log_scan", "ulysses"],
+                        "frameworks": ["jax", "torch"], "chips": [4096, 8192, MAX_CHIPS],
+                        "param_shardings": ["zero1", "fsdp"], "remats": ["none", "full"]},
+                     seq_lens=[2 ** k for k in range(20, 25)])
+    assert spec.grid_size == 480
+    start = time.perf_counter()
+    trials = expand_trials(spec)
+    assert len(trials) == spec.grid_size and time.perf_counter() - start < 15
