@@ -36,6 +36,9 @@ def _row_counts(url: str) -> tuple[int, int, int]:
         engine.dispose()
 
 
+# PostgreSQL in the default suite (where the 500s were); SQLite, the same checks, under `slow`.
+@pytest.mark.parametrize("db_url", [pytest.param("sqlite", marks=pytest.mark.slow),
+                                    "postgresql"], indirect=True)
 @pytest.mark.timeout(600)
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, derandomize=True,
