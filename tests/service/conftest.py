@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from fastapi.testclient import TestClient
@@ -29,11 +32,13 @@ def _psycopg_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-@pytest.fixture(scope="session")
-def postgresql_url() -> Iterator[str]:
+@contextmanager
+def scratch_postgres_database(prefix: str) -> Iterator[str]:
+    """A new empty database `<prefix>_<random>` on the server of PG_ADMIN_URL (the test is
+    skipped when that server is unreachable), dropped afterwards; yields its URL."""
     import psycopg
 
-    name = f"gdn_sweep_test_{secrets.token_hex(4)}"
+    name = f"{prefix}_{secrets.token_hex(4)}"
     try:
         admin = psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as err:
@@ -41,14 +46,42 @@ def postgresql_url() -> Iterator[str]:
                     f"(set GDN_SWEEP_TEST_POSTGRES_URL): {err}")
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name)
-    url = url.render_as_string(hide_password=False)
     try:
-        upgrade_database(url)
-        yield url
+        yield make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name) \
+            .render_as_string(hide_password=False)
     finally:
         with psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """The app for `settings` on a real uvicorn server in a thread; yields its base URL."""
+    import uvicorn
+
+    from .private_postgres import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+@pytest.fixture(scope="session")
+def postgresql_url() -> Iterator[str]:
+    with scratch_postgres_database("gdn_sweep_test") as url:
+        upgrade_database(url)
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -92,26 +125,8 @@ def client(db_url) -> Iterator[TestClient]:
 @pytest.fixture
 def api_server(db_url) -> Iterator[str]:
     """A real uvicorn (in a thread) serving the API on `db_url`, no scheduler: its base URL."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(api_settings(db_url)), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with serving(api_settings(db_url)) as base_url:
+        yield base_url
 
 
 @pytest.fixture(scope="package")

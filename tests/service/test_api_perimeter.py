@@ -5,15 +5,10 @@ every response carries the security headers."""
 from __future__ import annotations
 
 import json
-import secrets
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
@@ -24,31 +19,17 @@ from service.core.db import make_engine, make_session_factory, upgrade_database
 from service.main import create_app
 from service.models import Sweep
 
-from .conftest import PG_ADMIN_URL, TINY_SWEEP, _psycopg_conninfo, api_settings
+from .conftest import (
+    TINY_SWEEP,
+    api_settings,
+    scratch_postgres_database,
+    serving,
+)
 from .private_postgres import PrivatePostgres, free_port
 from .seed import seed_sweep
 from .test_dashboard import page  # noqa: F401 - the chromium page fixture
 
 MiB = 1024 * 1024
-
-
-@contextmanager
-def serving(settings: Settings) -> Iterator[str]:
-    """The app on a real uvicorn server in a thread; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def assert_database_unavailable(http, hidden: list[str]) -> None:
@@ -105,24 +86,11 @@ def test_unopenable_sqlite_file_answers_503_without_its_path(tmp_path):
 def test_a_database_error_that_is_no_outage_stays_a_500():
     # An unmigrated PostgreSQL answers "relation does not exist" (ProgrammingError): a fault to
     # fix, not a reason to retry later.
-    psycopg = pytest.importorskip("psycopg")
-    name = f"gdn_sweep_unmigrated_{secrets.token_hex(4)}"
-    try:
-        admin = psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True,
-                                connect_timeout=5)
-    except psycopg.OperationalError as err:
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {err}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name)
-    try:
-        app = create_app(api_settings(url.render_as_string(hide_password=False)))
+    with scratch_postgres_database("gdn_sweep_unmigrated") as url:
+        app = create_app(api_settings(url))
         with TestClient(app, raise_server_exceptions=False) as client:
             assert client.get("/api/sweeps").status_code == 500
             assert client.get("/api/health/ready").status_code == 200  # it does answer
-    finally:
-        with psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_health_names_the_backend_and_nothing_else(client, db_url):

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 
 from service.core.config import Settings
-from service.main import create_app
+
+from .conftest import serving
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 EVIL_NAME = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -24,22 +21,10 @@ EVIL_NAME = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwn
 
 @pytest.fixture
 def live_server(local_ray, tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'dash.db'}", scheduler_poll_s=0.2,
                         max_concurrent_trials=2, cpu_chips=4)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(60)
+    with serving(settings) as base_url:
+        yield base_url
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ from service.core.db import is_sqlite
 from service.models import IdempotencyKey, Sweep, utcnow
 from workers.spec import SweepSpec
 
-from .conftest import TINY_SWEEP, api_settings
-from .test_api_perimeter import serving
+from .conftest import TINY_SWEEP, api_settings, serving
 
 
 def count(session_factory, model) -> int:

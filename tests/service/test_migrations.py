@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import secrets
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +12,6 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
-from sqlalchemy.engine import make_url
 
 from service import crud
 from service.commands import db_upgrade
@@ -27,7 +25,7 @@ from service.core.db import (
 from service.models import Base, Trial
 from workers.spec import SweepSpec, expand_trials
 
-from .conftest import PG_ADMIN_URL, _psycopg_conninfo
+from .conftest import scratch_postgres_database
 
 
 def test_head_matches_the_models(db_url):
@@ -109,22 +107,8 @@ def empty_url(request, tmp_path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
         return
-    import psycopg
-
-    name = f"gdn_sweep_migrations_{secrets.token_hex(4)}"
-    try:
-        admin = psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True,
-                                connect_timeout=5)
-    except psycopg.OperationalError as err:
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {err}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(PG_ADMIN_URL).set(drivername="postgresql+psycopg", database=name) \
-            .render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_postgres_database("gdn_sweep_migrations") as url:
+        yield url
 
 
 def test_down_to_base_and_up_again_on_each_database(empty_url):
