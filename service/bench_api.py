@@ -12,10 +12,13 @@ included) on PostgreSQL with 100,000 results, and closed-loop clients: each send
 request when the last one returns, half `GET /api/results?limit=50` with filters, half
 `GET /api/sweeps/{id}`, for `--duration-s` at each concurrency. Prints req/s, p50, p99, max,
 the status counts, and the serve process's CPU per request (its Ray excluded), per
-`--workers` value; `--baseline DIR` adds the same run of another checkout's serve (e.g.
-`git archive HEAD | tar -x -C DIR`), side by side.
+`--workers` value; `--uncached` adds each with the results cache off; `--baseline DIR` adds
+the same run of another checkout's serve (e.g. `git archive HEAD | tar -x -C DIR`), side by
+side. The results queries repeat (a few dozen distinct filter sets, as dashboards repeat
+theirs): with the cache on, all but the first of each are served from it.
 
-    gdn-sweep bench api --concurrency 50,500 --duration-s 30 --workers 1,2 [--baseline DIR]
+    gdn-sweep bench api --concurrency 50,500 --duration-s 30 --workers 1,2 --uncached \
+        [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ def measure(url: str, sweep_ids: list[int], requests: int, seed: int = 1) -> dic
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    app = create_app(Settings(database_url=url, run_scheduler=False, upgrade_on_start=False))
+    app = create_app(Settings(database_url=url, run_scheduler=False, upgrade_on_start=False,
+                              results_cache_entries=0))  # the queries' latency, not the cache's
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                            access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -219,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="serve --workers values to compare (default 1)")
     load.add_argument("--baseline", metavar="DIR", default=None,
                       help="also run the serve of this checkout (1 worker, its defaults)")
+    load.add_argument("--uncached", action="store_true",
+                      help="also run each --workers value with the results cache off "
+                           "(GDN_SWEEP_RESULTS_CACHE_ENTRIES=0): every query computed")
     load.add_argument("--client-processes", type=int, default=2,
                       help="processes the clients are spread over (default 2)")
     load.add_argument("--database-url", default=None,
@@ -302,7 +309,7 @@ async def _client(port: int, rng: random.Random, sweep_ids: list[int], start_at:
                 break
             done = time.time()
             if sent >= start_at and done <= end_at:  # the warm-up and the tail do not count
-                out.append(done - sent)
+                out.append((path.startswith("/api/results"), done - sent))
                 statuses[str(status)] += 1
             if not keep_alive:
                 writer.close()
@@ -367,16 +374,18 @@ def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int
         statuses.update(got_statuses)
     for worker in workers:
         worker.join(30)
-    latencies.sort()
+    every = sorted(seconds for _, seconds in latencies)
+    results = sorted(seconds for is_results, seconds in latencies if is_results)
+    sweeps = sorted(seconds for is_results, seconds in latencies if not is_results)
 
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+    def pct(sample: list[float], q: float) -> float:
+        return sample[min(len(sample) - 1, int(q * len(sample)))] * 1000 if sample else float("nan")
 
     return {"concurrency": concurrency, "requests": len(latencies),
             "rps": len(latencies) / duration_s,
-            "p50": pct(0.50) if latencies else float("nan"),
-            "p99": pct(0.99) if latencies else float("nan"),
-            "max": latencies[-1] * 1000 if latencies else float("nan"),
+            "p50": pct(every, 0.50), "p99": pct(every, 0.99),
+            "max": every[-1] * 1000 if every else float("nan"),
+            "p99_results": pct(results, 0.99), "p99_sweep": pct(sweeps, 0.99),
             "statuses": dict(sorted(statuses.items())),
             "cpu_ms_per_request": ((cpu_after - cpu_before) * 1000 / len(latencies)
                                    if latencies else float("nan"))}
@@ -403,12 +412,13 @@ def _cpu_s(processes) -> float:
 class ServeProcess:
     """`python -m service.cli serve` of `checkout` on a free port, until stop()."""
 
-    def __init__(self, checkout: Path, database_url: str, args: list[str], log: Path) -> None:
+    def __init__(self, checkout: Path, database_url: str, args: list[str], log: Path,
+                 env: dict[str, str] | None = None) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": str(checkout), "GDN_SWEEP_UPGRADE_ON_START": "false",
-               "GDN_SWEEP_CPU_CHIPS": "2", "DATABASE_URL": database_url}
+               "GDN_SWEEP_CPU_CHIPS": "2", "DATABASE_URL": database_url, **(env or {})}
         self.log = log.open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), *args],
@@ -462,17 +472,21 @@ class ServeProcess:
 
 def _load_main(args) -> int:
     here = Path(__file__).resolve().parents[1]
-    variants = [(f"this checkout, --workers {n}", here, [] if n == 1 else ["--workers", str(n)])
-                for n in args.workers]
+    variants = [(f"this checkout, --workers {n}", here, [] if n == 1 else ["--workers", str(n)],
+                 {}) for n in args.workers]
+    if args.uncached:
+        variants += [(f"{label}, results cache off", checkout, serve_args,
+                      {"GDN_SWEEP_RESULTS_CACHE_ENTRIES": "0"})
+                     for label, checkout, serve_args, _ in variants]
     if args.baseline:
-        variants.insert(0, (f"baseline {args.baseline}", Path(args.baseline).resolve(), []))
+        variants.insert(0, (f"baseline {args.baseline}", Path(args.baseline).resolve(), [], {}))
     rows = []
     with (_reused(args.database_url) if args.database_url
           else _database("postgresql", args.postgres_url)) as url:
         sweep_ids = _ensure_filled(url, args.rows)
         logs = Path(tempfile.mkdtemp(prefix="gdn-sweep-bench-load-"))
-        for i, (label, checkout, serve_args) in enumerate(variants):
-            serve = ServeProcess(checkout, url, serve_args, logs / f"serve-{i}.log")
+        for i, (label, checkout, serve_args, env) in enumerate(variants):
+            serve = ServeProcess(checkout, url, serve_args, logs / f"serve-{i}.log", env)
             try:
                 serve.wait_ready()
                 print(f"{label}: serving on port {serve.port} (log {serve.log.name})",
@@ -488,12 +502,14 @@ def _load_main(args) -> int:
                 serve.stop()
     print(f"\nPostgreSQL, {args.rows} results; closed-loop clients, {args.duration_s:g} s each; "
           f"half GET /api/results?limit=50 with filters, half GET /api/sweeps/{{id}}\n")
-    print("| serve | clients | req/s | p50 ms | p99 ms | max ms | statuses | API CPU ms/req |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    print("| serve | clients | req/s | p50 ms | p99 ms | max ms | p99 results / sweep ms "
+          "| statuses | API CPU ms/req |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for label, row in rows:
         shown = " ".join(f"{k}:{v}" for k, v in row["statuses"].items())
         print(f"| {label} | {row['concurrency']} | {row['rps']:.0f} | {row['p50']:.0f} | "
-              f"{row['p99']:.0f} | {row['max']:.0f} | {shown} | "
+              f"{row['p99']:.0f} | {row['max']:.0f} | "
+              f"{row['p99_results']:.0f} / {row['p99_sweep']:.0f} | {shown} | "
               f"{row['cpu_ms_per_request']:.1f} |")
     return 0
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import Select, and_, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
@@ -116,7 +117,10 @@ def public_trial_columns() -> tuple:
             _BaselineResult.tokens_per_s_per_chip.label("baseline_tokens_per_s_per_chip"))
 
 
-def public_select():
+@functools.cache
+def public_select() -> Select:
+    """Trials joined to their results and baselines (built once: statements are immutable,
+    and building its ~80 columns cost more than running it)."""
     return (select(*public_trial_columns()).select_from(Trial)
             .outerjoin(Result, Result.trial_id == Trial.id)
             .outerjoin(_BaselineTrial, and_(_BaselineTrial.sweep_id == Trial.sweep_id,
@@ -125,26 +129,25 @@ def public_select():
                                              _BaselineResult.status == "succeeded")))
 
 
-def attempt_histories(*, session: Session, trial_ids: Sequence[int]) -> dict[int, list[dict]]:
-    """Each trial's attempts in order (trial id → rows shaped like schemas.AttemptPublic)."""
+_ATTEMPT_COLUMNS = tuple(c.label(f"attempt_{c.key}") for c in TrialAttempt.__table__.columns
+                         if c.key != "trial_id")
+
+
+def public_trials(*, session: Session, ids: Select, order_by: Sequence) -> list[TrialPublic]:
+    """TrialPublic, attempt histories included, of the trials whose ids `ids` selects (a
+    page's own query), in `order_by`: one statement, one snapshot — the database picks the
+    page, joins it and its attempts (one row per attempt, in order; none before it ends)."""
+    stmt = (public_select().add_columns(*_ATTEMPT_COLUMNS)
+            .outerjoin(TrialAttempt, TrialAttempt.trial_id == Trial.id)
+            .where(Trial.id.in_(ids.correlate(None))).order_by(*order_by, TrialAttempt.attempt))
+    trials: dict[int, dict] = {}
     histories: dict[int, list[dict]] = {}
-    columns = [c for c in TrialAttempt.__table__.columns if c.key != "trial_id"]
-    for start in range(0, len(trial_ids), 5000):  # under the bound-parameter limits
-        chunk = list(trial_ids[start:start + 5000])
-        rows = session.execute(select(TrialAttempt.trial_id, *columns)
-                               .where(TrialAttempt.trial_id.in_(chunk))
-                               .order_by(TrialAttempt.trial_id, TrialAttempt.attempt))
-        for row in rows.mappings():
-            attempt = dict(row)
-            histories.setdefault(attempt.pop("trial_id"), []).append(attempt)
-    return histories
-
-
-def public_trials(*, session: Session, rows) -> list[TrialPublic]:
-    """TrialPublic for rows of public_select(), with their attempt histories."""
-    rows = list(rows)
-    return trials_from_mappings(rows, attempt_histories(
-        session=session, trial_ids=[row["id"] for row in rows]))
+    for row in session.execute(stmt).mappings():
+        trial = trials.setdefault(row["id"], row)
+        if row["attempt_attempt"] is not None:
+            histories.setdefault(trial["id"], []).append(
+                {c.key.removeprefix("attempt_"): row[c.key] for c in _ATTEMPT_COLUMNS})
+    return trials_from_mappings(trials.values(), histories)
 
 
 def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), offset: int = 0,
@@ -154,13 +157,13 @@ def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), 
     if status:
         where.append(Trial.status.in_(status))
     count = session.scalar(select(func.count()).select_from(Trial).where(*where)) or 0
-    stmt = public_select().where(*where).order_by(Trial.id).offset(offset).limit(limit)
-    return public_trials(session=session, rows=session.execute(stmt).mappings()), count
+    page = select(Trial.id).where(*where).order_by(Trial.id).offset(offset).limit(limit)
+    return public_trials(session=session, ids=page, order_by=[Trial.id]), count
 
 
 def get_trial(*, session: Session, trial_id: int) -> TrialPublic | None:
-    rows = public_trials(session=session, rows=session.execute(
-        public_select().where(Trial.id == trial_id)).mappings())
+    rows = public_trials(session=session, ids=select(Trial.id).where(Trial.id == trial_id),
+                         order_by=[])
     return rows[0] if rows else None
 
 

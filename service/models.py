@@ -225,6 +225,18 @@ class IdempotencyKey(Base):
     sweep: Mapped[Sweep] = relationship()
 
 
+class CacheVersion(Base):
+    """A counter per cached read that a trigger (migration 0005) bumps in the transaction that
+    changes what the read shows: `results` with every write of a succeeded result. A response
+    is cached under the version read before its query, so it is served only while nothing it
+    shows has changed (service/read_cache.py)."""
+
+    __tablename__ = "cache_versions"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)
+
+
 METRIC_COLUMNS: tuple[str, ...] = (
     "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "maxtext_flops_per_step",
     "hardware_flops_per_step", "peak_flops_per_chip", "peak_flops_source", "peak_flops_dtype",

@@ -17,8 +17,8 @@ from gdn_core.train_config import ParamSharding, Remat
 from workers.spec import AcceleratorKind, DType, Framework, TrialMode, check_plain_text
 
 from .api.params import DB_INT_MAX, DbInt
-from .crud import public_select, public_trials
-from .models import Result, Trial
+from .crud import public_trials
+from .models import Result
 from .schemas import TrialPublic
 
 SORT_FIELDS = {
@@ -130,21 +130,15 @@ def _order_by(sort: str) -> list:
 def query_results(*, session: Session, filters: ResultFilters) -> tuple[list[TrialPublic], int]:
     """Succeeded trials matching `filters`, sorted and paged, and how many match in all.
 
-    Filters, counts and sorts read `results` alone (its own indexes); only the page's rows
-    are then joined to their trials."""
+    Filters, counts, sorts and paging read `results` alone (its own indexes); only the page's
+    rows are joined to their trials."""
     where = _where(filters)
     count = session.scalar(select(func.count()).select_from(Result).where(*where)) or 0
     limit = filters.limit or (JSON_PAGE if filters.format == "json" else None)
-    ids = list(session.scalars(select(Result.trial_id).where(*where)
-                               .order_by(*_order_by(filters.sort))
-                               .offset(filters.offset).limit(limit)))
-    rows = []
-    for start in range(0, len(ids), 5000):  # stay under the databases' bound-parameter limits
-        chunk = ids[start:start + 5000]
-        rows += session.execute(public_select().where(Trial.id.in_(chunk))).mappings().all()
-    position = {trial_id: i for i, trial_id in enumerate(ids)}
-    rows.sort(key=lambda row: position[row["id"]])
-    return public_trials(session=session, rows=rows), count
+    order_by = _order_by(filters.sort)
+    page = (select(Result.trial_id).where(*where).order_by(*order_by)
+            .offset(filters.offset).limit(limit))
+    return public_trials(session=session, ids=page, order_by=order_by), count
 
 
 CSV_COLUMNS: tuple[str, ...] = tuple(TrialPublic.model_fields)

@@ -1,5 +1,6 @@
 """Shared route dependencies as `Annotated` aliases: database session, settings, scheduler,
-and the bearer token that guards every mutating call when one is configured."""
+the results cache, and the bearer token that guards every mutating call when one is
+configured."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from ..core.config import Settings
+from ..read_cache import ResponseCache
 from ..scheduler import Scheduler
 
 
@@ -28,9 +30,14 @@ def get_scheduler(request: Request) -> Scheduler | None:
     return request.app.state.scheduler
 
 
+def get_results_cache(request: Request) -> ResponseCache:
+    return request.app.state.results_cache
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 SchedulerDep = Annotated[Scheduler | None, Depends(get_scheduler)]
+ResultsCacheDep = Annotated[ResponseCache, Depends(get_results_cache)]
 
 _bearer = HTTPBearer(auto_error=False, description="GDN_SWEEP_API_TOKEN, when one is set")
 

@@ -12,11 +12,13 @@ from workers.spec import SweepSpec, expand_trials
 from .conftest import TINY_SWEEP
 
 
-def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", **changes) -> int:
+def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", attempts_of=lambda t: 1,
+               **changes) -> int:
     """Create a sweep and give every runnable trial a result with made-up, traceable metrics:
     tokens/s/chip = seq_len / chips + (100 for p2p) + repeat, mfu = chips / 100; steps spread
     ±10% around the median; JAX trials carry an XLA estimate of twice the measured peak, every
-    trial a prediction of 1.5 times it. One attempt each, on host h1."""
+    trial a prediction of 1.5 times it. `attempts_of(trial)` attempts each (default 1), attempt
+    k on host h<k>: the ones before the last timed out."""
     spec = SweepSpec.model_validate({**TINY_SWEEP, **changes})
     with session_factory() as session:
         sweep_id = crud.create_sweep(session=session, sweep_create=spec).id
@@ -44,9 +46,14 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", **changes) -
                 grad_sync_bytes_per_step_per_chip=trial.chips * 4, loss_first=5.5, loss_last=5.0)
         error = None if status == "succeeded" else "boom"
         at = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+        attempts = attempts_of(trial)
+        history = [AttemptRecord(attempt=k, status=status if k == attempts else "timeout",
+                                 reason=error if k == attempts else f"attempt {k} timed out",
+                                 hosts=[f"h{k}"], started_at=at + dt.timedelta(minutes=k),
+                                 finished_at=at + dt.timedelta(minutes=k))
+                   for k in range(1, attempts + 1)]
         record_result(session_factory=session_factory, sweep_id=sweep_id, result=TrialResult(
-            trial=trial, status=status, metrics=metrics, attempts=1, hosts=["h1"],
-            attempt_history=[AttemptRecord(attempt=1, status=status, reason=error, hosts=["h1"],
-                                           started_at=at, finished_at=at)],
-            versions={"torch": "2.13.0"}, error=error))
+            trial=trial, status=status, metrics=metrics, attempts=attempts,
+            hosts=[f"h{attempts}"], attempt_history=history, versions={"torch": "2.13.0"},
+            error=error))
     return sweep_id

@@ -161,3 +161,37 @@ def test_repeats_are_separate_rows_filtered_by_repeat(client, session_factory):
         "/api/results", params={"format": "csv", "repeat": 2}).text)))
     assert {r["repeat"] for r in csv_rows} == {"2"}
     assert json.loads(csv_rows[0]["attempt_history"])[0]["hosts"] == ["h1"]
+
+
+def test_retried_trials_appear_once_with_every_attempt_in_order(client, session_factory):
+    """Results, a sweep's trials and one trial are read with their attempts in one statement
+    (a row per attempt): a trial tried 3 times is one row, its 3 attempts in order, and paging
+    counts trials, not attempts."""
+    sweep_id = seed_sweep(session_factory, name="retried", modes=["p2p"], chips=[1, 2, 4],
+                          seq_lens=[64, 128], attempts_of=lambda t: 3 if t.chips == 2 else 1)
+
+    def history(trial) -> list[tuple]:
+        return [(a["attempt"], a["status"], a["hosts"]) for a in trial["attempt_history"]]
+
+    retried = [(1, "timeout", ["h1"]), (2, "timeout", ["h2"]), (3, "succeeded", ["h3"])]
+    pages = [client.get("/api/results", params={"sort": "seq_len,chips", "limit": 2,
+                                                "offset": offset}).json()
+             for offset in (0, 2, 4)]
+    assert [p["count"] for p in pages] == [6, 6, 6]
+    rows = [t for p in pages for t in p["data"]]
+    assert [(t["seq_len"], t["chips"]) for t in rows] == [
+        (64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4)]
+    for t in rows:
+        assert history(t) == (retried if t["chips"] == 2 else [(1, "succeeded", ["h1"])])
+        assert t["attempts"] == len(t["attempt_history"])
+    trials = client.get(f"/api/sweeps/{sweep_id}/trials", params={"limit": 3}).json()
+    assert trials["count"] == 6 and len(trials["data"]) == 3
+    assert [len(t["attempt_history"]) for t in trials["data"]] == [
+        3 if t["chips"] == 2 else 1 for t in trials["data"]]
+    one = next(t for t in rows if t["chips"] == 2)
+    assert client.get(f"/api/trials/{one['id']}").json() == one
+    csv_rows = list(csv.DictReader(io.StringIO(client.get(
+        "/api/results", params={"format": "csv", "chips": 2}).text)))
+    assert len(csv_rows) == 2
+    assert [a["hosts"] for a in json.loads(csv_rows[0]["attempt_history"])] == [
+        ["h1"], ["h2"], ["h3"]]

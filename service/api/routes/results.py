@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from ...read_cache import data_version
 from ...results_query import ResultFilters, query_results, to_csv
 from ...schemas import TrialsPublic
-from ..deps import SessionDep
+from ..deps import ResultsCacheDep, SessionDep
 
 router = APIRouter(tags=["results"])
 
@@ -17,11 +18,18 @@ router = APIRouter(tags=["results"])
 @router.get("/results", response_model=TrialsPublic,
             responses={200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with "
                              "?format=csv (header X-Total-Count: rows matching)"}})
-def read_results(filters: Annotated[ResultFilters, Query()], session: SessionDep):
+def read_results(filters: Annotated[ResultFilters, Query()], session: SessionDep,
+                 cache: ResultsCacheDep):
     """Succeeded trials matching the filters; `count` is the total before paging."""
-    rows, count = query_results(session=session, filters=filters)
     if filters.format == "csv":
+        rows, count = query_results(session=session, filters=filters)
         return Response(to_csv(rows), media_type="text/csv; charset=utf-8", headers={
             "Content-Disposition": 'attachment; filename="gdn-sweep-results.csv"',
             "X-Total-Count": str(count)})
-    return TrialsPublic(data=rows, count=count)
+    key, version = filters.model_dump_json(), data_version(session, "results")
+    body = cache.get(key, version)
+    if body is None:
+        rows, count = query_results(session=session, filters=filters)
+        body = TrialsPublic(data=rows, count=count).model_dump_json().encode()
+        cache.put(key, version, body)
+    return Response(body, media_type="application/json")
