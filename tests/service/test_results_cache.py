@@ -77,6 +77,24 @@ def test_only_writes_of_succeeded_results_move_the_counter_whoever_writes_them(
     assert cache.hits == 0
 
 
+def test_without_its_counter_row_nothing_is_cached(cached, session_factory):
+    client, cache = cached
+    seed_sweep(session_factory, name="ok", modes=["p2p"], chips=[1, 2], seq_lens=[64])
+    with session_factory() as session:
+        session.execute(text("DELETE FROM cache_versions"))
+        session.commit()
+    try:
+        assert client.get("/api/results").json()["count"] == 2
+        seed_sweep(session_factory, name="more", modes=["p2p"], chips=[1, 2], seq_lens=[128])
+        assert client.get("/api/results").json()["count"] == 4  # no trigger counted it
+        assert cache.hits == 0
+    finally:
+        with session_factory() as session:
+            session.execute(text("INSERT INTO cache_versions (name, version) "
+                                 "VALUES ('results', 0)"))
+            session.commit()
+
+
 def test_cached_pages_are_the_uncached_pages(db_url, session_factory):
     seed_sweep(session_factory, name="cpu", modes=["all_gather", "p2p"], chips=[1, 2, 4],
                seq_lens=[64, 128], attempts_of=lambda t: 2 if t.chips == 4 else 1)
@@ -92,7 +110,7 @@ def test_cached_pages_are_the_uncached_pages(db_url, session_factory):
 
 
 def test_the_cache_keeps_the_newest_version_the_most_recent_keys_and_small_bodies():
-    cache = ResponseCache(max_entries=2, max_body_bytes=10)
+    cache = ResponseCache(max_entries=2, max_bytes=100)
     cache.put("a", 1, b"a@1")
     assert cache.get("a", 1) == b"a@1" and cache.get("a", 2) is None
     cache.put("a", 3, b"a@3")
@@ -102,8 +120,19 @@ def test_the_cache_keeps_the_newest_version_the_most_recent_keys_and_small_bodie
     cache.get("a", 3)
     cache.put("c", 1, b"c")  # over 2 entries: b, the least recently used, goes
     assert cache.get("b", 1) is None and cache.get("a", 3) == b"a@3"
-    cache.put("big", 1, b"x" * 11)
+    cache.put("big", 1, b"x" * 11)  # over a tenth of max_bytes: not kept
     assert cache.get("big", 1) is None
+    sized = ResponseCache(max_entries=10, max_bytes=20)
+    for key in "abc":
+        sized.put(key, 1, b"12")
+    sized.put("a", 2, b"1")  # replacing a body counts its size once
+    sized.put("d", 1, b"12")
+    assert [sized.get(k, v) for k, v in (("a", 2), ("b", 1), ("c", 1), ("d", 1))] == [
+        b"1", b"12", b"12", b"12"]
+    for key in "efghijkl":
+        sized.put(key, 1, b"12")  # 10 entries and 20 bytes hold: the oldest go
+    assert sized._bytes <= 20 and len(sized._bodies) == 10
+    assert sized.get("a", 2) is None and sized.get("l", 1) == b"12"
     off = ResponseCache(max_entries=0)
     off.put("a", 1, b"a")
     assert off.get("a", 1) is None
