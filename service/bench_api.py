@@ -32,7 +32,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
 
 from gdn_core.presets import PRESETS
+from workers.process_probe import free_port
 from workers.spec import trial_key
 
 from .core.config import Settings
@@ -172,9 +172,7 @@ def measure(url: str, sweep_ids: list[int], requests: int, seed: int = 1) -> dic
 
     from .main import create_app
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     app = create_app(Settings(database_url=url, run_scheduler=False, upgrade_on_start=False,
                               results_cache_entries=0))  # the queries' latency, not the cache's
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
@@ -414,9 +412,7 @@ class ServeProcess:
 
     def __init__(self, checkout: Path, database_url: str, args: list[str], log: Path,
                  env: dict[str, str] | None = None) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(checkout), "GDN_SWEEP_UPGRADE_ON_START": "false",
                "GDN_SWEEP_CPU_CHIPS": "2", "DATABASE_URL": database_url, **(env or {})}
         self.log = log.open("w")

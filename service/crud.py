@@ -131,6 +131,8 @@ def public_select() -> Select:
 
 _ATTEMPT_COLUMNS = tuple(c.label(f"attempt_{c.key}") for c in TrialAttempt.__table__.columns
                          if c.key != "trial_id")
+_ATTEMPT_FIELDS = tuple((c.key, c.key.removeprefix("attempt_")) for c in _ATTEMPT_COLUMNS)
+"""(the row's label, the AttemptPublic field) of each attempt column."""
 
 
 def public_trials(*, session: Session, ids: Select, order_by: Sequence) -> list[TrialPublic]:
@@ -146,7 +148,7 @@ def public_trials(*, session: Session, ids: Select, order_by: Sequence) -> list[
         trial = trials.setdefault(row["id"], row)
         if row["attempt_attempt"] is not None:
             histories.setdefault(trial["id"], []).append(
-                {c.key.removeprefix("attempt_"): row[c.key] for c in _ATTEMPT_COLUMNS})
+                {field: row[label] for label, field in _ATTEMPT_FIELDS})
     return trials_from_mappings(trials.values(), histories)
 
 

@@ -34,6 +34,10 @@ class ResponseCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0
+
     def get(self, key: str, version: int | None) -> bytes | None:
         with self._lock:
             entry = self._bodies.get(key)
@@ -45,7 +49,7 @@ class ResponseCache:
             return entry[1]
 
     def put(self, key: str, version: int | None, body: bytes) -> None:
-        if version is None or self.max_entries == 0 or len(body) > self.max_bytes // 10:
+        if version is None or not self.enabled or len(body) > self.max_bytes // 10:
             return
         with self._lock:
             current = self._bodies.pop(key, None)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from workers.process_probe import free_port
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 
@@ -30,12 +31,6 @@ def _pg_tool(name: str) -> str:
     if found is None:
         pytest.skip(f"{name} not found (PostgreSQL server binaries are needed for outage tests)")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PrivatePostgres:

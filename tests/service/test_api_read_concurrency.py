@@ -9,7 +9,6 @@ pool after the endpoint, the session still open): the pool timed out after 30 s 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
@@ -19,6 +18,7 @@ import uvicorn
 
 from service.core.db import make_engine, make_session_factory
 from service.main import create_app
+from workers.process_probe import free_port
 
 from .conftest import api_settings
 from .seed import seed_sweep
@@ -31,9 +31,7 @@ def test_concurrent_reads_beyond_the_pool_all_succeed_quickly(postgresql_url):
     engine = make_engine(postgresql_url)
     sweep_id = seed_sweep(make_session_factory(engine), seq_lens=[64, 128], chips=[1, 2])
     engine.dispose()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     # 2 threads: a pool of 2 + 4 connections (+ 4 overflow), far fewer than the clients
     app = create_app(api_settings(postgresql_url, api_threads=2))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,

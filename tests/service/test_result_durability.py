@@ -131,65 +131,65 @@ def measured(trial) -> TrialResult:
                        finished_at=at, metrics=TrialMetrics(tokens_per_s_per_chip=123.0))
 
 
-@pytest.mark.timeout(120)
-def test_a_result_reported_during_an_outage_is_stored_when_the_database_is_back(tmp_path):
+@pytest.fixture
+def private_one_trial_sweep():
+    """A migrated private PostgreSQL holding a one-trial sweep: (server, sessions, id, trial)."""
     with PrivatePostgres() as pg:
         upgrade_database(pg.url)
         engine = make_engine(pg.url)
         session_factory = make_session_factory(engine)
-        sweep_id, trial = one_trial_sweep(session_factory)
-        spool = Spool(tmp_path, pg.url)
-        sink = DatabaseSink(session_factory, sweep_id, spool=spool)
-        pg.stop()
-        began = time.monotonic()
-        sink.trial_started(trial)  # neither raises into the driver
-        sink.trial_finished(result := measured(trial))
-        assert time.monotonic() - began < 5, "the driver waited for the database"
-        (path,) = spool.directory.glob("*.jsonl")
-        assert [r for _, r in unstored_results(path.read_text()).values()] == [result]
-        assert not sink.wait_drained(1.0)
+        yield pg, session_factory, *one_trial_sweep(session_factory)
+        engine.dispose()
+
+
+@pytest.mark.timeout(120)
+def test_a_result_reported_during_an_outage_is_stored_when_the_database_is_back(
+        tmp_path, private_one_trial_sweep):
+    pg, session_factory, sweep_id, trial = private_one_trial_sweep
+    spool = Spool(tmp_path, pg.url)
+    sink = DatabaseSink(session_factory, sweep_id, spool=spool)
+    pg.stop()
+    began = time.monotonic()
+    sink.trial_started(trial)  # neither raises into the driver
+    sink.trial_finished(result := measured(trial))
+    assert time.monotonic() - began < 5, "the driver waited for the database"
+    (path,) = spool.directory.glob("*.jsonl")
+    assert [r for _, r in unstored_results(path.read_text()).values()] == [result]
+    assert not sink.wait_drained(1.0)
+    pg.start()
+    assert sink.wait_drained(60)
+    with session_factory() as s:
+        row = s.scalars(select(Result)).one()
+        assert (row.status, row.tokens_per_s_per_chip, row.finished_at) == (
+            "succeeded", 123.0, result.finished_at)
+        assert s.scalar(select(Trial.status)) == "succeeded"
+    assert not spool.directory.exists()  # stored: the file and its directory are gone
+    sink.close()
+
+
+@pytest.mark.timeout(120)
+def test_finishing_a_sweep_waits_out_an_outage(private_one_trial_sweep):
+    pg, session_factory, sweep_id, trial = private_one_trial_sweep
+    record_result(session_factory=session_factory, sweep_id=sweep_id, result=measured(trial))
+    pg.stop()
+    stop = threading.Event()
+    with session_factory() as s:  # a scheduler stopping meanwhile leaves it to resume
+        stop.set()
+        assert sweep_run.finish(session=s, sweep_id=sweep_id, status="finished",
+                                stop_event=stop) is False
+    ended = []
+    with session_factory() as s:
+        finishing = threading.Thread(target=lambda: ended.append(sweep_run.finish(
+            session=s, sweep_id=sweep_id, status="finished")))
+        finishing.start()
+        time.sleep(2)
+        assert finishing.is_alive() and not ended
         pg.start()
-        assert sink.wait_drained(60)
-        with session_factory() as s:
-            row = s.scalars(select(Result)).one()
-            assert (row.status, row.tokens_per_s_per_chip, row.finished_at) == (
-                "succeeded", 123.0, result.finished_at)
-            assert s.scalar(select(Trial.status)) == "succeeded"
-        assert not spool.directory.exists()  # stored: the file and its directory are gone
-        sink.close()
-        engine.dispose()
-
-
-@pytest.mark.timeout(120)
-def test_finishing_a_sweep_waits_out_an_outage(tmp_path):
-    with PrivatePostgres() as pg:
-        upgrade_database(pg.url)
-        engine = make_engine(pg.url)
-        session_factory = make_session_factory(engine)
-        sweep_id, trial = one_trial_sweep(session_factory)
-        with session_factory() as s:
-            record_result(session_factory=session_factory, sweep_id=sweep_id,
-                          result=measured(trial))
-        pg.stop()
-        stop = threading.Event()
-        with session_factory() as s:  # a scheduler stopping meanwhile leaves it to resume
-            stop.set()
-            assert sweep_run.finish(session=s, sweep_id=sweep_id, status="finished",
-                                    stop_event=stop) is False
-        ended = []
-        with session_factory() as s:
-            finishing = threading.Thread(target=lambda: ended.append(sweep_run.finish(
-                session=s, sweep_id=sweep_id, status="finished")))
-            finishing.start()
-            time.sleep(2)
-            assert finishing.is_alive() and not ended
-            pg.start()
-            finishing.join(60)
-        assert ended == [True]
-        with session_factory() as s:
-            assert s.get(Sweep, sweep_id).status == "finished"
-            assert s.scalar(select(Result.status)) == "succeeded"
-        engine.dispose()
+        finishing.join(60)
+    assert ended == [True]
+    with session_factory() as s:
+        assert s.get(Sweep, sweep_id).status == "finished"
+        assert s.scalar(select(Result.status)) == "succeeded"
 
 
 LEAVE_A_SPOOLED_RESULT = """

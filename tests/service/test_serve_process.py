@@ -20,17 +20,11 @@ import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
 
 import psutil  # noqa: E402
 
+from workers.process_probe import free_port
+
 from .conftest import TINY_SWEEP
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Serve:

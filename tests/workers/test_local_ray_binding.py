@@ -8,7 +8,6 @@ The Ray runs in a subprocess: its processes are then this test's to inspect and 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ import pytest
 import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
 
 import psutil  # noqa: E402
+
+from workers.process_probe import free_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -38,12 +39,6 @@ print(json.dumps([p.pid for p in local_ray_processes()]), flush=True)
 sys.stdin.readline()
 shutdown_ray()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listening(pids: set[int]) -> list[tuple[str, int, str]]:

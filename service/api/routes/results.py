@@ -26,7 +26,8 @@ def read_results(filters: Annotated[ResultFilters, Query()], session: SessionDep
         return Response(to_csv(rows), media_type="text/csv; charset=utf-8", headers={
             "Content-Disposition": 'attachment; filename="gdn-sweep-results.csv"',
             "X-Total-Count": str(count)})
-    key, version = filters.model_dump_json(), data_version(session, "results")
+    key = filters.model_dump_json()
+    version = data_version(session, "results") if cache.enabled else None  # None: not cached
     body = cache.get(key, version)
     if body is None:
         rows, count = query_results(session=session, filters=filters)
