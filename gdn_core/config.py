@@ -92,6 +92,53 @@ class GDNConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MoEConfig:
+    """The published mixture of experts that a preset's dense MLP stands in for.
+
+    Every layer of the modelled MoE models is a MoE layer (Qwen3NextSparseMoeBlock, which
+    Qwen3.5 MoE reuses): a router (hidden → num_experts), num_experts SwiGLU experts of width
+    expert_intermediate_size, and a shared SwiGLU expert of width
+    shared_expert_intermediate_size (when > 0) with its sigmoid gate (hidden → 1). The step
+    computes with the dense stand-in (ModelConfig.intermediate_size = active_intermediate_size
+    wide), so step time and FLOPs are the stand-in's; the memory predictor counts these
+    experts' parameters, gradients and optimizer state instead of the stand-in's MLP.
+    """
+
+    num_experts: int
+    """Routed experts per layer (transformers: num_experts)."""
+    experts_per_token: int
+    """Routed experts each token is sent to (num_experts_per_tok)."""
+    expert_intermediate_size: int
+    """SwiGLU width of one routed expert (moe_intermediate_size)."""
+    shared_expert_intermediate_size: int
+    """SwiGLU width of the shared expert every token passes through; 0: none."""
+    source: str
+    """Where the numbers come from, and which of them are assumed rather than checked."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "experts_per_token", "expert_intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"MoEConfig.{name}={value!r} must be a positive integer")
+        shared = self.shared_expert_intermediate_size
+        if not isinstance(shared, int) or isinstance(shared, bool) or shared < 0:
+            raise ValueError(f"MoEConfig.shared_expert_intermediate_size={shared!r} must be a "
+                             "non-negative integer (0: no shared expert)")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"MoEConfig.experts_per_token={self.experts_per_token} exceeds "
+                             f"num_experts={self.num_experts}")
+        if not self.source.strip():
+            raise ValueError("MoEConfig.source must name where the numbers come from")
+
+    @property
+    def active_intermediate_size(self) -> int:
+        """MLP width one token passes through: its routed experts and the shared expert (the
+        dense stand-in's width)."""
+        return (self.experts_per_token * self.expert_intermediate_size
+                + self.shared_expert_intermediate_size)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A GDN-only language model: embedding, num_layers × (GDN + SwiGLU MLP), LM head."""
 
@@ -107,12 +154,23 @@ class ModelConfig:
     """Embedding rows and LM-head columns."""
     note: str = ""
     """What the preset stands in for (e.g. a dense MLP in place of a MoE)."""
+    moe: MoEConfig | None = None
+    """The published MoE the dense MLP stands in for (memory counts its experts); None for a
+    dense model."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "intermediate_size", "vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ModelConfig.{name}={value!r} must be a positive integer")
+        if self.moe is not None and not isinstance(self.moe, MoEConfig):
+            raise ValueError(f"ModelConfig.moe={self.moe!r} must be a MoEConfig or None")
+
+    @property
+    def stand_in(self) -> "ModelConfig":
+        """The model the training step runs: a MoE preset's dense stand-in (moe=None), what
+        a trial allocates and measures; a dense model itself."""
+        return self if self.moe is None else dataclasses.replace(self, moe=None)
 
     @property
     def hidden_size(self) -> int:

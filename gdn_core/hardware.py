@@ -67,6 +67,46 @@ CHIP_SPECS: dict[str, ChipSpec] = {
 }
 """Datasheet figures by canonical accelerator type."""
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkPrior:
+    """What a chip's interconnect is said to do, before any trial measures it."""
+
+    bytes_per_s: float
+    """Bytes per second one chip can receive over its chip-to-chip links (all of them)."""
+    latency_s: float
+    """Time of one dependent exchange round beyond its bytes (assumed, not a datasheet's)."""
+    source: str
+
+
+# Datasheet bandwidth per chip, one direction: NVLink 3/4/5 600/900/1800 GB/s both directions
+# (A100, H100/H200, B200 datasheets) → 300/450/900 GB/s in; TPU ICI per chip v4 2,400 Gbps,
+# v5e 1,600, v5p 4,800, v6e 3,584 (cloud.google.com/tpu/docs system architecture pages) →
+# bytes/s over all links. Latencies are an order of magnitude, 10 µs (NCCL / ICI small-message
+# rounds), to be replaced by the fit wherever trials at several chip counts exist. PCIe H100s
+# talk over PCIe Gen5 x16 (64 GB/s per direction) without an NVLink bridge.
+_NVLINK = "NVLink per-GPU bandwidth (datasheet, one direction); latency assumed 10 µs"
+_ICI = "ICI bandwidth per chip (Cloud TPU system architecture); latency assumed 10 µs"
+LINK_PRIORS: dict[str, LinkPrior] = {
+    "v4": LinkPrior(2400e9 / 8, 10e-6, _ICI), "v5e": LinkPrior(1600e9 / 8, 10e-6, _ICI),
+    "v5p": LinkPrior(4800e9 / 8, 10e-6, _ICI), "v6e": LinkPrior(3584e9 / 8, 10e-6, _ICI),
+    "a100": LinkPrior(300e9, 10e-6, _NVLINK), "h100-sxm": LinkPrior(450e9, 10e-6, _NVLINK),
+    "h100-nvl": LinkPrior(450e9, 10e-6, _NVLINK), "h200-sxm": LinkPrior(450e9, 10e-6, _NVLINK),
+    "h200-nvl": LinkPrior(450e9, 10e-6, _NVLINK), "b200": LinkPrior(900e9, 10e-6, _NVLINK),
+    "h100-pcie": LinkPrior(64e9, 10e-6, "PCIe Gen5 x16, one direction; latency assumed 10 µs"),
+    "cpu": LinkPrior(2e9, 50e-6, "virtual CPU chips of one host: no datasheet; 2 GB/s and "
+                     "50 µs assumed (shared-memory collectives of XLA:CPU / gloo)"),
+}
+"""Interconnect priors by canonical accelerator type (and "cpu"): the planner's
+communication model where no trials at several chip counts fit one."""
+
+
+def link_prior(accelerator_type: str) -> LinkPrior:
+    """The prior of `accelerator_type` (aliases accepted; "cpu" for virtual CPU chips)."""
+    if accelerator_type == "cpu":
+        return LINK_PRIORS["cpu"]
+    return LINK_PRIORS[canonical_accelerator_type(accelerator_type)]
+
+
 ACCELERATOR_ALIASES: dict[str, str] = {"h100": "h100-sxm", "h200": "h200-sxm"}
 """Older spellings: a bare "h100" / "h200" means the SXM part (the HGX / DGX boards). Declare
 h100-pcie, h100-nvl or h200-nvl for those; the device-name check refuses the wrong one."""
@@ -318,6 +358,7 @@ __all__ = [
     "HBM_BYTES_PER_CHIP", "PEAK_BF16_DENSE_FLOPS_PER_CHIP", "PEAK_DTYPES", "PeakMeasurement",
     "accelerator_type_from_device_name", "calibrate_cpu_peak_flops",
     "canonical_accelerator_type", "device_mismatch", "hbm_bytes_per_chip",
-    "measure_gemm_flops_per_s", "measure_jax_gemm_flops_per_s", "missing_peak_reason",
+    "measure_gemm_flops_per_s", "measure_jax_gemm_flops_per_s", "LINK_PRIORS", "LinkPrior",
+    "link_prior",
     "peak_flops_per_chip", "peak_source",
 ]

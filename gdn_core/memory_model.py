@@ -26,6 +26,13 @@ packs (torch.autograd.graph.saved_tensors_hooks) for torch_gdn's model. The test
 and compare the totals with XLA's memory analysis of the compiled step
 (tests/gdn_core/test_memory_model.py), so a change to the layers that moves memory shows up.
 All figures are bytes per chip.
+
+A MoE preset (ModelConfig.moe) runs a dense SwiGLU stand-in as wide as the experts one token
+passes through, but a chip training the real model holds all of its experts: the parameters
+(weights, their compute copies, gradients, AdamW state, the sync buffers) are counted for the
+published MoE block (real_layer_param_shapes), the per-token parts (activations, backward
+working set, exchanges, logits) for the stand-in, which matches the real model per active
+token. Step time stays the stand-in's. MemoryPrediction.mlp_params says which was counted.
 """
 
 from __future__ import annotations
@@ -92,6 +99,10 @@ class MemoryPrediction:
 
     framework: str
     """jax or torch: how the parts overlap in time differs (total)."""
+    mlp_params: str
+    """Whose MLP parameters the parameter parts count: 'dense' (the model's SwiGLU MLP) or
+    'experts' (a MoE model's router, experts and shared expert; the step runs the dense
+    stand-in, so its time is the stand-in's)."""
     weights: int
     compute_weights: int
     grads: int
@@ -134,7 +145,8 @@ class MemoryPrediction:
 # --------------------------------------------------------------------------- parameters
 
 def layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Shapes of one decoder layer's parameters (torch layout, as gdn_core builds them)."""
+    """Shapes of one decoder layer's parameters (torch layout, as gdn_core builds them: a MoE
+    model's MLP is its dense stand-in)."""
     gdn, E, I = model_cfg.gdn, model_cfg.hidden_size, model_cfg.intermediate_size
     H, Cc = gdn.num_v_heads, gdn.conv_dim
     return {"gdn_norm": (E,), "in_proj_qkv": (Cc, E), "in_proj_z": (gdn.value_dim, E),
@@ -144,18 +156,60 @@ def layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             "up_proj": (I, E), "down_proj": (E, I)}
 
 
+_DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def real_layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of one decoder layer of the model a chip would train: layer_param_shapes, with
+    a MoE model's published MoE block (Qwen3NextSparseMoeBlock) in place of the stand-in MLP:
+    router [N, E], the N experts' SwiGLU stacked [N, Ie, E] / [N, E, Ie], the shared expert
+    and its sigmoid gate [1, E]."""
+    shapes = layer_param_shapes(model_cfg)
+    moe = model_cfg.moe
+    if moe is None:
+        return shapes
+    for name in _DENSE_MLP:
+        del shapes[name]
+    E, N = model_cfg.hidden_size, moe.num_experts
+    Ie, Is = moe.expert_intermediate_size, moe.shared_expert_intermediate_size
+    shapes |= {"router": (N, E), "experts_gate_proj": (N, Ie, E),
+               "experts_up_proj": (N, Ie, E), "experts_down_proj": (N, E, Ie)}
+    if Is:
+        shapes |= {"shared_gate_proj": (Is, E), "shared_up_proj": (Is, E),
+                   "shared_down_proj": (E, Is), "shared_expert_gate": (1, E)}
+    return shapes
+
+
 def top_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of the parameters outside the layers: embedding, final norm, LM head."""
     E, V = model_cfg.hidden_size, model_cfg.vocab_size
     return {"embed_tokens": (V, E), "norm": (E,), "lm_head": (V, E)}
 
 
-_MATMUL_WEIGHTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
-                   "gate_proj", "up_proj", "down_proj")
+_NOT_MATMUL_WEIGHTS = ("gdn_norm", "conv1d", "dt_bias", "A_log", "norm", "mlp_norm")
+"""A layer's parameters no matmul reads (norms, the depthwise conv, the decay's scalars)."""
 
 
 def _size(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def parameter_count(model_cfg: ModelConfig) -> int:
+    """Parameters of the model a chip would train: a MoE model's all experts, not the dense
+    stand-in's (every layer counted as a GDN layer, as the step models it)."""
+    return (model_cfg.num_layers * sum(map(_size, real_layer_param_shapes(model_cfg).values()))
+            + sum(map(_size, top_param_shapes(model_cfg).values())))
+
+
+def active_parameter_count(model_cfg: ModelConfig) -> int:
+    """Parameters one token passes through (embedding and LM head included): a MoE model's
+    routed experts per token, not all of them; a dense model's all."""
+    moe = model_cfg.moe
+    if moe is None:
+        return parameter_count(model_cfg)
+    idle_experts = moe.num_experts - moe.experts_per_token
+    expert = 3 * model_cfg.hidden_size * moe.expert_intermediate_size
+    return parameter_count(model_cfg) - model_cfg.num_layers * idle_experts * expert
 
 
 def _shard_size(shape: tuple[int, ...], chips: int, framework: str) -> int:
@@ -189,7 +243,7 @@ class _Params:
 
 @functools.lru_cache(maxsize=256)  # O(leaves × chips); admission asks once per grid point
 def _param_counts(model_cfg: ModelConfig, chips: int, framework: str) -> _Params:
-    layer, top = layer_param_shapes(model_cfg), top_param_shapes(model_cfg)
+    layer, top = real_layer_param_shapes(model_cfg), top_param_shapes(model_cfg)
     L = model_cfg.num_layers
     layer_total = sum(map(_size, layer.values()))
     sharded = (L * sum(_shard_size(s, chips, framework) for s in layer.values())
@@ -202,7 +256,8 @@ def _param_counts(model_cfg: ModelConfig, chips: int, framework: str) -> _Params
     return _Params(
         total=L * layer_total + sum(map(_size, top.values())), layer=layer_total,
         top=_size(top["embed_tokens"]) + _size(top["lm_head"]),
-        matmul=L * sum(_size(layer[n]) for n in _MATMUL_WEIGHTS) + _size(top["lm_head"]),
+        matmul=L * sum(_size(shape) for name, shape in layer.items()
+                       if name not in _NOT_MATMUL_WEIGHTS) + _size(top["lm_head"]),
         sharded=sharded, zero_rank=max(loads))
 
 
@@ -312,6 +367,7 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
     update = 0 if is_jax or not optimizer else opt_elements
     return MemoryPrediction(
         framework=framework,
+        mlp_params="dense" if model_cfg.moe is None else "experts",
         weights=stored * FLOAT32_BYTES,
         compute_weights=int(compute),
         grads=grads * FLOAT32_BYTES,
@@ -333,8 +389,8 @@ def verify_reference_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, s
     replicated weights, no remat, no optimizer (as both frameworks' verify runs it)."""
     reference = dataclasses.replace(train_cfg, seq_len=seq_len, param_sharding="replicated",
                                     remat="none")
-    return predict_step_memory(model_cfg, reference, mode="p2p", chips=1, framework=framework,
-                               optimizer=False)
+    return predict_step_memory(model_cfg.stand_in, reference, mode="p2p", chips=1,
+                               framework=framework, optimizer=False)
 
 
 def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str, chips: int,
@@ -349,7 +405,8 @@ def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
     """
     if not isinstance(budget_bytes, int) or budget_bytes < 0:
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a non-negative integer")
-    resident = predict_step_memory(model_cfg, train_cfg, mode=mode, chips=chips,
+    # What the run holds: a MoE preset's dense stand-in, not its experts.
+    resident = predict_step_memory(model_cfg.stand_in, train_cfg, mode=mode, chips=chips,
                                    framework=framework).resident_state
 
     def fits(seq_len: int) -> bool:

@@ -9,19 +9,58 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import GDNConfig, ModelConfig
+from .config import GDNConfig, ModelConfig, MoEConfig
 
 QWEN35_VOCAB = 248_320
 QWEN3_NEXT_VOCAB = 151_936
-_MOE_NOTE = ("MoE model: the dense SwiGLU MLP stands in for the experts active per token, "
-             "width = (routed experts per token + 1 shared) x expert width = {width}; ")
+
+# The published MoE blocks; every layer of all four models is a MoE layer (model cards:
+# "3 × (Gated DeltaNet → MoE) → 1 × (Gated Attention → MoE)"; Qwen3-Next's config.json:
+# decoder_sparse_step 1, mlp_only_layers []). transformers documents its Qwen3NextConfig and
+# Qwen3_5MoeTextConfig defaults as the 80B-A3B's and the 35B-A3B's.
+QWEN3_NEXT_80B_MOE = MoEConfig(
+    num_experts=512, experts_per_token=10, expert_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    source="checked: Qwen3-Next-80B-A3B model card, transformers' Qwen3NextConfig defaults")
+QWEN35_35B_MOE = MoEConfig(
+    num_experts=256, experts_per_token=8, expert_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    source="checked: Qwen3.5-35B-A3B model card, transformers' Qwen3_5MoeTextConfig defaults")
+QWEN35_122B_MOE = MoEConfig(
+    num_experts=256, experts_per_token=8, expert_intermediate_size=1024,
+    shared_expert_intermediate_size=1024,
+    source="checked: experts, per token and width from the Qwen3.5-122B-A10B model card; "
+           "shared expert width 1024 assumed (the card gives one expert width; third-party "
+           "copies of config.json agree, the released file itself not read)")
+QWEN35_397B_MOE = MoEConfig(
+    num_experts=512, experts_per_token=10, expert_intermediate_size=1024,
+    shared_expert_intermediate_size=1024,
+    source="checked: experts, per token and width from the Qwen3.5-397B-A17B model card; "
+           "shared expert width 1024 assumed (the card gives one expert width; third-party "
+           "copies of config.json agree, the released file itself not read)")
 
 
-def _preset(name, hidden, layers, k_heads, v_heads, ffn, vocab, note=""):
-    gdn = GDNConfig(hidden_size=hidden, num_k_heads=k_heads, num_v_heads=v_heads,
-                    head_k_dim=128, head_v_dim=128, conv_kernel_size=4)
-    return ModelConfig(name=name, gdn=gdn, num_layers=layers, intermediate_size=ffn,
-                       vocab_size=vocab, note=note)
+def _gdn(hidden, k_heads, v_heads):
+    return GDNConfig(hidden_size=hidden, num_k_heads=k_heads, num_v_heads=v_heads,
+                     head_k_dim=128, head_v_dim=128, conv_kernel_size=4)
+
+
+def _preset(name, hidden, layers, k_heads, v_heads, ffn, vocab):
+    return ModelConfig(name=name, gdn=_gdn(hidden, k_heads, v_heads), num_layers=layers,
+                       intermediate_size=ffn, vocab_size=vocab)
+
+
+def _moe_preset(name, hidden, layers, k_heads, v_heads, moe, vocab):
+    """A MoE model: the step runs a dense SwiGLU MLP as wide as the experts one token passes
+    through; memory counts the published experts (ModelConfig.moe)."""
+    note = (f"MoE model: the step runs a dense SwiGLU stand-in for the experts active per "
+            f"token, width {moe.experts_per_token} routed x {moe.expert_intermediate_size} + "
+            f"shared {moe.shared_expert_intermediate_size} = {moe.active_intermediate_size}, "
+            f"so step time and FLOPs are the stand-in's; memory counts all "
+            f"{moe.num_experts} experts' parameters and optimizer state; numbers {moe.source}")
+    return ModelConfig(name=name, gdn=_gdn(hidden, k_heads, v_heads), num_layers=layers,
+                       intermediate_size=moe.active_intermediate_size, vocab_size=vocab,
+                       note=note, moe=moe)
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -30,16 +69,11 @@ PRESETS: dict[str, ModelConfig] = {
         _preset("qwen3.5-4b", 2560, 32, 16, 32, 9216, QWEN35_VOCAB),
         _preset("qwen3.5-9b", 4096, 32, 16, 32, 12288, QWEN35_VOCAB),
         _preset("qwen3.5-27b", 5120, 64, 16, 48, 17408, QWEN35_VOCAB),
-        _preset("qwen3.5-35b-a3b", 2048, 40, 16, 32, 8 * 512 + 512, QWEN35_VOCAB,
-                _MOE_NOTE.format(width="(8+1)x512") + "numbers from transformers' Qwen3_5MoeConfig"),
-        _preset("qwen3.5-122b-a10b", 3072, 48, 16, 64, 8 * 1024 + 1024, QWEN35_VOCAB,
-                _MOE_NOTE.format(width="(8+1)x1024") + "expert width 1024 assumed, not checked "
-                "against the released config"),
-        _preset("qwen3.5-397b-a17b", 4096, 60, 16, 64, 10 * 1024 + 1024, QWEN35_VOCAB,
-                _MOE_NOTE.format(width="(10+1)x1024") + "expert width and count assumed, not "
-                "checked against the released config"),
-        _preset("qwen3-next-80b-a3b", 2048, 48, 16, 32, 10 * 512 + 512, QWEN3_NEXT_VOCAB,
-                _MOE_NOTE.format(width="(10+1)x512") + "numbers from transformers' Qwen3NextConfig"),
+        _moe_preset("qwen3.5-35b-a3b", 2048, 40, 16, 32, QWEN35_35B_MOE, QWEN35_VOCAB),
+        _moe_preset("qwen3.5-122b-a10b", 3072, 48, 16, 64, QWEN35_122B_MOE, QWEN35_VOCAB),
+        _moe_preset("qwen3.5-397b-a17b", 4096, 60, 16, 64, QWEN35_397B_MOE, QWEN35_VOCAB),
+        _moe_preset("qwen3-next-80b-a3b", 2048, 48, 16, 32, QWEN3_NEXT_80B_MOE,
+                    QWEN3_NEXT_VOCAB),
     )
 }
 PRESETS["tiny"] = ModelConfig(

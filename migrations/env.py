@@ -1,4 +1,4 @@
-"""Alembic environment: the URL comes from the caller (service.core.db) or DATABASE_URL."""
+"""Alembic environment: the URL comes from the caller (service.db.engine) or DATABASE_URL."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import pool
 
-from service.core.db import make_engine
-from service.models import Base
+from service.db.engine import make_engine
+from service.db.models import Base
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -18,6 +18,7 @@ import time
 
 from workers import process_probe
 
+
 def demo_sweep(cores: int | None = None) -> dict:
     """The demo grid, sized to the host: chip counts 1, 2, 4 up to its usable cores (a virtual
     CPU chip is a real partition of cores, so a 2-core host runs 1 and 2 chips). Every seq_len
@@ -73,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from .core.config import Settings
-    from .main import create_app
+    from service.core.config import Settings
+    from service.main import create_app
 
     settings = Settings(**({"database_url": args.db} if args.db else {}))
     if not _port_free(args.host, args.port):

@@ -19,16 +19,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api.errors import install_error_handlers
-from .api.guards import install_guards
-from .api.main import api_router
-from .core.config import Settings, get_settings
-from .core.db import make_engine, make_session_factory, upgrade_database
-from .core.logging import configure_logging, sweep_event_logger
-from .dashboard import mount_dashboard
-from .ray_setup import RayConnection
-from .read_cache import ResponseCache
-from .scheduler import Scheduler
+from service.api.docs import install_docs
+from service.api.errors import install_error_handlers
+from service.api.guards import install_guards
+from service.api.main import api_router
+from service.core.config import Settings, get_settings
+from service.core.logging import configure_logging, sweep_event_logger
+from service.dashboard import mount_dashboard
+from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.db.read_cache import ResponseCache
+from service.runs.ray_setup import RayConnection
+from service.runs.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
             app.state.engine.dispose()
 
     app = FastAPI(title="gdn-sweep", version="0.1.0", lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # FastAPI's load from a CDN; see install_docs
                   description="Sweeps of Gated DeltaNet training under context parallelism: "
                               "submit grids, follow trials, query results.")
     engine = make_engine(settings.database_url, threads=settings.api_threads)
@@ -112,6 +114,7 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
     install_guards(app, settings)
     app.add_middleware(ApiConcurrencyLimit, limit=settings.api_threads)
     app.include_router(api_router)
+    install_docs(app)
     mount_dashboard(app)
     return app
 

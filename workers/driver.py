@@ -33,7 +33,13 @@ log = logging.getLogger(__name__)
 
 
 def _shape(trial: TrialSpec) -> tuple:
-    return (trial.framework, trial.chips, trial.accelerator_kind, trial.accelerator_type)
+    return (trial.kind, trial.framework, trial.chips, trial.accelerator_kind,
+            trial.accelerator_type)
+
+
+def _chips_held(trial: TrialSpec) -> int:
+    """Chips a running trial occupies: a plan compiles on one CPU and holds none."""
+    return 0 if trial.kind == "plan" else trial.chips
 
 
 class SweepDriver:
@@ -115,7 +121,7 @@ class SweepDriver:
                                                      error=str(verdict), started_at=now(),
                                                      finished_at=now()))
                             continue
-                        in_use[chip_resource(trial.accelerator_kind)] += trial.chips
+                        in_use[chip_resource(trial.accelerator_kind)] += _chips_held(trial)
                         self.sink.trial_started(trial)
                         warm = verdict if isinstance(verdict, WorkerGroup) else None
                         running[executor.submit(runner.run, trial, warm)] = trial
@@ -125,7 +131,7 @@ class SweepDriver:
                                       return_when=cf.FIRST_COMPLETED)
                     for future in done:
                         trial = running.pop(future)
-                        in_use[chip_resource(trial.accelerator_kind)] -= trial.chips
+                        in_use[chip_resource(trial.accelerator_kind)] -= _chips_held(trial)
                         self._finish(future.result())
         except BaseException:
             self.cancel_event.set()  # stop trials still running before the pool closes
@@ -142,7 +148,9 @@ class SweepDriver:
         """True to start `trial` now (or the idle group of its shape, taken from the pool for
         it: counting on a group still in the pool let two trials admitted together both wait
         for one, the second blocking on chips the pool then held), False to wait, or the error
-        that fails it outright."""
+        that fails it outright. A plan needs no chips: always True."""
+        if trial.kind == "plan":
+            return True
         request = ChipRequest(framework=trial.framework, chips=trial.chips,
                               accelerator_kind=trial.accelerator_kind,
                               accelerator_type=trial.accelerator_type)

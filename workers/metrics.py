@@ -115,7 +115,7 @@ def memory_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport]) -> dict:
     gdn_core's prediction, and the verified length (the same on every process)."""
     measured = _largest(reports, "peak_memory_bytes")
     estimated = _largest(reports, "estimated_memory_bytes")
-    predicted = predict_step_memory(trial.to_model_config(), trial.to_train_config(),
+    predicted = predict_step_memory(trial.to_model_config().stand_in, trial.to_train_config(),
                                     mode=trial.cp_mode, chips=trial.chips,
                                     framework=trial.framework)
     return dict(

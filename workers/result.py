@@ -59,6 +59,9 @@ class TrialMetrics(BaseModel):
     """The CP mode's exchanges and the conv halo (max over chips)."""
     grad_sync_bytes_per_step_per_chip: int | None = None
     """Gradient all-reduce / reduce-scatter and weight all-gathers (zero1, fsdp), max over chips."""
+    compiled_flops_per_step_per_chip: float | None = None
+    """Plan trials: matmul FLOPs of the compiled per-chip program, loop trips counted
+    (gdn_core.jax_gdn.hlo_flops; XLA's cost_analysis counts a loop body once)."""
     loss_first: float | None = None
     loss_last: float | None = None
     max_rel_err: float | None = None

@@ -50,6 +50,11 @@ DType = ComputeDType
 TrialMode = Literal["none", CPMode]
 """A trial's mode: a CP mode, or "none" for the one-chip baseline (no context parallelism)."""
 TRIAL_MODES: tuple[str, ...] = ("none", *CP_MODES)
+TrialKind = Literal["measure", "plan"]
+"""measure: the step runs and is timed. plan: the JAX step is compiled for the trial's chips
+(virtual CPU chips of one process) and not run — XLA's memory estimate, the compiled FLOPs and
+collective bytes, for sizes no host here could run (gdn_core.jax_gdn.plan)."""
+TRIAL_KINDS: tuple[str, ...] = ("measure", "plan")
 ONE_CHIP_CP_MODE: CPMode = "p2p"
 """What gdn_core runs for a mode-"none" trial: p2p on one chip exchanges nothing (D−1 = 0
 rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step."""
@@ -135,12 +140,14 @@ class AcceleratorSpec(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """A grid of trials: frameworks × modes × chips × seq_lens × dtypes × param_shardings ×
-    remats, for one model and batch, each point run `repeats` times (chips=1 once for all
-    modes: the one-chip baseline)."""
+    """A grid of trials: kinds × frameworks × modes × chips × seq_lens × dtypes ×
+    param_shardings × remats, for one model and batch, each measured point run `repeats` times
+    (chips=1 once for all modes: the one-chip baseline). Plan trials are JAX's only and made
+    once: a compile says the same every time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: Name
+    kinds: list[TrialKind] = _grid_list("kinds", "measure")
     frameworks: list[Framework] = Field(default=["jax", "torch"], min_length=1)
     modes: list[CPMode] = Field(default=["all_gather"], min_length=1)
     chips: list[StrictInt] = Field(min_length=1, description=f"chip counts, 1 to {MAX_CHIPS}")
@@ -182,12 +189,12 @@ class SweepSpec(BaseModel):
                              f"integers >= 1 and <= {high}")
         return sorted(set(values))
 
-    @field_validator("dtypes", "param_shardings", "remats", mode="before")
+    @field_validator("kinds", "dtypes", "param_shardings", "remats", mode="before")
     @classmethod
     def _one_value_is_a_list(cls, value):
         return [value] if isinstance(value, str) else value
 
-    @field_validator("frameworks", "modes", "dtypes", "param_shardings", "remats")
+    @field_validator("kinds", "frameworks", "modes", "dtypes", "param_shardings", "remats")
     @classmethod
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
@@ -205,15 +212,23 @@ class SweepSpec(BaseModel):
                 "on accelerator.kind gpu or cpu")
         return accelerator
 
-    def _dimensions(self) -> tuple[list, ...]:
-        return (self.frameworks, self.modes, self.chips, self.seq_lens, self.dtypes,
-                self.param_shardings, self.remats)
+    @model_validator(mode="after")
+    def _plans_are_jax(self) -> "SweepSpec":
+        if "plan" in self.kinds and "jax" not in self.frameworks:
+            raise ValueError(f"kinds includes 'plan' but frameworks={self.frameworks}: a plan "
+                             "compiles the JAX step; add 'jax' to frameworks")
+        return self
 
-    def grid(self):
-        """Every grid point as (framework, mode, chips, seq_len, dtype, param_sharding, remat),
-        in a stable order (before the baseline folds chips=1 into one mode, and before
-        repeats: see expand_trials)."""
-        return itertools.product(*self._dimensions())
+    def frameworks_of(self, kind: str) -> list[str]:
+        """The frameworks trials of `kind` run in (plans: JAX only)."""
+        return self.frameworks if kind == "measure" else ["jax"]
+
+    def grid(self, kind: str = "measure"):
+        """Every grid point of `kind` as (framework, mode, chips, seq_len, dtype,
+        param_sharding, remat), in a stable order (before the baseline folds chips=1 into one
+        mode, and before repeats: see expand_trials)."""
+        return itertools.product(self.frameworks_of(kind), self.modes, self.chips, self.seq_lens,
+                                 self.dtypes, self.param_shardings, self.remats)
 
     @property
     def has_baseline(self) -> bool:
@@ -222,23 +237,31 @@ class SweepSpec(BaseModel):
 
     @property
     def grid_size(self) -> int:
-        """Trials the sweep expands to (len(expand_trials(self)), skipped points included):
-        repeats × frameworks × seq_lens × dtypes × param_shardings × remats × (modes × chip
-        counts, where chips=1 counts once when it is the baseline)."""
-        settings = math.prod(len(values) for values in (
-            self.frameworks, self.seq_lens, self.dtypes, self.param_shardings, self.remats))
+        """Trials the sweep expands to (len(expand_trials(self)), skipped points included)."""
+        return sum(self.grid_size_of(kind) for kind in self.kinds)
+
+    def grid_size_of(self, kind: str) -> int:
+        """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × seq_lens × dtypes
+        × param_shardings × remats × (modes × chip counts, where chips=1 counts once when it
+        is the baseline)."""
         multi_chip = len(self.chips) - (1 if self.has_baseline else 0)
         points = len(self.modes) * multi_chip + (1 if self.has_baseline else 0)
-        return self.repeats * settings * points
+        settings = math.prod(len(values) for values in (
+            self.frameworks_of(kind), self.seq_lens, self.dtypes, self.param_shardings,
+            self.remats))
+        return (self.repeats if kind == "measure" else 1) * settings * points
 
 
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
-              param_sharding: str, remat: str, repeat: int | None = None) -> str:
+              param_sharding: str, remat: str, repeat: int | None = None,
+              kind: str = "measure") -> str:
     """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
     every grid dimension, so no two points collide. `repeat` is given only when the sweep
-    repeats its points (repeats > 1), so keys of sweeps that do not stay as they were."""
+    repeats its points (repeats > 1), and plan trials start with `plan/`, so keys of sweeps
+    that have neither stay as they were."""
     key = (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
+    key = key if kind == "measure" else f"{kind}/{key}"
     return key if repeat is None else f"{key}/repeat={repeat}"
 
 
@@ -246,6 +269,7 @@ class TrialSpec(BaseModel):
     """One point of a sweep: everything a worker needs to run it, nothing else."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: TrialKind = "measure"
     framework: Framework
     mode: TrialMode
     """A CP mode, or "none": the one-chip baseline (chips=1), run as ONE_CHIP_CP_MODE."""
@@ -280,6 +304,8 @@ class TrialSpec(BaseModel):
                              f"chips={self.chips}; use one of {', '.join(CP_MODES)}")
         if self.repeat >= self.repeats:
             raise ValueError(f"repeat={self.repeat} must be below repeats={self.repeats}")
+        if self.kind == "plan" and self.framework != "jax":
+            raise ValueError(f"kind='plan' compiles the JAX step; framework={self.framework!r}")
         return self
 
     @property
@@ -288,7 +314,7 @@ class TrialSpec(BaseModel):
         return trial_key(framework=self.framework, mode=self.mode, chips=self.chips,
                          seq_len=self.seq_len, dtype=self.dtype,
                          param_sharding=self.param_sharding, remat=self.remat,
-                         repeat=self.repeat if self.repeats > 1 else None)
+                         repeat=self.repeat if self.repeats > 1 else None, kind=self.kind)
 
     @property
     def cp_mode(self) -> CPMode:
@@ -320,9 +346,11 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                            vocab_size=spec.model.vocab_size)
     skip_reasons: dict[tuple, str | None] = {}  # per point, shared by its repeats
     trials = []
-    for repeat in range(spec.repeats):
+    for repeat, kind in itertools.product(range(spec.repeats), spec.kinds):
+        if kind == "plan" and repeat > 0:
+            continue  # a compile says the same every time
         seen_baselines = set()
-        for framework, mode, chips, seq_len, dtype, param_sharding, remat in spec.grid():
+        for framework, mode, chips, seq_len, dtype, param_sharding, remat in spec.grid(kind):
             settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
                             param_sharding=param_sharding, remat=remat)
             if chips == 1 and spec.has_baseline:
@@ -331,23 +359,24 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 seen_baselines.add(tuple(settings.values()))
                 mode = "none"
             baseline_key = None
-            if chips > 1 and 1 in spec.chips:
+            if chips > 1 and 1 in spec.chips and kind == "measure":
                 baseline_key = trial_key(
                     mode="none" if spec.has_baseline else mode, chips=1, **settings,
                     repeat=repeat if spec.repeats > 1 else None)
-            point = (mode, chips, *settings.values())
+            point = (kind, mode, chips, *settings.values())
             if point not in skip_reasons:
-                skip_reasons[point] = _skip_reason(spec, model_cfg, mode=mode, chips=chips,
-                                                   **settings)
+                skip_reasons[point] = _skip_reason(spec, model_cfg, kind=kind, mode=mode,
+                                                   chips=chips, **settings)
             trials.append(TrialSpec(
-                framework=framework, mode=mode, chips=chips, seq_len=seq_len,
+                kind=kind, framework=framework, mode=mode, chips=chips, seq_len=seq_len,
                 batch_size=spec.batch_size, preset=model_cfg.name,
                 num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
                 param_sharding=param_sharding, remat=remat, steps=spec.steps,
                 warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
                 accelerator_type=spec.accelerator.type,
-                verify=spec.verify and chips > 1,  # one chip is its own reference
-                timeout_s=spec.trial_timeout_s, repeat=repeat, repeats=spec.repeats,
+                verify=spec.verify and chips > 1 and kind == "measure",  # 1 chip: own reference
+                timeout_s=spec.trial_timeout_s, repeat=repeat,
+                repeats=spec.repeats if kind == "measure" else 1,
                 baseline_key=baseline_key, skip_reason=skip_reasons[point]))
     return trials
 
@@ -379,11 +408,12 @@ def _gib(n: int) -> str:
     return f"{n / hardware.GIB:.1f} GiB"
 
 
-def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, framework: str, mode: str,
-                 chips: int, seq_len: int, dtype: str, param_sharding: str,
+def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framework: str,
+                 mode: str, chips: int, seq_len: int, dtype: str, param_sharding: str,
                  remat: str) -> str | None:
     """Why the point cannot run: a shape its CP mode cannot split, or (unless
-    spec.admit_over_memory) a predicted memory per chip above the chip's."""
+    spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —
+    a plan allocates nothing, so any size may be planned."""
     gdn = model_cfg.gdn
     cp_mode = ONE_CHIP_CP_MODE if mode == "none" else mode
     try:
@@ -391,14 +421,15 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, framework: str, mod
                        num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
     except ValueError as err:
         return str(err)
-    if spec.admit_over_memory:
+    if spec.admit_over_memory or kind == "plan":
         return None
     available, what = chip_memory_bytes(spec.accelerator, chips)
     if available is None:
         return None
     train_cfg = TrainConfig(batch_size=spec.batch_size, seq_len=seq_len, dtype=dtype,
                             param_sharding=param_sharding, remat=remat)
-    predicted = predict_step_memory(model_cfg, train_cfg, mode=cp_mode, chips=chips,
+    # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).
+    predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp_mode, chips=chips,
                                     framework=framework).total
     if predicted <= available:
         return None
@@ -408,5 +439,6 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, framework: str, mod
 
 
 __all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "MAX_CHIPS", "MAX_SEQ_LEN", "ModelSpec",
-           "ONE_CHIP_CP_MODE", "PlainText", "SweepSpec", "TRIAL_MODES", "TrialMode", "TrialSpec",
+           "ONE_CHIP_CP_MODE", "PlainText", "SweepSpec", "TRIAL_KINDS", "TRIAL_MODES", "TrialKind",
+           "TrialMode", "TrialSpec",
            "check_plain_text", "chip_memory_bytes", "expand_trials", "trial_key"]

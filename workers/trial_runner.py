@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import ray
 
-from . import metrics
+from . import metrics, plan_runner
 from .errors import PlacementCancelledError
 from .events import SweepEvent, TrialRetrying, TrialStarted
 from .failures import classify, kernel_oom_kill_seen
@@ -94,6 +94,8 @@ class TrialRunner:
 
     def _attempt(self, trial: TrialSpec, attempt: int,
                  warm_group: WorkerGroup | None = None) -> _Attempt:
+        if trial.kind == "plan":
+            return self._plan_attempt(trial, attempt)
         group, counters, device_name = None, [], None
         try:
             group, reused = ((warm_group, True) if warm_group
@@ -131,6 +133,25 @@ class TrialRunner:
                             metrics=known, hosts=_hosts(group))
         self.pool.give(group)
         return result
+
+    def _plan_attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
+        """Compile the trial's step in a one-CPU Ray task (plan_runner); no chips, no run."""
+        ref = plan_runner.compile_plan.remote(
+            plan_runner.plan_request(trial), timeout_s=trial.timeout_s,
+            compile_cache_dir=self.options.jax_compile_cache_dir)
+        self.emit(TrialStarted(trial, attempt, (), False))
+        try:
+            out, = self._wait([ref], deadline=time.monotonic() + trial.timeout_s,
+                              timeout_s=trial.timeout_s)
+        except _Stopped as stop:
+            ray.cancel(ref, force=True)
+            return _Attempt(status=stop.status, error=stop.error)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a result
+            verdict = classify(exc)
+            status = "timeout" if "ran past timeout_s" in verdict.error else verdict.status
+            return _Attempt(status=status, error=verdict.error, retry=verdict.retry)
+        return _Attempt(status="succeeded", metrics=plan_runner.plan_metrics(trial, out["plan"]),
+                        hosts=(out["host"],), versions=out["versions"])
 
     def _acquire(self, trial: TrialSpec, *, retry: bool) -> tuple[WorkerGroup, bool]:
         request = ChipRequest(framework=trial.framework, chips=trial.chips,

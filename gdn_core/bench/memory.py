@@ -99,8 +99,8 @@ def _memory_table(model_cfg, args) -> None:
         compiled, seconds = compile_step(model_cfg, train_cfg, chips=args.chips,
                                          mode=args.mode)
         stats, peak = compiled.memory_analysis(), compiled_peak_bytes(compiled)
-        predicted = predict_step_memory(model_cfg, train_cfg, mode=args.mode, chips=args.chips,
-                                        framework="jax").total
+        predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=args.mode,
+                                        chips=args.chips, framework="jax").total
         print(f"{sharding:<11}{remat:<6}{dtype:<10}"
               f"{stats.argument_size_in_bytes / GIB:9.2f}{stats.temp_size_in_bytes / GIB:10.2f}"
               f"{peak / GIB:9.2f}{predicted / GIB:10.2f}{'':15}{_headroom(peak)}{seconds:11.1f}",

@@ -12,9 +12,9 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from ..core.config import Settings
-from ..read_cache import ResponseCache
-from ..scheduler import Scheduler
+from service.core.config import Settings
+from service.db.read_cache import ResponseCache
+from service.runs.scheduler import Scheduler
 
 
 def get_db(request: Request) -> Iterator[Session]:

@@ -22,7 +22,13 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.config import Settings
+from service.api.docs import (
+    DOCS_PATHS,
+    REDOC_SCROLLBAR_STYLE_HASH,
+    REDOC_STYLE_HASH,
+    SWAGGER_INIT_HASH,
+)
+from service.core.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +44,23 @@ its bundle also injects, for map traces the dashboard never draws, stays refused
 DASHBOARD_CSP = (f"default-src 'self'; script-src 'self'; style-src 'self' {EMPTY_STYLE_HASH}; "
                  "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; "
                  "frame-ancestors 'none'")
-DOCS_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net "
-            "https://fonts.googleapis.com; font-src 'self' https://fonts.gstatic.com; "
-            "worker-src 'self' blob:; "
-            "img-src 'self' data: https://fastapi.tiangolo.com https://cdn.redoc.ly; "
-            "object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
-"""FastAPI's /docs and /redoc pages load Swagger UI / ReDoc from their CDNs and start them with
-an inline script; they show only the OpenAPI schema."""
+DOCS_CSP = (f"default-src 'self'; script-src 'self' {SWAGGER_INIT_HASH}; "
+            f"style-src 'self' {REDOC_STYLE_HASH} {REDOC_SCROLLBAR_STYLE_HASH} {EMPTY_STYLE_HASH}; "
+            "img-src 'self' data:; "
+            "worker-src blob:; object-src 'none'; base-uri 'none'; form-action 'self'; "
+            "frame-ancestors 'none'")
+"""/docs and /redoc (service/api/docs.py): every asset from this origin, no other host (ReDoc's
+"API docs by Redocly" logo on cdn.redoc.ly stays refused); the pages' fixed inline blocks
+allowed by hash: Swagger UI's start script, ReDoc's margin reset and scrollbar CSS. ReDoc fills
+an empty <style> through CSSOM, as plotly.js does, and runs its search in a worker made from a
+blob: URL; Swagger UI draws its icons as data: images."""
 SECURITY_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
                     (b"referrer-policy", b"no-referrer"))
 
 
 def install_guards(app: FastAPI, settings: Settings) -> None:
     """Register the perimeter middleware and the database-outage handlers on `app`."""
-    docs_paths = frozenset(path for path in (app.docs_url, app.redoc_url,
-                                             app.swagger_ui_oauth2_redirect_url) if path)
-    app.add_middleware(Perimeter, settings=settings, docs_paths=docs_paths)
+    app.add_middleware(Perimeter, settings=settings)
     for error in (DBAPIError, PoolTimeoutError):
         app.add_exception_handler(error, database_unavailable)
 
@@ -72,12 +78,11 @@ def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
 class Perimeter:
     """Host, Origin and body-size checks before the app, security headers after it."""
 
-    def __init__(self, app: ASGIApp, *, settings: Settings, docs_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
         self.app = app
         self.allowed_hosts = frozenset(settings.allowed_hosts)
         self.allowed_origins = frozenset(settings.allowed_origins)
         self.max_bytes = settings.max_request_bytes
-        self.docs_paths = docs_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -146,7 +151,7 @@ class Perimeter:
                                        "(GDN_SWEEP_MAX_REQUEST_BYTES)"}, status_code=413)
 
     def _with_security_headers(self, scope: Scope, send: Send) -> Send:
-        csp = DOCS_CSP if scope["path"] in self.docs_paths else DASHBOARD_CSP
+        csp = DOCS_CSP if scope["path"] in DOCS_PATHS else DASHBOARD_CSP
         added = (*SECURITY_HEADERS, (b"content-security-policy", csp.encode()))
 
         async def send_with_headers(message: Message) -> None:

@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from .routes import health, options, results, sweeps, trials
+from service.api.routes import capacity, health, options, results, sweeps, trials
 
 api_router = APIRouter(prefix="/api")
-for module in (sweeps, trials, results, health, options):
+for module in (sweeps, trials, results, capacity, health, options):
     api_router.include_router(module.router)

@@ -9,13 +9,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Path, Query
-from pydantic import Field
 
-DB_INT_MAX = 2 ** 31 - 1
-"""Largest value an Integer column holds on PostgreSQL (int4)."""
-
-DbInt = Annotated[int, Field(ge=0, le=DB_INT_MAX)]
-"""A non-negative integer compared with an Integer column (a filter value)."""
+from service.db.bounds import DB_INT_MAX
 
 RowId = Annotated[int, Path(ge=1, le=DB_INT_MAX, description="row id (1 … 2^31 − 1)")]
 """A sweep or trial id in a path: ids start at 1."""

@@ -15,6 +15,8 @@ from fastapi.staticfiles import StaticFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+PLOTLY_STRICT_JS = Path(__file__).parent / "vendor" / "plotly-strict.min.js"
+"""plotly.js's CSP-safe bundle (no eval), for WebGL traces such as parcoords: vendor/README.md."""
 
 router = APIRouter(include_in_schema=False)
 
@@ -39,9 +41,25 @@ def results_page() -> FileResponse:
     return _page("results.html")
 
 
+@router.get("/compare")
+def compare_page() -> FileResponse:
+    return _page("compare.html")
+
+
+@router.get("/planner")
+def planner_page() -> FileResponse:
+    return _page("planner.html")
+
+
 @router.get("/vendor/plotly.min.js")
 def plotly_js() -> FileResponse:
     return FileResponse(PLOTLY_JS, media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/vendor/plotly-strict.min.js")
+def plotly_strict_js() -> FileResponse:
+    return FileResponse(PLOTLY_STRICT_JS, media_type="text/javascript",
                         headers={"Cache-Control": "public, max-age=86400"})
 
 

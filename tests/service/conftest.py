@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from service.core.config import Settings
-from service.core.db import make_engine, make_session_factory, upgrade_database
+from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.main import create_app
 
 PG_ADMIN_URL = os.environ.get("GDN_SWEEP_TEST_POSTGRES_URL",

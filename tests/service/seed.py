@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from service import crud
-from service.sink import record_result
+from service.db import crud
+from service.runs.sink import record_result
 from workers.result import AttemptRecord, TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
 
@@ -13,11 +13,14 @@ from .conftest import TINY_SWEEP
 
 
 def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", attempts_of=lambda t: 1,
+               speed_of=lambda t: 1.0, step_time_of=lambda t: 0.01 * t.chips,
                **changes) -> int:
     """Create a sweep and give every runnable trial a result with made-up, traceable metrics:
-    tokens/s/chip = seq_len / chips + (100 for p2p) + repeat, mfu = chips / 100; steps spread
+    tokens/s/chip = (seq_len / chips + (100 for p2p) + repeat) × speed_of(trial) (default 1),
+    hardware FLOPs per step = 1e6 × seq_len, mfu = chips / 100; steps spread
     ±10% around the median; JAX trials carry an XLA estimate of twice the measured peak, every
-    trial a prediction of 1.5 times it. `attempts_of(trial)` attempts each (default 1), attempt
+    trial a prediction of 1.5 times it; the median step takes step_time_of(trial) seconds
+    (default 0.01 × chips). `attempts_of(trial)` attempts each (default 1), attempt
     k on host h<k>: the ones before the last timed out."""
     spec = SweepSpec.model_validate({**TINY_SWEEP, **changes})
     with session_factory() as session:
@@ -28,11 +31,12 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", attempts_of=
         status = status_of(trial)
         metrics = TrialMetrics()
         if status == "succeeded":
-            step = 0.01 * trial.chips
+            step = step_time_of(trial)
             measured = trial.seq_len * 1000
             metrics = TrialMetrics(
-                tokens_per_s_per_chip=trial.seq_len / trial.chips + (100 if trial.mode == "p2p"
-                                                                    else 0) + trial.repeat,
+                tokens_per_s_per_chip=(trial.seq_len / trial.chips + (100 if trial.mode == "p2p"
+                                                                     else 0) + trial.repeat)
+                * speed_of(trial), hardware_flops_per_step=1e6 * trial.seq_len,
                 step_time_s=step, step_time_min_s=0.9 * step, step_time_max_s=1.1 * step,
                 measured_steps=trial.steps, compile_time_s=2.0 if trial.framework == "jax" else 0,
                 peak_flops_dtype=trial.dtype, device_name="seed cpu",

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from service.core.db import make_engine, make_session_factory
-from service.models import Sweep, Trial
+from service.db.engine import make_engine, make_session_factory
+from service.db.models import Sweep, Trial
 
 from .conftest import TINY_SWEEP
 

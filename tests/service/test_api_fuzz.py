@@ -14,8 +14,8 @@ from schemathesis.checks import (
 )
 from sqlalchemy import func, select
 
-from service.core.db import make_engine, make_session_factory
-from service.models import Result, Sweep, Trial
+from service.db.engine import make_engine, make_session_factory
+from service.db.models import Result, Sweep, Trial
 
 
 @pytest.fixture

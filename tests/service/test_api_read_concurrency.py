@@ -16,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from service.core.db import make_engine, make_session_factory
+from service.db.engine import make_engine, make_session_factory
 from service.main import create_app
 from workers.process_probe import free_port
 

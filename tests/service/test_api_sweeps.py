@@ -6,8 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service.db.models import Result, Sweep, Trial
 from service.main import create_app
-from service.models import Result, Sweep, Trial
+from service.runs import sweep_run
 
 from .conftest import TINY_SWEEP, api_settings
 
@@ -155,7 +156,7 @@ def test_grid_over_the_cap_is_422_and_writes_nothing(client, session_factory):
     assert row_counts(session_factory) == before
     # repeats multiply the grid: 42 × 2 = 84 > 64
     r = client.post("/api/sweeps", json={**body, "seq_lens": [64, 128, 256], "repeats": 2})
-    assert r.status_code == 422 and "84 trials (repeats 2" in r.json()["detail"][0]["msg"]
+    assert r.status_code == 422 and "84 trials (measure: repeats 2" in r.json()["detail"][0]["msg"]
     assert row_counts(session_factory) == before
 
 
@@ -170,6 +171,21 @@ def test_list_is_paged_newest_first_with_counts(client):
     assert page["data"][0]["counts"] == {"pending": 1, "running": 0, "succeeded": 0, "failed": 0,
                                          "oom": 0, "timeout": 0, "skipped": 0, "cancelled": 0}
     assert client.get("/api/sweeps", params={"limit": 0}).status_code == 422
+
+
+def test_queued_sweeps_carry_their_place_in_the_scheduler_queue(client, session_factory):
+    ids = [client.post("/api/sweeps", json=sweep_body(name=f"q{i}")).json()["id"]
+           for i in range(4)]
+    assert [client.get(f"/api/sweeps/{i}").json()["queue_position"] for i in ids] == [1, 2, 3, 4]
+    client.post(f"/api/sweeps/{ids[1]}/cancel")
+    with session_factory() as session:  # another host's live runner takes the oldest
+        assert sweep_run.claim(session=session, sweep_id=ids[0], runner_id="svc@elsewhere:1:1",
+                               lease_s=60) == "running"
+        scheduler_next = sweep_run.next_sweep_id(session=session, lease_s=60)
+    listed = {s["id"]: s["queue_position"] for s in client.get("/api/sweeps").json()["data"]}
+    assert listed == {ids[0]: None, ids[1]: None, ids[2]: 1, ids[3]: 2}
+    assert client.get(f"/api/sweeps/{ids[3]}").json()["queue_position"] == 2
+    assert scheduler_next == ids[2]  # position 1 is the one the scheduler takes next
 
 
 def test_trials_and_trial_carry_the_documented_fields(client):

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from sqlalchemy import func, select
 
-from service.core.db import make_engine, make_session_factory, upgrade_database
-from service.models import Sweep, Trial
+from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.db.models import Sweep, Trial
 
 from .conftest import TINY_SWEEP
 

@@ -8,9 +8,10 @@ import pytest
 from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from service import crud, sweep_run
-from service.models import Result, Sweep, Trial, TrialAttempt, result_for, utcnow
-from service.sink import DatabaseSink, record_result
+from service.db import crud
+from service.db.models import Result, Sweep, Trial, TrialAttempt, result_for, utcnow
+from service.runs import sweep_run
+from service.runs.sink import DatabaseSink, record_result
 from workers.result import AttemptRecord, TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
 

@@ -2,18 +2,28 @@
 with the scheduler, the workers driver and a local Ray: create a sweep through the form,
 watch it finish, find the plots drawn (error bars on throughput, the one-chip baseline in
 every mode's scaling line, measured and estimated memory as separate series), and see a
-hostile sweep name shown as text."""
+hostile sweep name shown as text. On seeded databases (both backends, no Ray): what a newcomer
+sees at 1400×900 — a note instead of bare axes, binary memory units, whole legends, no page
+wider than the window, one-line table rows, filters kept in the link, formatted numbers,
+elapsed time, an ETA and the queue position."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import shutil
 
 import pytest
+from sqlalchemy import delete, select, update
 
 from service.core.config import Settings
+from service.db import crud
+from service.db.models import Result, Sweep, Trial, TrialAttempt
+from workers.spec import SweepSpec
 
-from .conftest import serving
+from .conftest import TINY_SWEEP, api_settings, serving
+from .seed import seed_sweep
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 EVIL_NAME = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -35,8 +45,8 @@ def page():
         pytest.fail("chromium is not installed: run scripts/test.sh (it installs it)")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield browser.new_page()
+        try:  # the window a newcomer had; en-US: numbers as "10,200"
+            yield browser.new_page(viewport={"width": 1400, "height": 900}, locale="en-US")
         finally:
             browser.close()
 
@@ -67,6 +77,13 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert page.inner_text("#grid-size").startswith("6 trials")
     page.fill("#repeats", "2")
     assert page.inner_text("#grid-size").startswith("12 trials")
+    # plans are JAX's and made once: torch only → none; with jax, 6 more whatever the repeats
+    page.check("input[name=kinds][value=plan]")
+    assert page.inner_text("#grid-size").startswith("12 trials")
+    page.check("input[name=frameworks][value=jax]")
+    assert page.inner_text("#grid-size").startswith(f"{2 * 12 + 6} trials")
+    page.uncheck("input[name=frameworks][value=jax]")
+    page.uncheck("input[name=kinds][value=plan]")
     page.fill("#repeats", "1")
     page.uncheck("input[name=remats][value=full]")
     assert page.is_checked("input[name=dtypes][value=float32]")
@@ -110,6 +127,11 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     _check_plot_math(page)
     assert page.locator("#plot-throughput .annotation-text").all_text_contents() == [
         "chips = 1", "chips = 2"]
+    assert re.fullmatch(r"took \d+ s|took \d+ min \d+ s", page.inner_text("#sweep-timing"))
+    for plot in ("#plot-throughput", "#plot-scaling", "#plot-memory", "#plot-mfu"):
+        _assert_legend_visible(page, plot)
+    _assert_binary_memory_ticks(page)
+    _assert_fits_the_window(page, "#trials")
 
     shots = os.environ.get("GDN_SWEEP_SCREENSHOTS")  # a folder: keep pictures for a human
     if shots:
@@ -120,6 +142,8 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert page.inner_text("#sweeps a.sweep-name") == EVIL_NAME
     assert page.locator("#sweeps tbody tr").first.get_attribute("data-status") == "finished"
     assert page.locator("img[src=x]").count() == 0 and page.evaluate("window.__pwned") is None
+    assert page.inner_text("#sweeps tbody tr td.timing").startswith("took ")
+    _assert_fits_the_window(page, "#sweeps")
 
     page.goto(live_server + "/results")
     page.wait_for_selector("#f-mode option[value=p2p]", state="attached")
@@ -129,6 +153,7 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     page.wait_for_function("() => document.querySelectorAll('#results tbody tr').length === 1")
     assert "mode=p2p" in page.get_attribute("#csv", "href")
     assert "remat=none" in page.get_attribute("#csv", "href")
+    _assert_fits_the_window(page, "#results")
     if shots:
         page.screenshot(path=os.path.join(shots, "results.png"), full_page=True)
 
@@ -154,3 +179,221 @@ def _check_plot_math(page) -> None:
         ["jax one chip · device peak (measured)", "peak_memory_bytes_per_chip", [1000]],
         ["jax one chip · XLA estimate", "estimated_memory_bytes_per_chip", [2000]],
         ["jax one chip · predicted", "predicted_memory_bytes_per_chip", [3000]]]
+
+
+# --- what a newcomer sees, on seeded databases ------------------------------------------------
+
+BINARY_BYTES = re.compile(r"\d+(\.\d+)? (B|KiB|MiB|GiB|TiB)")
+
+
+@pytest.fixture
+def seeded_server(db_url):
+    """The API and pages on `db_url` with no scheduler: seeded sweeps stay as seeded."""
+    with serving(api_settings(db_url)) as base_url:
+        yield base_url
+
+
+def _column(page, table: str, header: str) -> list[str]:
+    """The texts of the column headed `header` in `table`."""
+    return page.evaluate("""([table, header]) => {
+        const heads = [...document.querySelectorAll(table + " thead th")].map(th => th.textContent);
+        const i = heads.indexOf(header);
+        return [...document.querySelectorAll(table + " tbody tr")].map(r => r.cells[i].textContent);
+    }""", [table, header])
+
+
+def _assert_fits_the_window(page, table: str) -> None:
+    """No sideways scrolling of the page at 1400 px, and every row of `table` one line high
+    (a wide table scrolls in its own box instead)."""
+    assert page.viewport_size["width"] == 1400
+    assert page.evaluate("() => document.scrollingElement.scrollWidth") <= 1400
+    rows = page.evaluate("""(table) => [...document.querySelectorAll(table + " tbody tr")].map(r => {
+        const cell = r.cells[0], style = getComputedStyle(cell);
+        return { text: r.getBoundingClientRect().height - parseFloat(style.paddingTop)
+                       - parseFloat(style.paddingBottom) - 1,
+                 line: parseFloat(style.lineHeight) };
+    })""", table)
+    assert rows, table
+    for row in rows:  # one line: a little more than a line box (a badge), far from two
+        assert row["text"] < 1.5 * row["line"], (table, row)
+
+
+def _inside(inner: dict, outer: dict) -> bool:
+    """Whether the rectangle `inner` lies within `outer` (1 px of rounding allowed)."""
+    return (inner["left"] >= outer["left"] - 1 and inner["right"] <= outer["right"] + 1
+            and inner["top"] >= outer["top"] - 1 and inner["bottom"] <= outer["bottom"] + 1)
+
+
+def _assert_legend_visible(page, plot: str) -> None:
+    """Every legend entry lies inside the legend's box (nothing scrolled away or clipped),
+    the box inside the figure, and below the panels' axis titles (none covered)."""
+    geometry = page.evaluate("""(plot) => {
+        const rect = (el) => { const r = el.getBoundingClientRect();
+                               return { left: r.left, right: r.right, top: r.top, bottom: r.bottom }; };
+        const div = document.querySelector(plot), legend = div.querySelector("g.legend");
+        return { figure: rect(div), box: rect(legend.querySelector("rect.bg")),
+                 entries: [...legend.querySelectorAll("g.traces")].map(rect),
+                 titles: [...div.querySelectorAll("g.infolayer .g-xtitle, .xtick text")].map(rect) };
+    }""", plot)
+    figure, box = geometry["figure"], geometry["box"]
+    assert geometry["entries"], plot
+    assert _inside(box, figure), (plot, box, figure)
+    for entry in geometry["entries"]:
+        assert _inside(entry, box), (plot, entry, box)
+    assert box["top"] >= max(t["bottom"] for t in geometry["titles"]) - 1, plot
+
+
+def _assert_binary_memory_ticks(page) -> None:
+    ticks = page.locator("#plot-memory .ytick text").all_text_contents()
+    assert len(ticks) >= 2 and all(BINARY_BYTES.fullmatch(t) for t in ticks), ticks
+    hovers = page.evaluate("() => document.getElementById('plot-memory').data"
+                           ".flatMap(t => t.customdata || [])")
+    assert hovers and all(BINARY_BYTES.fullmatch(h) for h in hovers), hovers
+
+
+@pytest.mark.timeout(120)
+def test_a_sweep_without_a_succeeded_trial_says_so_and_where_it_waits(seeded_server,
+                                                                       session_factory, page):
+    with session_factory() as session:
+        ids = [crud.create_sweep(session=session, sweep_create=SweepSpec.model_validate(
+            {**TINY_SWEEP, "name": f"waiting {i}", "chips": [1, 2]})).id for i in range(2)]
+    page.goto(f"{seeded_server}/sweeps/{ids[1]}")
+    page.wait_for_selector("#plot-mfu.no-data")
+    for plot in ("throughput", "scaling", "memory", "mfu"):  # a sentence, no bare axes
+        div = page.locator(f"#plot-{plot}")
+        assert div.locator("svg").count() == 0, plot
+        assert "has succeeded yet" in div.inner_text(), plot
+    assert "no trial has succeeded yet" in page.inner_text("#plot-throughput")
+    assert page.inner_text("#sweep-timing").startswith("queue position 2 (1 = next) · waiting ")
+    page.goto(seeded_server + "/")
+    page.wait_for_selector("#sweeps tbody tr td.timing")
+    assert [t.split(" · ")[0] for t in _column(page, "#sweeps", "time")] == [
+        "#2 in the queue", "#1 in the queue"]  # newest first
+    _assert_fits_the_window(page, "#sweeps")
+
+
+def _running_with_times(session_factory, sweep_id: int) -> None:
+    """Make a seeded sweep look half run: started 3 min ago, its chips=4 trials pending or
+    running (their results removed), the others run 2 s each, one after the other."""
+    now = dt.datetime.now(dt.UTC)
+    with session_factory() as session:
+        session.execute(update(Sweep).where(Sweep.id == sweep_id).values(
+            status="running", started_at=now - dt.timedelta(minutes=3)))
+        trials = session.scalars(select(Trial).where(Trial.sweep_id == sweep_id)
+                                 .order_by(Trial.id)).all()
+        for i, trial in enumerate(trials):
+            if trial.chips == 4:
+                session.execute(delete(TrialAttempt).where(TrialAttempt.trial_id == trial.id))
+                session.execute(delete(Result).where(Result.trial_id == trial.id))
+                trial.status = "running" if i % 2 else "pending"
+                trial.started_at = now - dt.timedelta(seconds=1) if i % 2 else None
+            else:
+                started = now - dt.timedelta(seconds=170 - 2 * i)
+                session.execute(update(Result).where(Result.trial_id == trial.id).values(
+                    started_at=started, finished_at=started + dt.timedelta(seconds=2)))
+        session.commit()
+
+
+@pytest.mark.timeout(120)
+def test_a_half_run_sweep_reads_at_a_glance(seeded_server, session_factory, page):
+    sweep_id = seed_sweep(session_factory, frameworks=["jax", "torch"],
+                          modes=["p2p", "all_gather", "ulysses"], chips=[1, 2, 4],
+                          seq_lens=[1024, 4096], remats=["none", "full"])
+    _running_with_times(session_factory, sweep_id)
+    page.goto(f"{seeded_server}/sweeps/{sweep_id}")
+    page.wait_for_selector("#plot-memory .ytick")
+    page.wait_for_selector("#trials tbody tr")
+
+    # the chips = 4 panel is drawn in its place, empty, saying why
+    panels = page.evaluate("""() => {
+        const gd = document.getElementById('plot-throughput'), box = gd.getBoundingClientRect();
+        const axes = [1, 2, 3].map(i => gd._fullLayout["xaxis" + (i > 1 ? i : "")]);
+        return { panels: axes.map(a => [a._offset, a._offset + a._length]),
+                 notes: [...gd.querySelectorAll("g.annotation")].map(a => {
+                   const r = a.getBoundingClientRect();
+                   return [a.textContent, (r.left + r.right) / 2 - box.left]; }) };
+    }""")
+    notes = dict(panels["notes"])
+    assert set(notes) == {"chips = 1", "chips = 2", "chips = 4", "no trial has succeeded yet"}
+    for i, title in enumerate(["chips = 1", "chips = 2", "chips = 4"]):
+        left, right = panels["panels"][i]
+        assert left <= notes[title] <= right, (title, notes, panels["panels"])
+    left, right = panels["panels"][2]
+    assert left <= notes["no trial has succeeded yet"] <= right
+
+    for plot in ("#plot-throughput", "#plot-scaling", "#plot-memory", "#plot-mfu"):
+        _assert_legend_visible(page, plot)
+    assert page.locator("#plot-memory g.legend g.traces").count() > 30  # a long legend, whole
+    _assert_binary_memory_ticks(page)
+    mfu_ticks = page.locator("#plot-mfu .ytick text").all_text_contents()
+    assert mfu_ticks[0] == "0%" and all(t.endswith("%") for t in mfu_ticks), mfu_ticks
+
+    timing = page.inner_text("#sweep-timing")
+    assert re.match(r"running for 3 min \d+ s · about \d+ s left — an estimate: the \d+ trials "
+                    r"that ran took 2 s each on average", timing), timing
+    _assert_fits_the_window(page, "#trials")
+    # seed: tokens/s/chip = seq_len / chips (+100 for p2p); step 10 ms × chips ± 10%;
+    # peak memory = seq_len × 1000 bytes
+    cells = {(mode, chips, seq): (tps, step, peak) for mode, chips, seq, tps, step, peak in zip(
+        *(_column(page, "#trials", h) for h in ("mode", "chips", "seq_len", "tokens/s/chip",
+                                                 "step time", "peak mem/chip (measured)")))}
+    assert cells[("none", "1", "4,096")] == ("4,100", "10 ms (9–11) ×1", "3.91 MiB")
+    assert cells[("p2p", "2", "1,024")][0] == "612"
+    assert cells[("p2p", "4", "1,024")] == ("", "", "")  # not run yet
+
+
+@pytest.mark.timeout(120)
+def test_results_filters_live_in_the_link(seeded_server, session_factory, page):
+    seed_sweep(session_factory, modes=["p2p", "all_gather"], chips=[1, 2, 4], seq_lens=[64, 128],
+               remats=["none", "full"])
+    query = "mode=p2p&chips=2&chips=4&sort=seq_len"
+    page.goto(f"{seeded_server}/results?{query}")
+    page.wait_for_selector("#results tbody tr")
+    assert page.input_value("#f-mode") == "p2p" and page.input_value("#f-chips") == "2, 4"
+    assert page.input_value("#f-sort") == "seq_len" and not page.is_checked("#f-desc")
+    rows = list(zip(*(_column(page, "#results", h) for h in ("mode", "chips", "seq_len"))))
+    assert len(rows) == 8  # p2p × chips 2, 4 × seq_len 64, 128 × remat none, full
+    assert {(m, c) for m, c, _ in rows} == {("p2p", "2"), ("p2p", "4")}
+    assert [int(s) for _, _, s in rows] == sorted(int(s) for _, _, s in rows)
+    assert page.evaluate("() => window.location.search") == "?" + query
+
+    page.select_option("#f-remat", "full")  # a change is written back, lists repeated
+    page.click("#filters button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('#results tbody tr').length === 4")
+    assert page.evaluate("() => window.location.search") == (
+        "?mode=p2p&remat=full&chips=2&chips=4&sort=seq_len")
+    page.reload()  # the link alone reproduces the view
+    page.wait_for_selector("#results tbody tr")
+    assert page.locator("#results tbody tr").count() == 4
+    assert set(_column(page, "#results", "remat")) == {"full"}
+    _assert_fits_the_window(page, "#results")
+    assert page.evaluate("() => { const box = document.querySelector('#results').parentElement;"
+                         " return box.scrollWidth > box.clientWidth; }")  # scrolls in its box
+
+    page.goto(f"{seeded_server}/results?mode=ring")  # kept, so the API's answer names it
+    page.wait_for_function("() => document.getElementById('results-errors').textContent")
+    assert page.inner_text("#results-errors").startswith("mode.0: ")
+
+
+@pytest.mark.timeout(60)
+def test_numbers_times_and_estimates_read_as_people_write_them(seeded_server, page):
+    page.goto(seeded_server + "/")
+    page.wait_for_selector("#sweeps")
+    formatted = page.evaluate("""() => [GS.num(10234), GS.num(0.01234), GS.num(1.2e-7),
+        GS.bytes(20 * 2 ** 30), GS.bytes(1536), GS.bytes(512), GS.bytes(1024000), GS.seconds(0.0123),
+        GS.seconds(4.5), GS.seconds(192), GS.pct(0.4567), GS.pct(0.0003)]""")
+    assert formatted == ["10,200", "0.0123", "1.2e-7", "20 GiB", "1.5 KiB", "512 B", "0.977 MiB", "12.3 ms",
+                         "4.5 s", "3 min 12 s", "45.7%", "0.03%"]
+    eta = page.evaluate("""() => {
+        const at = (s) => new Date(Date.UTC(2027, 0, 1, 0, 0, s)).toISOString();
+        const ran = (start, end) => ({ status: "succeeded", started_at: at(start), finished_at: at(end) });
+        const now = Date.UTC(2027, 0, 1, 0, 1, 0);
+        const pending = { status: "pending" }, running = { status: "running", started_at: at(56) };
+        return [Timing.eta([ran(0, 10), ran(10, 20), pending, pending, pending], now),
+                Timing.eta([ran(0, 10), ran(0, 10), pending, pending, running], now),
+                Timing.eta([pending], now), Timing.eta([ran(0, 10)], now)];
+    }""")
+    # one at a time: 3 pending × 10 s; two at a time: (2 × 10 s + 10 s − 4 s run so far) / 2
+    assert [(e["seconds"], e["mean"], e["parallel"], e["left"]) for e in eta[:2]] == [
+        (30, 10, 1, 3), (13, 10, 2, 3)]
+    assert eta[2:] == [None, None]  # nothing ran yet; nothing left

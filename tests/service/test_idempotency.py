@@ -12,9 +12,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select, text
 
-from service import crud
-from service.core.db import is_sqlite
-from service.models import IdempotencyKey, Sweep, utcnow
+from service.db import crud
+from service.db.engine import is_sqlite
+from service.db.models import IdempotencyKey, Sweep, utcnow
 from workers.spec import SweepSpec
 
 from .conftest import TINY_SWEEP, api_settings, serving

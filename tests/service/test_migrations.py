@@ -13,16 +13,16 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-from service import crud
-from service.commands import db_upgrade
-from service.core.db import (
+from service.cli.commands import db_upgrade
+from service.db import crud
+from service.db.engine import (
     alembic_config,
     current_revision,
     head_revision,
     make_engine,
     make_session_factory,
 )
-from service.models import Base, Trial
+from service.db.models import Base, Trial
 from workers.spec import SweepSpec, expand_trials
 
 from .conftest import scratch_postgres_database
@@ -203,14 +203,28 @@ def test_0003_keeps_old_rows_readable_and_true(empty_url):
 
 
 def test_downgrading_past_0003_refuses_to_lose_baselines(empty_url):
-    # from 0003 itself: Alembic commits each SQLite revision as it goes (no transactional
-    # DDL), so from head the revisions above 0003 would stay downgraded there
-    command.upgrade(alembic_config(empty_url), "0003_true_metrics")
+    # The sweep is written by today's models at head, then the database is taken down to 0003
+    # first: Alembic commits each SQLite revision as it goes (no transactional DDL), so a
+    # refused downgrade from head would leave the revisions above 0003 downgraded there.
+    command.upgrade(alembic_config(empty_url), "head")
     engine = make_engine(empty_url)
     with make_session_factory(engine)() as session:
         crud.create_sweep(session=session, sweep_create=SweepSpec.model_validate(
             {**OLD_SPEC, "name": "new"}))
     engine.dispose()
+    command.downgrade(alembic_config(empty_url), "0003_true_metrics")
     with pytest.raises(RuntimeError, match="one-chip baselines"):
         command.downgrade(alembic_config(empty_url), "0002_step_settings")
     assert current_revision(empty_url) == "0003_true_metrics"
+
+
+def test_downgrading_past_0006_refuses_to_lose_plan_trials(empty_url):
+    command.upgrade(alembic_config(empty_url), "head")
+    engine = make_engine(empty_url)
+    with make_session_factory(engine)() as session:
+        crud.create_sweep(session=session, sweep_create=SweepSpec.model_validate(
+            {**OLD_SPEC, "name": "plans", "kinds": ["plan"], "frameworks": ["jax"]}))
+    engine.dispose()
+    with pytest.raises(RuntimeError, match="plan trials"):
+        command.downgrade(alembic_config(empty_url), "0005_cache_versions")
+    assert current_revision(empty_url) == head_revision()

@@ -25,13 +25,14 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 
-from service import crud, sweep_run
 from service.core.config import Settings
-from service.core.db import make_engine, make_session_factory, upgrade_database
-from service.models import Result, Sweep, Trial, utcnow
-from service.scheduler import Scheduler
-from service.sink import DatabaseSink, clean_error, record_result, replay_spool
-from service.spool import Spool, unstored_results
+from service.db import crud
+from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.db.models import Result, Sweep, Trial, utcnow
+from service.runs import sweep_run
+from service.runs.scheduler import Scheduler
+from service.runs.sink import DatabaseSink, clean_error, record_result, replay_spool
+from service.runs.spool import Spool, unstored_results
 from workers.events import TrialStarted
 from workers.result import TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
@@ -194,7 +195,7 @@ def test_finishing_a_sweep_waits_out_an_outage(private_one_trial_sweep):
 
 LEAVE_A_SPOOLED_RESULT = """
 import sys
-from service.spool import Spool
+from service.runs.spool import Spool
 from workers.result import TrialMetrics, TrialResult
 journal = Spool(sys.argv[1], sys.argv[2]).journal(int(sys.argv[3]))
 journal.append(TrialResult.model_validate_json(sys.stdin.read()))

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from service.db.read_cache import ResponseCache, data_version
 from service.main import create_app
-from service.read_cache import ResponseCache, data_version
 
 from .conftest import api_settings
 from .seed import seed_sweep

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from service import crud, sweep_run
-from service.models import Sweep, Trial, utcnow
+from service.db import crud
+from service.db.models import Sweep, Trial, utcnow
+from service.runs import sweep_run
 from workers.spec import SweepSpec, expand_trials
 
 from .conftest import TINY_SWEEP
@@ -62,7 +63,7 @@ def test_the_runner_identity_is_this_process_and_fits_the_column():
     assert not sweep_run.runner_is_gone(mine)
     long = sweep_run.runner_identity("x" * 300)
     assert len(long) == sweep_run.RUNNER_MAX and long.endswith(mine[len("service"):])
-    other = subprocess.run([sys.executable, "-c", "from service.sweep_run import runner_identity;"
+    other = subprocess.run([sys.executable, "-c", "from service.runs.sweep_run import runner_identity;"
                             " print(runner_identity('service'))"], cwd=REPO_ROOT, check=True,
                            capture_output=True, text=True, timeout=60).stdout.strip()
     assert other != mine and other.startswith(f"service@{match[1]}:")
@@ -121,8 +122,8 @@ def test_a_sweep_nobody_holds_is_taken_over(session_factory, runner, heartbeat_a
 COMPETITOR = """
 import json, signal, sys, threading
 from service.core.config import Settings
-from service.core.db import make_engine, make_session_factory
-from service.scheduler import Scheduler
+from service.db.engine import make_engine, make_session_factory
+from service.runs.scheduler import Scheduler
 from workers.events import TrialStarted
 
 
@@ -152,8 +153,8 @@ def test_two_services_with_the_same_scheduler_id_run_a_sweep_once(local_ray, tmp
     import ray
 
     from service.core.config import Settings
-    from service.core.db import make_engine, make_session_factory, upgrade_database
-    from service.scheduler import Scheduler
+    from service.db.engine import make_engine, make_session_factory, upgrade_database
+    from service.runs.scheduler import Scheduler
     from workers.events import TrialStarted
 
     from .test_scheduler import results_per_trial, sweep_status

@@ -20,14 +20,14 @@ import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service import crud
-from service.commands import run_with_db
+from service.cli.commands import run_with_db
 from service.core.config import Settings
-from service.core.db import make_engine, make_session_factory, upgrade_database
+from service.db import crud
+from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.db.models import Result, Sweep, Trial
 from service.main import create_app
-from service.models import Result, Sweep, Trial
-from service.scheduler import Scheduler
-from service.sink import DatabaseSink
+from service.runs.scheduler import Scheduler
+from service.runs.sink import DatabaseSink
 from workers.driver import run_sweep
 from workers.events import TrialFinished, TrialStarted
 from workers.spec import SweepSpec

@@ -204,7 +204,7 @@ def test_two_trials_at_once(local_ray):
 
 @pytest.mark.timeout(180)
 def test_cli_run_prints_a_line_per_trial(local_ray, tmp_path, capsys):
-    from service.cli import main
+    from service.cli.main import main
 
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("name: cli-test\nframeworks: [torch]\nmodes: [p2p, ulysses]\nchips: [2]\n"

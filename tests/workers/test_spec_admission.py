@@ -14,8 +14,15 @@ from gdn_core.presets import get_preset
 from gdn_core.train_config import TrainConfig
 from service.demo import demo_sweep
 from tests.service.conftest import TINY_SWEEP
-from workers.spec import (MAX_CHIPS, MAX_SEQ_LEN, AcceleratorSpec, SweepSpec, chip_memory_bytes,
-                          expand_trials, host_memory_bytes)
+from workers.spec import (
+    MAX_CHIPS,
+    MAX_SEQ_LEN,
+    AcceleratorSpec,
+    SweepSpec,
+    chip_memory_bytes,
+    expand_trials,
+    host_memory_bytes,
+)
 
 H100_27B = dict(name="27b", frameworks=["jax"], modes=["all_gather"], chips=[8],
                 model={"preset": "qwen3.5-27b"}, dtypes=["bfloat16"],

@@ -11,9 +11,9 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ...core.db import ping
-from ...schemas import ComponentHealth, HealthPublic, LivenessPublic
-from ..guards import RETRY_AFTER_S
+from service.api.guards import RETRY_AFTER_S
+from service.db.engine import ping
+from service.db.schemas import ComponentHealth, HealthPublic, LivenessPublic
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/health", tags=["health"])

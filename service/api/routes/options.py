@@ -7,12 +7,11 @@ from fastapi import APIRouter
 from gdn_core.hardware import ACCELERATOR_TYPES
 from gdn_core.presets import PRESETS
 from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
+from service.api.deps import SettingsDep
+from service.db.results_query import SORT_FIELDS
+from service.db.schemas import OptionsPublic
 from workers.result import TRIAL_STATUSES
-from workers.spec import CP_MODES, FRAMEWORKS, TRIAL_MODES
-
-from ...results_query import SORT_FIELDS
-from ...schemas import OptionsPublic
-from ..deps import SettingsDep
+from workers.spec import CP_MODES, FRAMEWORKS, TRIAL_KINDS, TRIAL_MODES
 
 router = APIRouter(tags=["options"])
 
@@ -20,7 +19,7 @@ router = APIRouter(tags=["options"])
 @router.get("/options", response_model=OptionsPublic)
 def options(settings: SettingsDep) -> OptionsPublic:
     return OptionsPublic(
-        frameworks=list(FRAMEWORKS), modes=list(CP_MODES),
+        kinds=list(TRIAL_KINDS), frameworks=list(FRAMEWORKS), modes=list(CP_MODES),
         trial_modes=list(TRIAL_MODES), presets=list(PRESETS),
         dtypes=list(COMPUTE_DTYPES), param_shardings=list(PARAM_SHARDINGS),
         remats=list(REMATS), accelerator_kinds=["cpu", "gpu", "tpu"],

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from ...read_cache import data_version
-from ...results_query import ResultFilters, query_results, to_csv
-from ...schemas import TrialsPublic
-from ..deps import ResultsCacheDep, SessionDep
+from service.api.deps import ResultsCacheDep, SessionDep
+from service.db.read_cache import data_version
+from service.db.results_query import ResultFilters, query_results, to_csv
+from service.db.schemas import TrialsPublic
 
 router = APIRouter(tags=["results"])
 

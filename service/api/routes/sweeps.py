@@ -7,14 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 
+from service.api.deps import SchedulerDep, SessionDep, SettingsDep, TokenDep
+from service.api.params import Offset, RowId
+from service.db import crud
+from service.db.models import FINAL_SWEEP_STATUSES
+from service.db.schemas import SweepCreate, SweepCreated, SweepPublic, SweepsPublic, TrialsPublic
+from service.runs.admission import grid_cap_error
 from workers.result import TrialStatus
-
-from ... import crud
-from ...admission import grid_cap_error
-from ...models import FINAL_SWEEP_STATUSES
-from ...schemas import SweepCreate, SweepCreated, SweepPublic, SweepsPublic, TrialsPublic
-from ..deps import SchedulerDep, SessionDep, SettingsDep, TokenDep
-from ..params import Offset, RowId
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 

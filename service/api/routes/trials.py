@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from ... import crud
-from ...schemas import TrialPublic
-from ..deps import SessionDep
-from ..params import RowId
+from service.api.deps import SessionDep
+from service.api.params import RowId
+from service.db import crud
+from service.db.schemas import TrialPublic
 
 router = APIRouter(prefix="/trials", tags=["trials"])
 

@@ -56,32 +56,49 @@ GS.el = function (tag, attrs, ...children) {
 GS.badge = (status) => GS.el("span", { class: "badge s-" + String(status).replace(/[^a-z_]/g, "") },
                              status);
 
+// Numbers as people read them, in the browser's locale: 10234 → "10,200", 0.01234 → "0.0123";
+// only tiny values (relative errors) in exponent form.
 GS.num = function (value, digits = 3) {
   if (value === null || value === undefined) return "";
-  if (Math.abs(value) >= 1e5 || (Math.abs(value) < 1e-3 && value !== 0)) {
-    return Number(value).toExponential(digits - 1);
-  }
-  return Number(value).toPrecision(digits).replace(/\.?0+$/, "");
+  const v = Number(value);
+  if (v !== 0 && Math.abs(v) < 1e-3) return v.toExponential(digits - 1).replace(/\.?0+e/, "e");
+  return v.toLocaleString(undefined, { maximumSignificantDigits: digits });
 };
 
+// Bytes in binary units, always "<number> <unit>" below 1000 of it: 21474836480 → "20 GiB",
+// 1536 → "1.5 KiB", 1024000 → "0.977 MiB".
 GS.bytes = function (value) {
   if (value === null || value === undefined) return "";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
   let v = Number(value), i = 0;
-  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
-  return v.toFixed(v >= 100 || i === 0 ? 0 : 1) + " " + units[i];
+  while (Math.abs(v) >= 1000 && i < units.length - 1) { v /= 1024; i += 1; }
+  return GS.num(v) + " " + units[i];
 };
 
-GS.pct = (value) => (value === null || value === undefined ? "" : (100 * value).toFixed(2) + "%");
+GS.pct = (value) => (value === null || value === undefined ? "" : GS.num(100 * value) + "%");
+
+// A duration in seconds: "850 µs", "12.3 ms", "4.56 s", "3 min 12 s", "2 h 5 min".
+GS.seconds = function (s) {
+  if (s === null || s === undefined) return "";
+  const v = Number(s);
+  if (v === 0) return "0 s";
+  if (v < 1e-3) return GS.num(v * 1e6) + " µs";
+  if (v < 1) return GS.num(v * 1e3) + " ms";
+  if (v < 60) return GS.num(v) + " s";
+  const whole = Math.round(v), h = Math.floor(whole / 3600), m = Math.floor((whole % 3600) / 60);
+  return h ? `${h} h ${m} min` : `${m} min ${whole % 60} s`;
+};
 
 GS.time = (iso) => (iso ? new Date(iso).toLocaleString() : "");
 
-// "median (fastest–slowest) ×n" of a trial's measured steps.
+// "median (fastest–slowest) ×n" of a trial's measured steps, all three in the median's unit.
 GS.stepTime = function (t) {
   if (t.step_time_s === null || t.step_time_s === undefined) return "";
+  const scale = t.step_time_s < 1 ? 1e3 : 1, unit = scale === 1 ? " s" : " ms";
+  const at = (s) => GS.num(s * scale);
   const spread = t.step_time_min_s === null || t.step_time_min_s === undefined ? "" :
-    ` (${GS.num(t.step_time_min_s)}–${GS.num(t.step_time_max_s)})`;
-  return GS.num(t.step_time_s) + spread + (t.measured_steps ? ` ×${t.measured_steps}` : "");
+    ` (${at(t.step_time_min_s)}–${at(t.step_time_max_s)})`;
+  return at(t.step_time_s) + unit + spread + (t.measured_steps ? ` ×${t.measured_steps}` : "");
 };
 
 // A table cell with the number of attempts; each attempt's status, hosts and reason as its title.
@@ -106,5 +123,7 @@ GS.header = function (active) {
   const link = (href, text) => GS.el("a", { href, style: active === href ? "font-weight:600" : null },
                                      text);
   document.body.prepend(GS.el("header", {}, GS.el("span", { class: "brand" }, "gdn-sweep"),
-    link("/", "Sweeps"), link("/results", "Results"), link("/docs", "API")));
+    link("/", "Sweeps"), link("/results", "Results"), link("/compare", "Compare"),
+    link("/planner", "Planner"),
+    link("/docs", "API")));
 };

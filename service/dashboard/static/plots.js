@@ -13,6 +13,7 @@ Plots.MODE_COLORS = { none: "#444444", ulysses: "#1f77b4", p2p: "#d62728", all_g
 Plots.DASH = { jax: "solid", torch: "dash" };
 Plots.SYMBOL = { jax: "circle", torch: "square" };
 Plots.CONFIG = { responsive: true, displaylogo: false };
+Plots.FONT = "12px 'Open Sans', verdana, arial, sans-serif";  // plotly's default legend font
 
 Plots.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
 
@@ -54,20 +55,44 @@ Plots.groupBy = function (rows, keyOf) {
 Plots.panels = function (values, panelTitle, x, yTitle, yType) {
   const cols = Math.min(values.length, 4) || 1, rows = Math.ceil(values.length / cols);
   const layout = { annotations: [], height: 300 * rows + 80 };
+  const xRange = [Math.log10(Math.min(...x.ticks) / 1.4), Math.log10(Math.max(...x.ticks) * 1.4)];
   values.forEach((value, i) => {
     const r = Math.floor(i / cols), c = i % cols, n = i ? i + 1 : "";
     layout["xaxis" + n] = { domain: [c / cols + 0.03, (c + 1) / cols - 0.03], anchor: "y" + n,
                             type: "log", title: { text: x.title }, tickvals: x.ticks,
-                            ticktext: x.ticks.map(x.label || String) };
+                            ticktext: x.ticks.map(x.label || String), range: xRange };
     layout["yaxis" + n] = { domain: [1 - (r + 1) / rows + 0.08, 1 - r / rows - 0.04], anchor: "x" + n,
-                            type: yType || "linear", title: { text: c === 0 ? yTitle : "" } };
+                            type: yType || "linear", title: { text: c === 0 ? yTitle : "" },
+                            tickformat: yType === "log" ? undefined : ",", hoverformat: ",.3~r",
+                            rangemode: "tozero" };  // from zero: one point gets a sane scale
     layout.annotations.push({ text: panelTitle(value), showarrow: false, xref: "x" + n + " domain",
                               yref: "y" + n + " domain", x: 0.5, y: 1.08 });
   });
   return layout;
 };
 
-Plots.axes = (i) => ({ xaxis: "x" + (i ? i + 1 : ""), yaxis: "y" + (i ? i + 1 : "") });
+Plots.axisSuffix = (i) => (i ? String(i + 1) : "");
+
+// Panels of `layout` that no data trace is drawn in: an empty trace keeps each one drawn in
+// its place (plotly leaves out subplots without traces, piling their titles into the first)
+// and a note says why it is empty, on blank axes.
+Plots.markEmptyPanels = function (layout, panels, traces, emptyText, isData) {
+  for (let i = 0; i < panels; i += 1) {
+    const { xaxis, yaxis } = Plots.axes(i);
+    const here = traces.filter((t) => t.xaxis === xaxis && t.yaxis === yaxis);
+    if (here.some(isData)) continue;
+    if (!here.length) {
+      traces.push({ type: "scatter", x: [], y: [], xaxis, yaxis, showlegend: false, hoverinfo: "skip" });
+      Object.assign(layout["yaxis" + Plots.axisSuffix(i)],
+                    { showticklabels: false, showgrid: false, zeroline: false });
+    }
+    layout.annotations.push({ text: emptyText, showarrow: false, x: 0.5, y: 0.5,
+                              xref: xaxis + " domain", yref: yaxis + " domain",
+                              font: { color: "#5f6b7a" } });
+  }
+};
+
+Plots.axes = (i) => ({ xaxis: "x" + Plots.axisSuffix(i), yaxis: "y" + Plots.axisSuffix(i) });
 
 // tokens/s/chip of a trial at its median, fastest and slowest measured step.
 Plots.throughputRange = function (t) {
@@ -96,31 +121,36 @@ Plots.throughputTrace = function (points, x, name, first, extra) {
   }, extra);
 };
 
-Plots.throughput = function (div, sweep, trials) {
+// "No trial has succeeded yet" while trials may still come, else plainly that none did.
+Plots.emptyText = (sweep, what = "trial") => (GS.FINAL_SWEEP.has(sweep.status) ?
+  `no ${what} succeeded` : `no ${what} has succeeded yet`);
+
+Plots.lineOf = (t) => ({ color: Plots.MODE_COLORS[t.mode], dash: Plots.DASH[t.framework] });
+
+Plots.throughput = function (sweep, trials) {
   const chipsList = sweep.spec.chips, seqs = sweep.spec.seq_lens, seen = new Set(), traces = [];
   const layout = Plots.panels(chipsList, (c) => `chips = ${c}`,
                               { title: "seq_len", ticks: seqs, label: Plots.tokens }, "tokens/s/chip");
-  layout.title = { text: "tokens/s/chip vs seq_len, per mode (one panel per chip count; " +
-                         "bars: fastest to slowest measured step)" };
+  layout.title = { text: "tokens/s/chip vs seq_len, per mode",
+                   subtitle: { text: "one panel per chip count; bars: fastest to slowest measured step" } };
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
   for (const [key, group] of Plots.groupBy(rows, (t) => `${Plots.series(t)}|${t.chips}`)) {
     const [name, chips] = key.split("|"), t = group[0];
     traces.push(Plots.throughputTrace(Plots.throughputPoints(group), "seq_len", name, !seen.has(name), {
-      ...Plots.axes(chipsList.indexOf(Number(chips))),
-      line: { color: Plots.MODE_COLORS[t.mode], dash: Plots.DASH[t.framework] } }));
+      ...Plots.axes(chipsList.indexOf(Number(chips))), line: Plots.lineOf(t) }));
     seen.add(name);
   }
-  Plotly.react(div, traces, layout, Plots.CONFIG);
+  return { traces, layout, panels: chipsList.length };
 };
 
 // tokens/s/chip vs chips, one panel per seq_len: every CP mode's line starts at the one-chip
 // baseline its trials name (baseline_trial_id), whatever the mode.
-Plots.scaling = function (div, sweep, trials) {
+Plots.scaling = function (sweep, trials) {
   const seqs = sweep.spec.seq_lens, chipsList = sweep.spec.chips, seen = new Set(), traces = [];
   const layout = Plots.panels(seqs, (s) => `seq_len = ${Plots.tokens(s)}`,
                               { title: "chips", ticks: chipsList }, "tokens/s/chip");
-  layout.title = { text: "scaling: tokens/s/chip vs chips from the one-chip baseline " +
-                         "(flat = perfect scaling)" };
+  layout.title = { text: "scaling: tokens/s/chip vs chips from the one-chip baseline",
+                   subtitle: { text: "one panel per seq_len; flat = perfect scaling" } };
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
   const byId = new Map(rows.map((t) => [t.id, t]));
   const multi = rows.filter((t) => t.chips > 1);
@@ -128,11 +158,12 @@ Plots.scaling = function (div, sweep, trials) {
     const [name, seq] = key.split("|"), t = group[0];
     const baselines = [...new Set(group.map((g) => byId.get(g.baseline_trial_id)).filter(Boolean))];
     traces.push(Plots.throughputTrace(Plots.throughputPoints([...baselines, ...group]), "chips", name,
-      !seen.has(name), { ...Plots.axes(seqs.indexOf(Number(seq))),
-                         line: { color: Plots.MODE_COLORS[t.mode], dash: Plots.DASH[t.framework] } }));
+      !seen.has(name), { ...Plots.axes(seqs.indexOf(Number(seq))), line: Plots.lineOf(t) }));
     seen.add(name);
   }
-  Plotly.react(div, traces, layout, Plots.CONFIG);
+  const empty = chipsList.some((c) => c > 1) ? Plots.emptyText(sweep, "trial on more than one chip")
+    : "this sweep runs on one chip only: nothing to scale";
+  return { traces, layout, panels: seqs.length, empty };
 };
 
 // What a memory figure is. Measured peaks (device allocator, process RSS) and XLA's estimate
@@ -151,6 +182,10 @@ Plots.MEMORY_QUANTITIES = [
   { field: "predicted_memory_bytes_per_chip", label: () => "predicted", dash: "dashdot" },
 ];
 
+// Bytes as hover text: "1.5 GiB at seq_len 4096", the series' name beside it.
+Plots.bytesHover = (trace) => Object.assign(trace, {
+  customdata: trace.y.map(GS.bytes), hovertemplate: "%{customdata} at seq_len %{x}<extra>%{fullData.name}</extra>" });
+
 // Memory traces per chips panel: one per (series, quantity); `meta.quantity` names it.
 Plots.memoryTraces = function (sweep, trials) {
   const chipsList = sweep.spec.chips, traces = [], seen = new Set();
@@ -163,35 +198,52 @@ Plots.memoryTraces = function (sweep, trials) {
       const points = [...Plots.groupBy(group, (g) => g.seq_len).values()].map((gs) => ({
         x: gs[0].seq_len, y: Math.max(...gs.map((g) => g[q.field])) }));  // repeats: the highest
       points.sort((a, b) => a.x - b.x);
-      traces.push({ x: points.map((p) => p.x), y: points.map((p) => p.y), name, legendgroup: name,
-                    showlegend: !seen.has(name), type: "scatter", mode: "lines+markers",
-                    meta: { quantity: q.field, label: q.label(t) },
-                    ...Plots.axes(chipsList.indexOf(Number(chips))),
-                    line: { color: Plots.MODE_COLORS[t.mode], dash: q.dash },
-                    marker: { symbol: Plots.SYMBOL[t.framework] } });
+      traces.push(Plots.bytesHover({
+        x: points.map((p) => p.x), y: points.map((p) => p.y), name, legendgroup: name,
+        showlegend: !seen.has(name), type: "scatter", mode: "lines+markers",
+        meta: { quantity: q.field, label: q.label(t) },
+        ...Plots.axes(chipsList.indexOf(Number(chips))),
+        line: { color: Plots.MODE_COLORS[t.mode], dash: q.dash },
+        marker: { symbol: Plots.SYMBOL[t.framework] } }));
       seen.add(name);
     }
   }
   return traces;
 };
 
-Plots.memory = function (div, sweep, trials) {
+// Ticks of a log bytes axis over [lo, hi], labelled in binary units ("256 MiB", "4 GiB"):
+// powers of two when the range spans several, else round steps of the largest unit.
+Plots.byteTicks = function (lo, hi) {
+  const first = Math.floor(Math.log2(lo)), last = Math.ceil(Math.log2(hi));
+  let values = [];
+  if (last - first >= 3) {
+    const step = Math.ceil((last - first) / 8);
+    for (let k = first; k <= last; k += step) values.push(2 ** k);
+  } else {
+    const unit = 1024 ** Math.max(0, Math.floor(Math.log(hi) / Math.log(1024)));
+    const raw = (hi - lo) / unit / 4, magnitude = 10 ** Math.floor(Math.log10(raw));
+    const step = [1, 2, 5, 10].map((m) => m * magnitude).find((m) => m >= raw) * unit;
+    for (let v = Math.max(step, Math.floor(lo / step) * step); v <= hi + step; v += step) values.push(v);
+  }
+  return { tickvals: values, ticktext: values.map(GS.bytes) };
+};
+
+Plots.memory = function (sweep, trials) {
   const chipsList = sweep.spec.chips, seqs = sweep.spec.seq_lens;
   const layout = Plots.panels(chipsList, (c) => `chips = ${c}`,
                               { title: "seq_len", ticks: seqs, label: Plots.tokens },
                               "memory per chip", "log");
-  chipsList.forEach((_, i) => Object.assign(layout["yaxis" + (i ? i + 1 : "")],
-                                            { tickformat: "~s", ticksuffix: "B" }));
-  layout.title = { text: "memory per chip vs seq_len: measured peak (solid), XLA estimate (dotted), " +
-                   "prediction (dash-dot)" +
-                   (sweep.chip_memory_bytes ? "; grey dots: " + sweep.chip_memory_label : "") };
+  layout.title = { text: "memory per chip vs seq_len", subtitle: { text:
+    "measured peak (solid), XLA estimate (dotted), prediction (dash-dot)" +
+    (sweep.chip_memory_bytes ? "; grey dots: " + sweep.chip_memory_label : "") } };
   const traces = Plots.memoryTraces(sweep, trials);
   if (sweep.chip_memory_bytes) {
     const span = [seqs[0] / 1.5, seqs[seqs.length - 1] * 1.5];  // a bit beyond them (log x)
     chipsList.forEach((_, i) => {
-      traces.push({ x: span, y: [sweep.chip_memory_bytes, sweep.chip_memory_bytes],
-                    name: "chip memory", legendgroup: "chip memory", showlegend: i === 0, type: "scatter",
-                    mode: "lines", ...Plots.axes(i), line: { color: "#999", dash: "dot" } });
+      traces.push(Plots.bytesHover({
+        x: span, y: [sweep.chip_memory_bytes, sweep.chip_memory_bytes], name: "chip memory",
+        legendgroup: "chip memory", showlegend: i === 0, type: "scatter", mode: "lines",
+        meta: { context: true }, ...Plots.axes(i), line: { color: "#999", dash: "dot" } }));
     });
   }
   const ooms = trials.filter((t) => t.status === "oom");
@@ -204,10 +256,16 @@ Plots.memory = function (div, sweep, trials) {
                   legendgroup: "oom", showlegend: !traces.some((t) => t.name === "oom"),
                   ...Plots.axes(i), marker: { symbol: "x", size: 10, color: "#000" } });
   });
-  Plotly.react(div, traces, layout, Plots.CONFIG);
+  const ys = traces.flatMap((t) => t.y).filter((y) => y > 0);
+  if (ys.length) {  // one scale and one unit style on every panel
+    const lo = Math.min(...ys), hi = Math.max(...ys);
+    const ticks = Plots.byteTicks(lo, hi), range = [Math.log10(lo / 1.5), Math.log10(hi * 1.5)];
+    chipsList.forEach((_, i) => Object.assign(layout["yaxis" + Plots.axisSuffix(i)], ticks, { range }));
+  }
+  return { traces, layout, panels: chipsList.length, isData: (t) => !(t.meta && t.meta.context) };
 };
 
-Plots.mfu = function (div, sweep, trials) {
+Plots.mfu = function (sweep, trials) {
   const rows = Plots.ok(trials, "mfu");
   const names = [...new Set(rows.map(Plots.series))].sort();
   const chipsList = sweep.spec.chips;
@@ -219,20 +277,79 @@ Plots.mfu = function (div, sweep, trials) {
     const sample = rows.find((t) => Plots.series(t) === name);
     return { type: "bar", name, x: chipsList.map((c) => `${c} chip${c === 1 ? "" : "s"}`),
              y: best.map((t) => (t ? t.mfu : null)),
-             hovertext: best.map((t) => (t ? `best at seq_len ${t.seq_len}` : "")),
-             hoverinfo: "x+y+text+name", textposition: "none",
+             customdata: best.map((t) => (t ? `${GS.pct(t.mfu)} at seq_len ${t.seq_len}` : "")),
+             hovertemplate: "%{customdata}<extra>%{fullData.name}</extra>", textposition: "none",
              marker: { color: Plots.MODE_COLORS[sample.mode],
                        pattern: { shape: sample.framework === "torch" ? "/" : "" } } };
   });
-  Plotly.react(div, traces, {
-    title: { text: "MFU by mode × chips (best over seq_len)" }, barmode: "group", height: 380,
-    yaxis: { title: { text: "MFU" }, tickformat: ".2%" }, xaxis: { type: "category" },
-  }, Plots.CONFIG);
+  const layout = { title: { text: "MFU by mode × chips", subtitle: { text: "best over seq_len" } },
+                   barmode: "group", height: 380, yaxis: { title: { text: "MFU" }, tickformat: ".3~%",
+                   rangemode: "tozero" }, xaxis: { type: "category" } };
+  return { traces, layout };
 };
 
+// Room for every legend entry below the panels (a legend beside them clips long names, one
+// taller than its box scrolls): entries as wide as the longest name, and as many rows as that
+// takes at this width, at the row height this figure's legend last had (30 px until drawn).
+Plots.fitLegend = function (layout, traces, div) {
+  const names = traces.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);
+  const ctx = (Plots.canvas = Plots.canvas || document.createElement("canvas")).getContext("2d");
+  ctx.font = Plots.FONT;
+  const text = Math.ceil(Math.max(0, ...names.map((n) => ctx.measureText(n).width))) + 8;
+  const entry = text + 40, usable = Math.max(entry, div.clientWidth - 100);  // 40: symbol, gaps
+  const rows = Math.ceil(names.length / Math.max(1, Math.floor(usable / entry)));
+  const room = rows * Number(div.dataset.legendRow || 30) + 12;
+  div.dataset.panelsHeight = layout.height || 380;
+  layout.height = Number(div.dataset.panelsHeight) + room;
+  layout.margin = { l: 70, r: 30, t: 90, b: Plots.X_AXIS_ROOM + room };
+  layout.legend = { orientation: "h", x: 0, xanchor: "left", y: 0, yanchor: "bottom",
+                    yref: "container", entrywidth: text, entrywidthmode: "pixels", maxheight: room };
+};
+Plots.X_AXIS_ROOM = 70;  // x tick labels and axis title, between the panels and the legend
+
+// Once plotly has laid the legend out: make its room exactly as tall as its rows (the
+// estimate can be off, and a resize changes how many rows there are).
+Plots.legendRoom = function (div) {
+  const box = div.querySelector("g.legend .scrollbox"), layout = div.layout;
+  if (!box || !layout || !layout.legend || layout.legend.yref !== "container") return;
+  const rows = new Set([...box.querySelectorAll("g.traces")].map((g) =>
+    (/translate\(\s*[-\d.e]+[ ,]\s*([-\d.e]+)/.exec(g.getAttribute("transform") || "") || [])[1])).size;
+  const need = Math.ceil(box.getBBox().height) + 12;
+  if (rows) div.dataset.legendRow = (need - 12) / rows;
+  if (Math.abs(need - layout.legend.maxheight) <= 2) return;
+  Plotly.relayout(div, { height: Number(div.dataset.panelsHeight) + need,
+                         "margin.b": Plots.X_AXIS_ROOM + need, "legend.maxheight": need });
+};
+
+// A figure, or a note saying why there is none: without data plotly draws bare, made-up axes.
+Plots.show = function (div, figure, emptyText) {
+  const isData = figure.isData || (() => true);
+  emptyText = figure.empty || emptyText;
+  if (!figure.traces.some(isData)) {
+    Plotly.purge(div);
+    div.classList.add("no-data");
+    div.replaceChildren(GS.el("p", {}, GS.el("strong", {}, figure.layout.title.text), ": " + emptyText));
+    return Promise.resolve();
+  }
+  if (div.classList.contains("no-data")) {
+    div.classList.remove("no-data");
+    div.replaceChildren();
+  }
+  if (figure.panels) Plots.markEmptyPanels(figure.layout, figure.panels, figure.traces, emptyText, isData);
+  Plots.fitLegend(figure.layout, figure.traces, div);
+  return Plotly.react(div, figure.traces, figure.layout, Plots.CONFIG).then(() => {
+    if (!div.dataset.legendWatched) {  // a resize lays the legend out anew
+      div.dataset.legendWatched = "1";
+      div.on("plotly_afterplot", () => Plots.legendRoom(div));
+    }
+    Plots.legendRoom(div);
+  });
+};
+
+Plots.FIGURES = { "plot-throughput": Plots.throughput, "plot-scaling": Plots.scaling,
+                  "plot-memory": Plots.memory, "plot-mfu": Plots.mfu };
+
 Plots.drawAll = function (sweep, trials) {
-  Plots.throughput(document.getElementById("plot-throughput"), sweep, trials);
-  Plots.scaling(document.getElementById("plot-scaling"), sweep, trials);
-  Plots.memory(document.getElementById("plot-memory"), sweep, trials);
-  Plots.mfu(document.getElementById("plot-mfu"), sweep, trials);
+  return Promise.all(Object.entries(Plots.FIGURES).map(([id, figure]) =>
+    Plots.show(document.getElementById(id), figure(sweep, trials), Plots.emptyText(sweep))));
 };

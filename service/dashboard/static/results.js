@@ -1,8 +1,18 @@
-// Results across sweeps with the API's filters, sorting, paging and a CSV link.
+// Results across sweeps with the API's filters, sorting, paging and a CSV link. The filters
+// live in the query string (read on load, written back on every change), so a link
+// reproduces the view; list filters repeat as the API takes them (`chips=2&chips=4`).
 "use strict";
 
 const PAGE = 100;
 let offset = 0;
+const DEFAULT_SORT = "-tokens_per_s_per_chip";  // the API's: left out of the link
+
+const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat"];
+const LISTS = ["chips", "repeat"];  // comma-separated in the form
+const NUMBERS = ["seq_len_min", "seq_len_max", "sweep_id"];
+const FORM_PARAMS = new Set([...SELECTS, ...LISTS, ...NUMBERS, "sort", "offset"]);
+const NOT_KEPT = new Set(["limit", "format"]);
+let extra = [];  // parameters of the link the form has no field for, kept as they came
 
 function fillSelect(id, values, anyLabel) {
   const select = document.getElementById(id);
@@ -11,18 +21,42 @@ function fillSelect(id, values, anyLabel) {
   select.replaceChildren(...opts);
 }
 
+// Select `values` (several: "any of them"); a value the form does not offer is added, so
+// the API's answer names it rather than the form dropping it.
+function choose(select, values) {
+  const value = values.join(",");
+  if (![...select.options].some((o) => o.value === value)) {
+    select.append(GS.el("option", { value }, values.join(" or ")));
+  }
+  select.value = value;
+}
+
+const field = (name) => document.getElementById("f-" + name);
+const splitList = (text) => text.split(/[\s,]+/).filter(Boolean);
+
+function readQuery(query) {
+  for (const name of SELECTS) if (query.getAll(name).length) choose(field(name), query.getAll(name));
+  for (const name of LISTS) field(name).value = query.getAll(name).join(", ");
+  for (const name of NUMBERS) field(name).value = query.get(name) || "";
+  const sort = query.get("sort");
+  if (sort) {
+    field("desc").checked = sort.startsWith("-");
+    choose(field("sort"), [sort.replace(/^-/, "")]);
+  }
+  offset = Math.max(0, Number(query.get("offset")) || 0);
+  extra = [...query.entries()].filter(([name]) => !FORM_PARAMS.has(name) && !NOT_KEPT.has(name));
+  document.getElementById("extra-filters").textContent = extra.length ?
+    "also filtered by the link: " + extra.map(([k, v]) => `${k}=${v}`).join(" · ") : "";
+}
+
 function params() {
   const p = new URLSearchParams();
-  for (const name of ["preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
-                      "repeat", "seq_len_min", "seq_len_max"]) {
-    const value = document.getElementById("f-" + name).value.trim();
-    if (value) p.set(name, value);
-  }
-  for (const chips of document.getElementById("f-chips").value.split(/[\s,]+/).filter(Boolean)) {
-    p.append("chips", chips);
-  }
-  const sort = document.getElementById("f-sort").value;
-  p.set("sort", (document.getElementById("f-desc").checked ? "-" : "") + sort);
+  for (const name of SELECTS) for (const v of splitList(field(name).value)) p.append(name, v);
+  for (const name of LISTS) for (const v of splitList(field(name).value)) p.append(name, v);
+  for (const name of NUMBERS) if (field(name).value.trim()) p.set(name, field(name).value.trim());
+  for (const [name, value] of extra) p.append(name, value);
+  const sort = (field("desc").checked ? "-" : "") + field("sort").value;
+  if (sort !== DEFAULT_SORT) p.set("sort", sort);
   return p;
 }
 
@@ -30,13 +64,14 @@ function resultRow(t) {
   const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
   return GS.el("tr", { "data-trial-id": t.id },
     num(t.id), GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
-    GS.el("td", {}, t.preset), GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips),
-    num(t.seq_len), num(t.batch_size), GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
+    GS.el("td", {}, t.kind || ""), GS.el("td", {}, t.preset), GS.el("td", {}, t.framework),
+    GS.el("td", {}, t.mode), num(t.chips), num(GS.num(t.seq_len, 21)), num(t.batch_size),
+    GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
     GS.el("td", {}, t.remat), num(t.repeat), GS.el("td", {}, t.accelerator),
     GS.el("td", {}, t.device_name || ""), GS.attempts(t),
     num(GS.num(t.tokens_per_s_per_chip)),
     num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
-    num(GS.stepTime(t)), num(GS.num(t.compile_time_s)), num(GS.pct(t.mfu)), num(GS.pct(t.hfu)),
+    num(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), num(GS.pct(t.mfu)), num(GS.pct(t.hfu)),
     num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
     num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
     num(GS.bytes(t.predicted_memory_bytes_per_chip)),
@@ -49,15 +84,18 @@ async function load() {
   const csv = new URLSearchParams(p);
   csv.set("format", "csv");
   document.getElementById("csv").href = "/api/results?" + csv.toString();
-  p.set("offset", offset);
+  if (offset) p.set("offset", offset);
+  const shown = p.toString();
+  window.history.replaceState(null, "", window.location.pathname + (shown ? "?" + shown : ""));
   p.set("limit", PAGE);
   const errors = document.getElementById("results-errors");
   errors.textContent = "";
   try {
     const page = await GS.api("/api/results?" + p.toString());
     document.querySelector("#results tbody").replaceChildren(...page.data.map(resultRow));
-    document.getElementById("page-info").textContent =
-      page.count ? `${offset + 1}–${offset + page.data.length} of ${page.count}` : "no matching results";
+    document.getElementById("page-info").textContent = page.count ?
+      `${GS.num(offset + 1, 21)}–${GS.num(offset + page.data.length, 21)} of ${GS.num(page.count, 21)}` :
+      "no matching results";
     document.getElementById("prev").disabled = offset === 0;
     document.getElementById("next").disabled = offset + PAGE >= page.count;
   } catch (err) {
@@ -68,6 +106,9 @@ async function load() {
 async function init() {
   GS.header("/results");
   const o = await GS.api("/api/options");
+  const kinds = o.kinds || ["measure"];
+  fillSelect("f-kind", kinds, "measure (default)");
+  if (kinds.length > 1) field("kind").append(GS.el("option", { value: kinds.join(",") }, "any"));
   fillSelect("f-preset", o.presets, "any");
   fillSelect("f-framework", o.frameworks, "any");
   fillSelect("f-mode", o.trial_modes, "any");
@@ -76,6 +117,8 @@ async function init() {
   fillSelect("f-param_sharding", o.param_shardings, "any");
   fillSelect("f-remat", o.remats, "any");
   fillSelect("f-sort", o.result_sort_fields);
+  choose(field("sort"), [DEFAULT_SORT.slice(1)]);
+  readQuery(new URLSearchParams(window.location.search));
   document.getElementById("filters").addEventListener("submit", (e) => { e.preventDefault(); offset = 0; load(); });
   document.getElementById("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE); load(); });
   document.getElementById("next").addEventListener("click", () => { offset += PAGE; load(); });

@@ -13,10 +13,10 @@ function trialRow(t, repeated) {
                        "data-attempts": t.attempt_history.length },
     num(t.id), GS.el("td", {}, t.framework),
     GS.el("td", { title: t.mode === "none" ? "one chip, no context parallelism: the baseline" : null },
-          t.mode), num(t.chips), num(t.seq_len), GS.el("td", {}, settings),
+          t.mode), num(t.chips), num(GS.num(t.seq_len, 21)), GS.el("td", {}, settings),
     GS.el("td", {}, GS.badge(t.status)), GS.attempts(t), num(GS.num(t.tokens_per_s_per_chip)),
     num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
-    num(GS.stepTime(t)), num(GS.num(t.compile_time_s)), num(GS.pct(t.mfu)),
+    num(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), num(GS.pct(t.mfu)),
     num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
     num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
     num(GS.bytes(t.predicted_memory_bytes_per_chip)),
@@ -27,13 +27,14 @@ function trialRow(t, repeated) {
     GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
 }
 
-function showSweep(s) {
+function showSweep(s, trials) {
   document.title = "gdn-sweep · " + s.name;
   document.getElementById("sweep-name").textContent = s.name;
   document.getElementById("sweep-status").replaceChildren(GS.badge(s.status));
   document.getElementById("sweep-progress").replaceChildren(GS.progress(s.trials_done, s.trials_total));
   const shown = Object.entries(s.counts).filter(([, n]) => n).map(([k, n]) => `${k} ${n}`);
   document.getElementById("sweep-counts").textContent = `${s.trials_done} / ${s.trials_total} done · ` + shown.join(" · ");
+  document.getElementById("sweep-timing").textContent = Timing.describe(s, trials, Date.now());
   const m = s.spec.model, a = s.spec.accelerator;
   document.getElementById("sweep-spec").textContent =
     `preset ${m.preset}${m.num_layers ? ` (${m.num_layers} layers)` : ""} · batch ${s.spec.batch_size} · ` +
@@ -50,7 +51,7 @@ async function refresh() {
   try {
     const [sweep, trials] = await Promise.all([
       GS.api(`/api/sweeps/${sweepId}`), GS.api(`/api/sweeps/${sweepId}/trials?limit=10000`)]);
-    showSweep(sweep);
+    showSweep(sweep, trials.data);
     const repeated = sweep.spec.repeats > 1;
     document.querySelector("#trials tbody").replaceChildren(...trials.data.map((t) => trialRow(t, repeated)));
     Plots.drawAll(sweep, trials.data);
@@ -79,5 +80,6 @@ async function cancel() {
 }
 
 GS.header("/sweep");
+document.getElementById("results-link").href = "/results?sweep_id=" + sweepId;
 document.getElementById("cancel").addEventListener("click", cancel);
 refresh().then(() => { if (!GS.FINAL_SWEEP.has(document.body.dataset.sweepStatus)) timer = setInterval(refresh, 2000); });

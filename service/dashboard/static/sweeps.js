@@ -31,7 +31,8 @@ function formBody() {
   if (optionalInt("num_layers") !== null) model.num_layers = optionalInt("num_layers");
   if (optionalInt("vocab_size") !== null) model.vocab_size = optionalInt("vocab_size");
   return {
-    name: value("name"), frameworks: checkedValues("frameworks"), modes: checkedValues("modes"),
+    name: value("name"), kinds: checkedValues("kinds"), frameworks: checkedValues("frameworks"),
+    modes: checkedValues("modes"),
     chips: intList(value("chips")), seq_lens: intList(value("seq_lens")), model,
     batch_size: Number(value("batch_size")), dtypes: checkedValues("dtypes"),
     param_shardings: checkedValues("param_shardings"), remats: checkedValues("remats"),
@@ -45,13 +46,16 @@ function formBody() {
 }
 
 // Trials the API will create (SweepSpec.grid_size): chips = 1 runs once as the one-chip
-// baseline, not once per mode; every point runs `repeats` times.
+// baseline, not once per mode; every measured point runs `repeats` times, a plan (JAX's
+// only) once.
 function showGridSize() {
   const b = formBody();
   const chips = new Set(b.chips), baseline = chips.has(1) ? 1 : 0;
-  const settings = [b.frameworks, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
+  const points = b.modes.length * (chips.size - baseline) + baseline;
+  const settings = (frameworks) => [frameworks, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
     .reduce((product, values) => product * values.length, 1);
-  const n = (b.repeats || 1) * settings * (b.modes.length * (chips.size - baseline) + baseline);
+  const n = b.kinds.reduce((total, kind) => total + (kind === "plan"
+    ? settings(b.frameworks.filter((f) => f === "jax")) : (b.repeats || 1) * settings(b.frameworks)) * points, 0);
   document.getElementById("grid-size").textContent =
     `${n} trial${n === 1 ? "" : "s"} (cap ${options ? options.grid_cap : "?"})`;
 }
@@ -77,7 +81,7 @@ function sweepRow(s) {
   const c = s.counts;
   return GS.el("tr", { "data-sweep-id": s.id, "data-status": s.status },
     GS.el("td", { class: "num" }, s.id),
-    GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(s.id), class: "sweep-name" }, s.name)),
+    GS.el("td", { class: "name", title: s.name }, GS.el("a", { href: "/sweeps/" + Number(s.id), class: "sweep-name" }, s.name)),
     GS.el("td", {}, GS.badge(s.status)),
     GS.el("td", {}, GS.progress(s.trials_done, s.trials_total)),
     GS.el("td", { class: "num" }, `${s.trials_done} / ${s.trials_total}`),
@@ -85,7 +89,8 @@ function sweepRow(s) {
     GS.el("td", { class: "num" }, `${c.failed} · ${c.oom} · ${c.timeout}`),
     GS.el("td", { class: "num" }, c.skipped),
     GS.el("td", { class: "num" }, c.cancelled),
-    GS.el("td", {}, GS.time(s.created_at)));
+    GS.el("td", {}, GS.time(s.created_at)),
+    GS.el("td", { class: "timing" }, Timing.elapsed(s, Date.now())));
 }
 
 async function refresh() {
@@ -104,6 +109,7 @@ async function refresh() {
 async function init() {
   GS.header("/");
   options = await GS.api("/api/options");
+  checkboxes(document.getElementById("kinds"), "kinds", options.kinds, ["measure"]);
   checkboxes(document.getElementById("frameworks"), "frameworks", options.frameworks, options.frameworks);
   checkboxes(document.getElementById("modes"), "modes", options.modes, ["all_gather", "p2p"]);
   fillSelect(document.getElementById("preset"), options.presets, "tiny");

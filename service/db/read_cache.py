@@ -13,7 +13,7 @@ from collections import OrderedDict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .models import CacheVersion
+from service.db.models import CacheVersion
 
 
 def data_version(session: Session, name: str) -> int | None:

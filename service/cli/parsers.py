@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
-from workers.spec import FRAMEWORKS, TRIAL_MODES
+from workers.spec import FRAMEWORKS, TRIAL_KINDS, TRIAL_MODES
 
 DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -40,6 +40,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
 
     p = sub.add_parser("results", help="print succeeded trials from the database")
     p.add_argument("--db", dest="database_url", help=DB_HELP)
+    p.add_argument("--kind", action="append", choices=TRIAL_KINDS,
+                   help="measure (default) or plan (compile-only trials); repeat for both")
     p.add_argument("--preset", action="append")
     p.add_argument("--framework", action="append", choices=FRAMEWORKS)
     p.add_argument("--mode", action="append", choices=TRIAL_MODES,
@@ -60,11 +62,11 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
                    help="rows to print (default 50; CSV: all)")
     p.add_argument("--csv", action="store_true", help="CSV on stdout")
     p.set_defaults(run=lambda a: results(
-        database_url=a.database_url, preset=a.preset, framework=a.framework, mode=a.mode,
-        chips=a.chips, seq_len_min=a.seq_len_min, seq_len_max=a.seq_len_max,
-        accelerator=a.accelerator, dtype=a.dtype, param_sharding=a.param_sharding,
-        remat=a.remat, repeat=a.repeat, sweep_id=a.sweep_id, sort=a.sort,
-        limit=a.limit if a.limit is not None or a.csv else 50, csv=a.csv))
+        database_url=a.database_url, csv=a.csv, kind=a.kind, preset=a.preset,
+        framework=a.framework, mode=a.mode, chips=a.chips, seq_len_min=a.seq_len_min,
+        seq_len_max=a.seq_len_max, accelerator=a.accelerator, dtype=a.dtype,
+        param_sharding=a.param_sharding, remat=a.remat, repeat=a.repeat, sweep_id=a.sweep_id,
+        sort=a.sort, limit=a.limit if a.limit is not None or a.csv else 50))
 
     p = sub.add_parser("db", help="database maintenance")
     db_sub = p.add_subparsers(dest="db_command", required=True)
@@ -72,6 +74,10 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     up.add_argument("--db", dest="database_url", help=DB_HELP)
     up.add_argument("--revision", default="head")
     up.set_defaults(run=lambda a: db_upgrade(database_url=a.database_url, revision=a.revision))
+
+    from service.cli.plan import add_plan_parser
+
+    add_plan_parser(sub, DB_HELP)
 
 
 def _positive(text: str) -> int:

@@ -17,14 +17,14 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
-from .core.config import Settings
+from service.core.config import Settings
 
-log = logging.getLogger("service.commands")
+log = logging.getLogger("service.cli.commands")
 SCHEDULER_STOP_TIMEOUT_S = 150.0
 """How long serve waits for its scheduler process to stop (running trials, then Ray)."""
 
 
-def _settings(**overrides) -> Settings:
+def cli_settings(**overrides) -> Settings:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -43,7 +43,7 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, database_url: str | None
     all cleanly (the scheduler, then a local Ray, every process of it); exit code 0."""
     import uvicorn
 
-    from .core.logging import configure_logging
+    from service.core.logging import configure_logging
 
     _export(DATABASE_URL=database_url, RAY_ADDRESS=ray_address, GDN_SWEEP_LOG_LEVEL=log_level)
     settings = Settings()
@@ -60,7 +60,7 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, database_url: str | None
     try:
         if workers > 1:
             if settings.upgrade_on_start:  # once, here: the processes would race to migrate
-                from .core.db import upgrade_database
+                from service.db.engine import upgrade_database
 
                 log.info("database at revision %s", upgrade_database(settings.database_url))
                 _export(GDN_SWEEP_UPGRADE_ON_START="false")
@@ -99,11 +99,11 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
               log_level: str | None = None) -> int:
     """Run the scheduler alone, no HTTP, until SIGTERM or Ctrl-C: it stops the running sweep
     for a resume, stops a local Ray completely and exits 0."""
-    from .core.db import make_engine, make_session_factory, upgrade_database
-    from .core.logging import configure_logging
-    from .main import build_scheduler
+    from service.core.logging import configure_logging
+    from service.db.engine import make_engine, make_session_factory, upgrade_database
+    from service.main import build_scheduler
 
-    settings = _settings(database_url=database_url, ray_address=ray_address,
+    settings = cli_settings(database_url=database_url, ray_address=ray_address,
                          log_level=log_level)
     configure_logging(settings.log_level, settings.log_format)
     stop = threading.Event()
@@ -140,37 +140,28 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
 def db_upgrade(*, database_url: str | None = None, revision: str = "head",
                out: TextIO = sys.stdout) -> int:
     """Apply the Alembic migrations (the service also does this when it starts)."""
-    from .core.db import upgrade_database
+    from service.db.engine import upgrade_database
 
-    settings = _settings(database_url=database_url)
+    settings = cli_settings(database_url=database_url)
     at = upgrade_database(settings.database_url, revision)
     print(f"database {_shown(settings.database_url)} at revision {at}", file=out)
     return 0
 
 
-def results(*, database_url: str | None = None, preset: list[str] | None = None,
-            framework: list[str] | None = None, mode: list[str] | None = None,
-            chips: list[int] | None = None, seq_len_min: int | None = None,
-            seq_len_max: int | None = None, accelerator: list[str] | None = None,
-            dtype: list[str] | None = None, param_sharding: list[str] | None = None,
-            remat: list[str] | None = None, repeat: list[int] | None = None,
-            sweep_id: int | None = None,
-            sort: str = "-tokens_per_s_per_chip", limit: int | None = 50, csv: bool = False,
-            out: TextIO = sys.stdout) -> int:
-    """Print succeeded trials from the database (same filters as GET /api/results)."""
+def results(*, database_url: str | None = None, csv: bool = False, out: TextIO = sys.stdout,
+            **filter_values) -> int:
+    """Print succeeded trials from the database: `filter_values` are GET /api/results' query
+    parameters (lists for the repeatable ones; None or empty: not given)."""
     from pydantic import ValidationError
 
-    from .core.db import make_engine, make_session_factory, upgrade_database
-    from .results_query import ResultFilters, query_results, to_csv
+    from service.db.engine import make_engine, make_session_factory, upgrade_database
+    from service.db.results_query import ResultFilters, query_results, to_csv
+    from service.runs.admission import validation_text
 
-    settings = _settings(database_url=database_url)
+    settings = cli_settings(database_url=database_url)
     try:
-        filters = ResultFilters(
-            preset=preset or [], framework=framework or [], mode=mode or [], chips=chips or [],
-            seq_len_min=seq_len_min, seq_len_max=seq_len_max, accelerator=accelerator or [],
-            dtype=dtype or [], param_sharding=param_sharding or [], remat=remat or [],
-            repeat=repeat or [], sweep_id=sweep_id, sort=sort, limit=limit,
-            format="csv" if csv else "json")
+        given = {name: value for name, value in filter_values.items() if value not in (None, [])}
+        filters = ResultFilters(**given, format="csv" if csv else "json")
     except ValidationError as err:
         print(validation_text(err), file=sys.stderr)
         return 2
@@ -184,7 +175,7 @@ def results(*, database_url: str | None = None, preset: list[str] | None = None,
     if csv:
         out.write(to_csv(rows))
         return 0
-    from .results_query import to_table
+    from service.db.results_query import to_table
 
     out.write(to_table(rows, count))
     return 0
@@ -203,9 +194,9 @@ def run_with_db(spec_path: str | Path | None, *, database_url: str | None = None
     workers.options.DriverOptions (placement/start timeouts, retries, warm reuse). Exit
     codes: see service/foreground.py.
     """
-    from .foreground import run_sweep_into_db
+    from service.runs.foreground import run_sweep_into_db
 
-    settings = _settings(database_url=database_url, ray_address=ray_address,
+    settings = cli_settings(database_url=database_url, ray_address=ray_address,
                          max_concurrent_trials=max_concurrent_trials, cpu_chips=cpu_chips)
     return run_sweep_into_db(spec_path, settings=settings, resume_sweep_id=resume_sweep_id,
                              progress=progress, out=out, driver_options=driver_options)
@@ -213,7 +204,7 @@ def run_with_db(spec_path: str | Path | None, *, database_url: str | None = None
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:
     """Add serve, scheduler, results and db to the `gdn-sweep` sub-commands."""
-    from .cli_parsers import add_parsers
+    from service.cli.parsers import add_parsers
 
     add_parsers(sub, serve=serve, scheduler=scheduler, results=results, db_upgrade=db_upgrade)
 
@@ -222,9 +213,3 @@ def _shown(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
-
-
-def validation_text(err) -> str:
-    """A pydantic ValidationError as `field: message` lines."""
-    return "\n".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
-                     for e in err.errors())

@@ -10,12 +10,9 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 from sqlalchemy import Select, and_, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, object_session
 
-from workers.result import FINAL_STATUSES, TRIAL_STATUSES
-from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
-
-from .models import (
+from service.db.models import (
     FACT_COLUMNS,
     IdempotencyKey,
     Result,
@@ -26,7 +23,9 @@ from .models import (
     trial_row,
     utcnow,
 )
-from .schemas import SweepPublic, TrialPublic, trials_from_mappings
+from service.db.schemas import SweepPublic, TrialPublic, trials_from_mappings
+from workers.result import FINAL_STATUSES, TRIAL_STATUSES
+from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
 
 
 def create_sweep(*, session: Session, sweep_create: SweepSpec,
@@ -89,8 +88,18 @@ def stored_spec(raw: dict) -> SweepSpec:
             "accelerator": AcceleratorSpec.model_construct(**raw.get("accelerator", {}))})
 
 
+def queue_position(*, session: Session, sweep: Sweep) -> int | None:
+    """1 + the queued sweeps taken before this one, in the scheduler's order (oldest id first:
+    `runs.sweep_run.next_sweep_id`); None unless the sweep is queued."""
+    if sweep.status != "queued":
+        return None
+    ahead = session.scalar(select(func.count()).select_from(Sweep).where(
+        Sweep.status == "queued", Sweep.id < sweep.id)) or 0
+    return ahead + 1
+
+
 def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
-    from .chip_memory import chip_memory
+    from service.core.chip_memory import chip_memory
 
     spec = stored_spec(sweep.spec)
     memory, label = chip_memory(spec.accelerator.kind, spec.accelerator.type)
@@ -99,7 +108,8 @@ def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
         created_at=sweep.created_at, started_at=sweep.started_at, finished_at=sweep.finished_at,
         trials_total=sweep.trials_total, trials_skipped=sweep.trials_skipped,
         trials_done=sum(n for s, n in counts.items() if s in FINAL_STATUSES), counts=counts,
-        spec=spec, chip_memory_bytes=memory, chip_memory_label=label)
+        spec=spec, chip_memory_bytes=memory, chip_memory_label=label,
+        queue_position=queue_position(session=object_session(sweep), sweep=sweep))
 
 
 _BaselineTrial, _BaselineResult = aliased(Trial), aliased(Result)

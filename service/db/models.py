@@ -78,6 +78,9 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
     key: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(8), default="measure",
+                                      server_default=text("'measure'"))
+    """'measure' (run and timed) or 'plan' (the JAX step compiled for its chips, not run)."""
     framework: Mapped[str] = mapped_column(String(16))
     mode: Mapped[str] = mapped_column(String(16))
     chips: Mapped[int] = mapped_column(Integer)
@@ -136,6 +139,9 @@ class Result(Base):
                                           primary_key=True, autoincrement=False)
     """One result per trial: the trial's id is the key (and SQLite clusters rows by it)."""
     sweep_id: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8), default="measure",
+                                      server_default=text("'measure'"))
+    """'measure' (run and timed) or 'plan' (the JAX step compiled for its chips, not run)."""
     framework: Mapped[str] = mapped_column(String(16))
     mode: Mapped[str] = mapped_column(String(16))
     chips: Mapped[int] = mapped_column(Integer)
@@ -183,6 +189,8 @@ class Result(Base):
     comm_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     cp_comm_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
     grad_sync_bytes_per_step_per_chip: Mapped[int | None] = mapped_column(BigInteger)
+    compiled_flops_per_step_per_chip: Mapped[float | None] = mapped_column(Float)
+    """Matmul FLOPs of the compiled per-chip program, loop trips counted (plan trials)."""
     loss_first: Mapped[float | None] = mapped_column(Float)
     loss_last: Mapped[float | None] = mapped_column(Float)
     max_rel_err: Mapped[float | None] = mapped_column(Float)
@@ -244,12 +252,13 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "mfu", "hfu", "peak_memory_bytes_per_chip", "memory_source",
     "estimated_memory_bytes_per_chip", "estimated_memory_source",
     "predicted_memory_bytes_per_chip", "comm_bytes_per_step_per_chip",
-    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip", "loss_first",
-    "loss_last", "max_rel_err", "verified_seq_len")
+    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip",
+    "compiled_flops_per_step_per_chip", "loss_first", "loss_last", "max_rel_err",
+    "verified_seq_len")
 """Result columns filled from workers.result.TrialMetrics (same names)."""
 
 FACT_COLUMNS: tuple[str, ...] = (
-    "sweep_id", "framework", "mode", "chips", "seq_len", "batch_size", "preset", "num_layers",
+    "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size", "preset", "num_layers",
     "dtype", "param_sharding", "remat", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 

@@ -21,14 +21,13 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.core.config import Settings
+from service.db.models import Sweep
+from service.runs import sweep_run
+from service.runs.ray_setup import RayConnection
+from service.runs.sink import DatabaseSink, clean_error, is_transient, replay_spool
+from service.runs.spool import Spool
 from workers.spec import SweepSpec
-
-from . import sweep_run
-from .core.config import Settings
-from .models import Sweep
-from .ray_setup import RayConnection
-from .sink import DatabaseSink, clean_error, is_transient, replay_spool
-from .spool import Spool
 
 log = logging.getLogger(__name__)
 

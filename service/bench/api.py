@@ -45,12 +45,11 @@ from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
 
 from gdn_core.presets import PRESETS
+from service.core.config import Settings
+from service.db.engine import make_engine, upgrade_database
+from service.db.models import FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, utcnow
 from workers.process_probe import free_port
 from workers.spec import trial_key
-
-from .core.config import Settings
-from .core.db import make_engine, upgrade_database
-from .models import FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, utcnow
 
 FRAMEWORKS, MODES = ("jax", "torch"), ("ulysses", "p2p", "all_gather", "log_scan")
 CHIPS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -170,7 +169,7 @@ def measure(url: str, sweep_ids: list[int], requests: int, seed: int = 1) -> dic
     import httpx
     import uvicorn
 
-    from .main import create_app
+    from service.main import create_app
 
     port = free_port()
     app = create_app(Settings(database_url=url, run_scheduler=False, upgrade_on_start=False,
@@ -390,8 +389,8 @@ def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int
 
 
 def _psutil():
-    import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
     import psutil
+    import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
 
     return psutil
 

@@ -50,6 +50,9 @@ class SweepPublic(BaseModel):
     chip_memory_bytes: int | None = None
     """Memory of one chip of this sweep's accelerator (host RAM for CPU chips), for plots."""
     chip_memory_label: str | None = None
+    queue_position: int | None = None
+    """A queued sweep's place in the queue, 1 = the next the scheduler takes (oldest first);
+    None unless queued."""
 
 
 class SweepsPublic(BaseModel):
@@ -72,6 +75,9 @@ class TrialPublic(BaseModel):
     id: int
     sweep_id: int
     key: str
+    kind: str = "measure"
+    """measure (run and timed) or plan (the JAX step compiled for the chips, not run: XLA's
+    memory estimate, compiled FLOPs and collective bytes; no step time, MFU or peak)."""
     framework: str
     mode: str
     """A CP mode, or "none": the one-chip baseline (chips=1) every mode's rows refer to."""
@@ -140,6 +146,8 @@ class TrialPublic(BaseModel):
     """CP exchanges + weight sync: the two columns below."""
     cp_comm_bytes_per_step_per_chip: int | None = None
     grad_sync_bytes_per_step_per_chip: int | None = None
+    compiled_flops_per_step_per_chip: float | None = None
+    """Plan trials: matmul FLOPs of the compiled per-chip program (HLO, loop trips counted)."""
     loss_first: float | None = None
     loss_last: float | None = None
     max_rel_err: float | None = None
@@ -203,6 +211,8 @@ class LivenessPublic(BaseModel):
 class OptionsPublic(BaseModel):
     """What the create-sweep form offers (the same closed sets the API validates against)."""
 
+    kinds: list[str]
+    """Trial kinds: measure (run and timed), plan (the JAX step compiled, not run)."""
     frameworks: list[str]
     modes: list[str]
     """CP modes a sweep may ask for."""

@@ -24,11 +24,10 @@ from pathlib import Path
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.db import crud
+from service.db.models import Sweep, Trial, utcnow
+from service.runs.sink import DatabaseSink, clean_error, is_transient, retry_transient, without_sql
 from workers.spec import SweepSpec
-
-from . import crud
-from .models import Sweep, Trial, utcnow
-from .sink import DatabaseSink, clean_error, is_transient, retry_transient, without_sql
 
 log = logging.getLogger(__name__)
 RUNNER_MAX = 128

@@ -22,18 +22,18 @@ from typing import TextIO
 from pydantic import ValidationError
 from sqlalchemy import func, select, update
 
+from service.core.config import Settings
+from service.core.logging import sweep_event_logger
+from service.db import crud
+from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.db.models import FINAL_SWEEP_STATUSES, Sweep, Trial
+from service.runs import sweep_run
+from service.runs.admission import grid_cap_error, validation_text
+from service.runs.ray_setup import RayConnection
+from service.runs.sink import DatabaseSink
 from workers.events import TrialFinished
 from workers.result import FINAL_STATUSES
 from workers.spec import SweepSpec, expand_trials
-
-from . import crud, sweep_run
-from .admission import grid_cap_error
-from .core.config import Settings
-from .core.db import make_engine, make_session_factory, upgrade_database
-from .core.logging import sweep_event_logger
-from .models import FINAL_SWEEP_STATUSES, Sweep, Trial
-from .ray_setup import RayConnection
-from .sink import DatabaseSink
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 SUCCESSFUL = frozenset({"succeeded", "skipped"})
@@ -47,8 +47,6 @@ def load_spec(path: str | Path, *, grid_cap: int | None = None) -> SweepSpec:
     """Read a sweep YAML (or JSON) file into the API's SweepSpec, with the API's checks: the
     spec, the grid cap (when given) and the model's presets. SweepFileError if any fails."""
     import yaml
-
-    from .commands import validation_text
 
     try:
         text = Path(path).read_text(encoding="utf-8")

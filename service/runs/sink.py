@@ -39,11 +39,18 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.db.models import (
+    METRIC_COLUMNS,
+    Result,
+    Trial,
+    TrialAttempt,
+    result_for,
+    trial_row,
+    utcnow,
+)
+from service.runs.spool import Journal, Spool
 from workers.result import FINAL_STATUSES, TrialResult
 from workers.spec import TrialSpec
-
-from .models import METRIC_COLUMNS, Result, Trial, TrialAttempt, result_for, trial_row, utcnow
-from .spool import Journal, Spool
 
 log = logging.getLogger(__name__)
 RAN_TO_AN_OUTCOME = FINAL_STATUSES - {"cancelled"}
@@ -130,7 +137,7 @@ class DatabaseSink:
         self._session_factory = session_factory
         self.sweep_id = sweep_id
         if spool == "default":
-            from .core.config import Settings
+            from service.core.config import Settings
 
             spool = Spool(Settings().spool_dir, session_factory.kw["bind"].url)
         self._spool: Spool | None = spool

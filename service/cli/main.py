@@ -71,7 +71,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     if args.db or args.resume is not None:
         if not args.db:
             args.parser.error("--resume needs --db URL")
-        from service.commands import run_with_db
+        from service.cli.commands import run_with_db
         from service.core.config import Settings
         from service.core.logging import configure_logging
 
@@ -88,7 +88,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 def _run_into_jsonl(args: argparse.Namespace, options) -> int:
     from service.core.config import Settings
-    from service.foreground import (
+    from service.runs.foreground import (
         EXIT_BAD_INPUT,
         EXIT_INTERRUPTED,
         SweepFileError,
@@ -136,7 +136,7 @@ def _jsonl_outcome(path, spec) -> tuple[bool, int]:
     JSON-lines file, whatever run of it wrote them."""
     import json
 
-    from service.foreground import SUCCESSFUL
+    from service.runs.foreground import SUCCESSFUL
     from workers.spec import expand_trials
 
     statuses = {}
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda args: _bench(args.bench_args))
     _add_run_parser(sub)
-    from service.commands import add_service_commands
+    from service.cli.commands import add_service_commands
 
     add_service_commands(sub)
     return parser
@@ -214,11 +214,11 @@ def _bench(argv: list[str]) -> int:
 
         return scheduling_main(argv[1:]) or 0
     if argv[:1] == ["sweep"]:
-        from service.bench_sweep import main as sweep_main
+        from service.bench.sweep import main as sweep_main
 
         return sweep_main(argv[1:]) or 0
     if argv[:1] == ["api"]:
-        from service.bench_api import main as api_main
+        from service.bench.api import main as api_main
 
         return api_main(argv[1:]) or 0
     from gdn_core.bench import main as bench_main

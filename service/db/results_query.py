@@ -8,18 +8,25 @@ import json
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gdn_core.train_config import ParamSharding, Remat
-from workers.spec import AcceleratorKind, DType, Framework, TrialMode, check_plain_text
-
-from .api.params import DB_INT_MAX, DbInt
-from .crud import public_trials
-from .models import Result
-from .schemas import TrialPublic
+from service.db.bounds import DB_INT_MAX, DbInt
+from service.db.crud import public_trials
+from service.db.models import Result
+from service.db.schemas import TrialPublic
+from workers.spec import (AcceleratorKind, DType, Framework, TrialKind, TrialMode,
+                          check_plain_text)
 
 SORT_FIELDS = {
     "tokens_per_s_per_chip": Result.tokens_per_s_per_chip, "mfu": Result.mfu,
@@ -47,6 +54,8 @@ class ResultFilters(BaseModel):
     """Query parameters of GET /api/results (repeat a list parameter to match any of them)."""
 
     model_config = ConfigDict(extra="forbid")
+    kind: list[TrialKind] = Field(default=["measure"], description="measure (the default) or "
+                                  "plan (compile-only: no throughput); repeat for both")
     preset: list[FilterText] = []
     framework: list[Framework] = []
     mode: list[TrialMode] = Field(default=[], description="a CP mode, or none: one-chip "
@@ -90,7 +99,8 @@ class ResultFilters(BaseModel):
 
 def _where(filters: ResultFilters) -> list:
     where = [Result.status == "succeeded"]
-    for values, column in ((filters.preset, Result.preset), (filters.framework, Result.framework),
+    for values, column in ((filters.kind, Result.kind), (filters.preset, Result.preset),
+                           (filters.framework, Result.framework),
                            (filters.mode, Result.mode), (filters.chips, Result.chips),
                            (filters.accelerator, Result.accelerator_type),
                            (filters.accelerator_kind, Result.accelerator_kind),
@@ -111,18 +121,20 @@ def _where(filters: ResultFilters) -> list:
 
 
 _INDEXED_SORTS = ("tokens_per_s_per_chip", "mfu")
-"""Sorted by an index (status, key, trial_id): succeeded trials always have these metrics, so
-NULL placement is left to the database (first for DESC on PostgreSQL, last on SQLite)."""
+"""Sorted by an index (status, key, trial_id): succeeded measured trials always have these
+metrics, so NULL placement is left to the database (first for DESC on PostgreSQL, last on
+SQLite) unless plan rows (which have none) are asked for."""
 
 
-def _order_by(sort: str) -> list:
+def _order_by(sort: str, *, with_plans: bool = False) -> list:
     order, first_desc = [], None
     for part in sort.split(","):
         part = part.strip()
         name, desc = part.lstrip("-"), part.startswith("-")
         first_desc = desc if first_desc is None else first_desc
         column = SORT_FIELDS[name].desc() if desc else SORT_FIELDS[name].asc()
-        order.append(column if name in _INDEXED_SORTS else column.nulls_last())
+        indexed = name in _INDEXED_SORTS and not with_plans
+        order.append(column if indexed else column.nulls_last())
     tie = Result.trial_id.desc() if first_desc else Result.trial_id.asc()
     return [*order, tie]  # the tie-breaker follows the first key: one index scan serves both
 
@@ -135,7 +147,7 @@ def query_results(*, session: Session, filters: ResultFilters) -> tuple[list[Tri
     where = _where(filters)
     count = session.scalar(select(func.count()).select_from(Result).where(*where)) or 0
     limit = filters.limit or (JSON_PAGE if filters.format == "json" else None)
-    order_by = _order_by(filters.sort)
+    order_by = _order_by(filters.sort, with_plans="plan" in filters.kind)
     page = (select(Result.trial_id).where(*where).order_by(*order_by)
             .offset(filters.offset).limit(limit))
     return public_trials(session=session, ids=page, order_by=order_by), count
@@ -157,7 +169,7 @@ def to_csv(rows: Sequence[TrialPublic]) -> str:
 
 
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "trial"), ("sweep_id", "sweep"), ("preset", "preset"), ("framework", "framework"),
+    ("id", "trial"), ("sweep_id", "sweep"), ("kind", "kind"), ("preset", "preset"), ("framework", "framework"),
     ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
     ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
     ("accelerator", "accel"), ("repeat", "rep"), ("tokens_per_s_per_chip", "tok/s/chip"),

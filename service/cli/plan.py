@@ -1,0 +1,226 @@
+"""`gdn-sweep plan`: the capacity planner in a terminal, and `--validate SWEEP_ID`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from gdn_core.cp_modes import CP_MODES
+from gdn_core.hardware import GIB
+from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
+
+BASIS_MARK = {"measured": "m", "estimated": "e", "interpolated": "i", "extrapolated": "x",
+              "predicted": "p", "refused": "-"}
+LEGEND = ("m measured (a trial of this point), e a plan's XLA estimate, i interpolated, "
+          "x extrapolated, p analytic prediction, - refused (see --json for why)")
+
+
+def add_plan_parser(sub, db_help: str) -> None:
+    p = sub.add_parser("plan", help="which chips, how many, which CP mode for a model at a "
+                       "sequence length (from the results database); or --validate a sweep")
+    p.add_argument("--db", dest="database_url", help=db_help)
+    p.add_argument("--preset", help="model preset (gdn_core.presets)")
+    p.add_argument("--seq-len", type=int, help="target tokens per sequence")
+    p.add_argument("--accelerator", help="chip type: h100, v5p, … or cpu")
+    p.add_argument("--chip-memory-gib", type=float, help="memory per chip (default: the chip's)")
+    p.add_argument("--max-chips", type=int, default=1024, help="chip budget (default 1024)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", choices=COMPUTE_DTYPES, default="bfloat16")
+    p.add_argument("--framework", action="append", choices=("jax", "torch"))
+    p.add_argument("--mode", action="append", choices=CP_MODES)
+    p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
+    p.add_argument("--remat", action="append", choices=REMATS)
+    p.add_argument("--sweep-id", action="append", type=int, help="evidence only from these")
+    p.add_argument("--rows", type=int, default=12, help="candidates printed (default 12)")
+    p.add_argument("--json", action="store_true", help="the whole answer as JSON")
+    p.add_argument("--validate", type=int, metavar="SWEEP_ID",
+                   help="hold out levels of this sweep, predict them from the rest, print errors")
+    p.add_argument("--fit", action="store_true",
+                   help="instead: bisect compile-only plans (JAX, virtual CPU chips, here) for "
+                        "the longest seq_len ≤ --seq-len that fits a chip, for each --chips, "
+                        "--mode, --param-sharding and --remat")
+    p.add_argument("--chips", action="append", type=int, help="chip counts for --fit")
+    p.set_defaults(run=run_plan, parser=p)
+
+
+def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    from pydantic import ValidationError
+
+    from service.core.config import Settings
+    from service.db.engine import make_engine, make_session_factory, upgrade_database
+    from service.planner.capacity import CapacityRequest, plan_capacity
+    from service.planner.evidence import load_observations
+    from service.runs.admission import validation_text
+
+    if args.validate is None and not (args.preset and args.seq_len and args.accelerator):
+        args.parser.error("give --preset, --seq-len and --accelerator (or --validate SWEEP_ID)")
+    if args.fit:
+        return run_fit(args, out)
+    settings = Settings(**({"database_url": args.database_url} if args.database_url else {}))
+    upgrade_database(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            if args.validate is not None:
+                return _validate(session, args.validate, out)
+            given = {"frameworks": args.framework, "modes": args.mode,
+                     "param_shardings": args.param_sharding, "remats": args.remat,
+                     "sweep_id": args.sweep_id,
+                     "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
+                                           if args.chip_memory_gib else None)}
+            try:
+                request = CapacityRequest(
+                    preset=args.preset, seq_len=args.seq_len, accelerator=args.accelerator,
+                    max_chips=args.max_chips, batch_size=args.batch, dtype=args.dtype,
+                    **{k: v for k, v in given.items() if v})
+            except ValidationError as err:
+                print(validation_text(err), file=sys.stderr)
+                return 2
+            answer = plan_capacity(load_observations(
+                session, preset=request.preset, accelerator_type=request.accelerator,
+                sweep_ids=request.sweep_id), request)
+    finally:
+        engine.dispose()
+    if args.json:
+        out.write(answer.model_dump_json(indent=1) + "\n")
+    else:
+        out.write(format_answer(answer, rows=args.rows))
+    return 0
+
+
+def _fig(figure, scale: float = 1.0, fmt: str = "{:,.0f}") -> str:
+    if figure.value is None:
+        return f"{'n/a':>9} {BASIS_MARK[figure.basis]}"
+    return f"{fmt.format(figure.value / scale):>9} {BASIS_MARK[figure.basis]}"
+
+
+def _row(c) -> str:
+    return (f"{c.framework:<5} {c.mode:<10} {c.chips:>6} {c.param_sharding:<10} {c.remat:<5} "
+            f"{_fig(c.memory_bytes_per_chip, GIB, '{:,.1f}')} {_fig(c.tokens_per_s_per_chip)} "
+            f"{_fig(c.tokens_per_s)} {_fig(c.mfu, 0.01, '{:.1f}')} "
+            f"{_fig(c.comm_bytes_per_step_per_chip, 2 ** 20, '{:,.1f}')}")
+
+
+HEADER = (f"{'fw':<5} {'mode':<10} {'chips':>6} {'params':<10} {'remat':<5} "
+          f"{'GiB/chip':>11} {'tok/s/chip':>11} {'tok/s':>11} {'MFU %':>11} {'comm MiB':>11}")
+
+
+def format_answer(answer, *, rows: int) -> str:
+    r = answer.request
+    lines = [f"{r.preset} at seq_len {r.seq_len:,} × batch {r.batch_size} on {r.accelerator} "
+             f"({answer.chip_memory_bytes / GIB:,.1f} GiB per chip: {answer.chip_memory_source});"
+             f" {answer.evidence_trials} trial(s) of evidence", LEGEND, ""]
+    for title, pick in (("fewest chips that fit", answer.fewest_chips),
+                        ("fewest chip-hours per token", answer.cheapest),
+                        (f"fastest within {r.max_chips} chips", answer.fastest)):
+        lines.append(f"{title}: " + ("none" if pick is None else
+                                     f"{pick.mode} × {pick.chips} chips, {pick.param_sharding},"
+                                     f" remat {pick.remat}, trials {pick.step_time_s.trial_ids}"))
+    if answer.plan_checks:
+        lines += ["", "plans beside measured trials of the same point (XLA:CPU estimate ÷ "
+                  "measured peak):"]
+        lines += [f"  {c.point}: {c.plan_estimate_bytes / GIB:,.3f} GiB vs "
+                  f"{c.measured_peak_bytes / GIB:,.3f} GiB ({c.measured_source}) = "
+                  f"{c.ratio:.2f}×" for c in answer.plan_checks[:rows]]
+    fitting = [c for c in answer.candidates if c.fits]
+    lines += ["", f"{len(fitting)} of {len(answer.candidates)} candidates fit; the first "
+              f"{min(rows, len(fitting))}:", HEADER, *(_row(c) for c in fitting[:rows]), ""]
+    lines += [f"note: {c}" for c in answer.caveats]
+    return "\n".join(lines) + "\n"
+
+
+def _validate(session, sweep_id: int, out: TextIO) -> int:
+    from service.db.models import Sweep
+    from service.planner.evidence import load_observations
+    from service.planner.validate import summary, validate
+
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        print(f"no sweep {sweep_id} in the database", file=sys.stderr)
+        return 2
+    spec = sweep.spec
+    preset = spec.get("model", {}).get("preset", "tiny")
+    accelerator = spec.get("accelerator", {}).get("type", "cpu")
+    observations = load_observations(session, preset=preset, accelerator_type=accelerator,
+                                     sweep_ids=[sweep_id])
+    rows = validate(observations)
+    if not rows:
+        print(f"sweep {sweep_id} has no level to hold out (it needs two chip counts or two "
+              "seq_lens of succeeded trials)", file=sys.stderr)
+        return 2
+    out.write(f"sweep {sweep_id} ({preset} on {accelerator}): {len(observations)} succeeded "
+              f"trial(s), {len(rows)} held-out figure(s)\n")
+    out.write(f"{'held out':<24} {'trial':>6} {'figure':<22} {'predicted':>14} "
+              f"{'observed':>14} {'error':>8}  basis\n")
+    for r in rows:
+        error = "n/a" if r.error is None else f"{100 * r.error:.1f}%"
+        predicted = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
+        out.write(f"{r.holdout:<24} {r.trial_id:>6} {r.figure:<22} {predicted:>14} "
+                  f"{r.observed:>14,.4g} {error:>8}  {r.basis}\n")
+    out.write("\nsummary (memory: error on the part above the fitted constant):\n")
+    for s in summary(rows):
+        verdict = {True: "meets", False: "misses", None: "-"}[s["meets_goal"]]
+        median = "n/a" if s["median_error"] is None else f"{100 * s['median_error']:.1f}%"
+        worst = "n/a" if s["max_error"] is None else f"{100 * s['max_error']:.1f}%"
+        out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} trial(s)  median "
+                  f"{median:>7}  max {worst:>7}  goal {100 * s['goal']:.0f}% ({verdict})\n")
+    out.write(json.dumps({"summary": summary(rows)}) + "\n")
+    return 0
+
+
+def run_fit(args: argparse.Namespace, out: TextIO) -> int:
+    """`--fit`: for each point, the longest sequence whose XLA estimate fits the chip, each
+    search in a fresh process (`python -m gdn_core.jax_gdn.plan --budget-bytes`)."""
+    import itertools
+    import os
+    import subprocess
+
+    from gdn_core.hardware import hbm_bytes_per_chip
+    from gdn_core.presets import PRESETS
+
+    if args.preset not in PRESETS:
+        print(f"preset={args.preset!r} is not one of: {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
+    if args.chip_memory_gib:
+        budget = int(args.chip_memory_gib * GIB)
+    elif args.accelerator == "cpu":
+        print("--fit on cpu needs --chip-memory-gib (a virtual chip has no memory of its own)",
+              file=sys.stderr)
+        return 2
+    else:
+        try:
+            budget = hbm_bytes_per_chip(args.accelerator)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+    out.write(f"{args.preset}: the longest seq_len ≤ {args.seq_len:,} whose XLA:CPU estimate "
+              f"fits {budget / GIB:,.2f} GiB per chip (an estimate of a {args.accelerator} "
+              "chip's memory; each row a bisection over compiles)\n")
+    out.write(f"{'mode':<10} {'chips':>5} {'params':<10} {'remat':<5} {'fits seq_len':>13} "
+              f"{'its GiB':>9} {'next (over)':>12} {'its GiB':>9} {'compiles':>8}\n")
+    for chips, mode, sharding, remat in itertools.product(
+            args.chips or [8], args.mode or ["p2p"], args.param_sharding or ["replicated"],
+            args.remat or ["none"]):
+        request = {"preset": args.preset, "seq_len": args.seq_len, "chips": chips, "mode": mode,
+                   "batch_size": args.batch, "dtype": args.dtype, "param_sharding": sharding,
+                   "remat": remat}
+        done = subprocess.run(
+            [sys.executable, "-m", "gdn_core.jax_gdn.plan", "--request", json.dumps(request),
+             "--budget-bytes", str(budget), "--max-seq-len", str(args.seq_len)],
+            capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        if done.returncode != 0:
+            out.write(f"{mode:<10} {chips:>5} {sharding:<10} {remat:<5} failed: "
+                      f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}\n")
+            continue
+        search = json.loads(done.stdout.strip().splitlines()[-1])
+        fits, over = search["fits"], search["exceeds"]
+        out.write(f"{mode:<10} {chips:>5} {sharding:<10} {remat:<5} "
+                  f"{fits['seq_len'] if fits else 'none':>13} "
+                  f"{fits['estimated_memory_bytes'] / GIB if fits else 0:>9.3f} "
+                  f"{over['seq_len'] if over else '-':>12} "
+                  f"{over['estimated_memory_bytes'] / GIB if over else 0:>9.3f} "
+                  f"{len(search['probes']):>8}\n")
+    return 0

@@ -1,0 +1,409 @@
+"""The capacity planner: every (mode, chips, settings) that fits a target, and how fast.
+
+For each candidate the memory per chip is gdn_core's predictor refined by the memory fit, the
+step time the compute fit plus the mode's link fit over its bytes and rounds, and each figure
+says what it rests on: `measured` (a trial of exactly this point), `interpolated` (inside the
+fitted range), `extrapolated` (beyond it, up to EXTRAPOLATION_LIMIT) — past that the figure
+is refused (None) with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gdn_core import flops, hardware
+from gdn_core.cp_modes import CP_MODES, CPMode, check_cp_shape
+from gdn_core.memory_model import predict_step_memory
+from gdn_core.presets import PRESETS, get_preset
+from gdn_core.train_config import (
+    PARAM_SHARDINGS,
+    REMATS,
+    ComputeDType,
+    ParamSharding,
+    Remat,
+    TrainConfig,
+)
+from service.db.bounds import DbInt
+from service.planner.evidence import Observation
+from service.planner.fits import (
+    AffineFit,
+    ComputeFit,
+    LinkFit,
+    dependent_rounds,
+    fit_compute,
+    fit_links,
+    fit_memory,
+    scaled_comm_bytes,
+)
+from workers.spec import MAX_CHIPS, MAX_SEQ_LEN, AcceleratorSpec, Framework, chip_memory_bytes
+
+EXTRAPOLATION_LIMIT = 16
+"""A fit is used at most this many times past the largest local shard (memory), per-chip
+FLOPs (compute) or chip count (links) it was fitted on; beyond, the figure is refused."""
+
+Basis = Literal["measured", "estimated", "interpolated", "extrapolated", "predicted", "refused"]
+
+
+class CapacityRequest(BaseModel):
+    """What GET /api/capacity and `gdn-sweep plan` take."""
+
+    model_config = ConfigDict(extra="forbid")
+    preset: str
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
+    accelerator: str = Field(description="chip type (h100, v5p, …, or cpu)")
+    chip_memory_bytes: int | None = Field(default=None, ge=1, description="memory per "
+                                                "chip (default: the chip type's HBM)")
+    max_chips: int = Field(default=1024, ge=1, le=MAX_CHIPS)
+    batch_size: int = Field(default=1, ge=1, le=1024)
+    dtype: ComputeDType = "bfloat16"
+    frameworks: list[Framework] = Field(default=["jax"], min_length=1)
+    modes: list[CPMode] = Field(default=list(CP_MODES), min_length=1)
+    param_shardings: list[ParamSharding] = Field(default=list(PARAM_SHARDINGS), min_length=1)
+    remats: list[Remat] = Field(default=list(REMATS), min_length=1)
+    num_layers: int | None = Field(default=None, ge=1, le=512)
+    sweep_id: list[DbInt] = Field(default=[], description="evidence only from these sweeps "
+                                  "(default: every sweep)")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str) -> str:
+        if preset not in PRESETS:
+            raise ValueError(f"preset={preset!r} is not one of: {', '.join(PRESETS)}")
+        return preset
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_chip(cls, accelerator: str) -> str:
+        """The canonical chip type (h100 → h100-sxm), or cpu."""
+        if accelerator.strip().lower() == "cpu":
+            return "cpu"
+        try:
+            return hardware.canonical_accelerator_type(accelerator)
+        except ValueError as err:
+            raise ValueError(f"{err}; or cpu (virtual CPU chips)") from None
+
+
+class Figure(BaseModel):
+    """One predicted number, what it rests on, and the trials behind it."""
+
+    value: float | None
+    basis: Basis
+    trial_ids: list[int] = []
+    note: str = ""
+
+
+class Candidate(BaseModel):
+    framework: str
+    mode: str
+    chips: int
+    param_sharding: str
+    remat: str
+    local_tokens: int
+    fits: bool
+    memory_bytes_per_chip: Figure
+    chip_memory_bytes: int
+    step_time_s: Figure
+    tokens_per_s_per_chip: Figure
+    tokens_per_s: Figure
+    mfu: Figure
+    comm_bytes_per_step_per_chip: Figure
+
+
+class PlanCheck(BaseModel):
+    """A plan's XLA:CPU memory estimate beside a measured trial of the same point."""
+
+    point: str
+    plan_trial_id: int
+    measured_trial_id: int
+    plan_estimate_bytes: int
+    measured_peak_bytes: int
+    measured_source: str | None
+    ratio: float
+    """plan estimate ÷ measured peak."""
+
+
+class CapacityAnswer(BaseModel):
+    request: CapacityRequest
+    chip_memory_bytes: int
+    chip_memory_source: str
+    model_note: str
+    """Where the model's numbers come from (MoE: the dense stand-in's step time)."""
+    candidates: list[Candidate]
+    """Every candidate that fits, fastest first; then those that do not."""
+    fewest_chips: Candidate | None
+    cheapest: Candidate | None
+    """Fewest chip-hours per token (the highest tokens/s per chip) among those that fit."""
+    fastest: Candidate | None
+    """The highest total tokens/s within max_chips among those that fit."""
+    pareto: list[Candidate]
+    """Fitting candidates no other beats on both fewer chips and more tokens/s, by chips."""
+    plan_checks: list[PlanCheck]
+    """Points with both a plan and a measured trial: how far XLA:CPU's estimate was."""
+    evidence_trials: int
+    caveats: list[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Point:
+    framework: str
+    mode: str
+    chips: int
+    param_sharding: str
+    remat: str
+
+
+def _chip_counts(max_chips: int, observations: Sequence[Observation]) -> list[int]:
+    powers = {2 ** i for i in range(int(math.log2(max_chips)) + 1)}
+    return sorted(powers | {o.chips for o in observations if o.chips <= max_chips})
+
+
+def _matches(o: Observation, request: CapacityRequest, point: Point, num_layers: int) -> bool:
+    return (o.framework == point.framework and o.dtype == request.dtype
+            and o.batch_size == request.batch_size and o.num_layers == num_layers
+            and o.param_sharding == point.param_sharding and o.remat == point.remat)
+
+
+def _basis(x: float, x_max: float, x_min: float = 0.0) -> tuple[Basis, str]:
+    if x_min <= x <= x_max:
+        return "interpolated", ""
+    if x <= EXTRAPOLATION_LIMIT * x_max:
+        return "extrapolated", f"{x / x_max:.1f}× past the fitted range"
+    return "refused", (f"{x / x_max:.0f}× past the largest fitted value ({x_max:.3g}); the "
+                       f"planner extrapolates at most {EXTRAPOLATION_LIMIT}×: run or plan "
+                       "trials nearer this size")
+
+
+def predict_memory(request: CapacityRequest, model_cfg, point: Point,
+                   group: Sequence[Observation], exact: Sequence[Observation]) -> Figure:
+    """Memory per chip at request.seq_len: a trial of the point (measured, else a plan's
+    estimate), else the analytic prediction refined by the memory fit of `group`."""
+    train_cfg = TrainConfig(batch_size=request.batch_size, seq_len=request.seq_len,
+                            dtype=request.dtype, param_sharding=point.param_sharding,
+                            remat=point.remat)
+    predicted = predict_step_memory(model_cfg, train_cfg, mode=point.mode, chips=point.chips,
+                                    framework=point.framework).total
+    if model_cfg.moe is not None:
+        exact = []  # its trials ran the dense stand-in: their memory is not the experts'
+    measured = [o for o in exact if o.kind == "measure" and o.memory_bytes is not None]
+    if measured:
+        return Figure(value=max(o.memory_bytes for o in measured), basis="measured",
+                      trial_ids=[o.trial_id for o in measured], note=measured[0].memory_source)
+    planned = [o for o in exact if o.kind == "plan" and o.memory_bytes is not None]
+    if planned:
+        return Figure(value=planned[0].memory_bytes, basis="estimated",
+                      trial_ids=[planned[0].trial_id], note=planned[0].memory_source)
+    same_mode = [o for o in group if o.cp_mode == point.mode]
+    measured_fit = fit_memory([o for o in same_mode if o.kind == "measure"])
+    fit: AffineFit | None = measured_fit or fit_memory([o for o in same_mode if o.kind == "plan"])
+    if fit is None:
+        return Figure(value=predicted, basis="predicted",
+                      note="gdn_core.memory_model.predict_step_memory; no trial to refine it")
+    local = request.batch_size * request.seq_len / point.chips
+    basis, why = _basis(local, fit.x_max, fit.x_min)
+    what = "measured peaks" if measured_fit else "plans' XLA estimates"
+    if basis == "refused":  # keep the physics, drop the fitted slope
+        return Figure(value=predicted + fit.intercept, basis="extrapolated",
+                      trial_ids=list(fit.trial_ids),
+                      note=f"analytic prediction + the fitted constant of {what} (the slope is "
+                           f"not extrapolated {why.split(';')[0]})")
+    moe = ("; MoE: the real experts' weights and AdamW state, the stand-in's fitted residual"
+           if model_cfg.moe is not None else "")
+    return Figure(value=predicted + fit(local), basis=basis, trial_ids=list(fit.trial_ids),
+                  note=f"analytic prediction + residual fitted to {what}"
+                       + (f"; {why}" if why else "") + moe)
+
+
+def _comm(group, point: Point, local_tokens: int) -> tuple[Figure, float | None]:
+    scaled = scaled_comm_bytes([o for o in group if o.cp_mode == point.mode or o.chips == 1],
+                               mode=point.mode, chips=point.chips, local_tokens=local_tokens)
+    if scaled is None:
+        return Figure(value=None, basis="refused",
+                      note=f"no trial recorded {point.mode}'s bytes for these settings: plan "
+                           "one (kind: plan)"), None
+    cp, sync, ids = scaled
+    total = cp + sync
+    exact = any(o.chips == point.chips and o.cp_mode == point.mode and o.trial_id in ids
+                for o in group)
+    return Figure(value=total, basis="measured" if exact or point.chips == 1 else
+                  "interpolated", trial_ids=list(ids),
+                  note="recorded bytes (HLO of the compiled step)" if exact else
+                  "recorded bytes scaled to this chip count by the mode's growth in D"), total
+
+
+def _step(request, model_cfg, point: Point, group, exact, compute: ComputeFit | None,
+          links: LinkFit, comm_bytes: float | None) -> Figure:
+    timed = [o for o in exact if o.kind == "measure" and o.step_time_s]
+    if timed:
+        return Figure(value=statistics.median(o.step_time_s for o in timed), basis="measured",
+                      trial_ids=[o.trial_id for o in timed])
+    if compute is None:
+        return Figure(value=None, basis="refused", note="no one-chip measured trial of these "
+                      "settings on this chip type: the achieved FLOP rate is unknown")
+    if comm_bytes is None and point.chips > 1:
+        return Figure(value=None, basis="refused", note="communication bytes unknown")
+    hw = flops.hardware_flops_per_step(model_cfg, mode=point.mode, chips=point.chips,
+                                       batch=request.batch_size, seq_len=request.seq_len,
+                                       framework=point.framework, remat=point.remat).total
+    per_chip = hw / point.chips
+    basis, why = _basis(per_chip, compute.flops_max, compute.flops_min)
+    if basis != "refused" and point.chips > max(links.chips_max, 1) * EXTRAPOLATION_LIMIT:
+        basis, why = "refused", (f"{point.chips} chips is over {EXTRAPOLATION_LIMIT}× the "
+                                 f"largest chip count the {point.mode} link fit saw")
+    if basis == "refused":
+        return Figure(value=None, basis="refused", note=why)
+    if point.chips > max(links.chips_max, 1) and basis == "interpolated":
+        basis, why = "extrapolated", f"beyond the {links.chips_max} chips the links were fitted on"
+    rounds = dependent_rounds(point.mode, point.chips, num_layers=model_cfg.num_layers,
+                              remat=point.remat)
+    seconds = compute.seconds(per_chip) + (links.seconds(comm_bytes, rounds)
+                                           if point.chips > 1 else 0.0)
+    return Figure(value=seconds, basis=basis,
+                  trial_ids=sorted({*compute.trial_ids, *links.trial_ids}),
+                  note=f"compute at {compute.flops_per_s:.3g} FLOP/s per chip; links: "
+                       f"{links.source}" + (f"; {why}" if why else ""))
+
+
+def _peak(request: CapacityRequest, group) -> float | None:
+    if request.accelerator != "cpu":
+        return hardware.peak_flops_per_chip(request.accelerator, request.dtype)
+    peaks = [o.peak_flops_per_chip for o in group if o.peak_flops_per_chip]
+    return statistics.median(peaks) if peaks else None
+
+
+def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
+                  ) -> CapacityAnswer:
+    """Every candidate (framework, mode, chips ≤ max_chips, param_sharding, remat) of the
+    request, predicted from `observations` (load_observations), and the three picks."""
+    model_cfg = get_preset(request.preset, num_layers=request.num_layers)
+    candidates: list[Candidate] = []
+    chip_memory_source = ""
+    for point in _points(request, observations, model_cfg):
+        capacity, chip_memory_source = _chip_memory(request, point.chips)
+        group = [o for o in observations if _matches(o, request, point, model_cfg.num_layers)]
+        exact = [o for o in group if o.chips == point.chips and o.seq_len == request.seq_len
+                 and (o.cp_mode == point.mode)]
+        local = request.batch_size * request.seq_len // point.chips
+        memory = predict_memory(request, model_cfg, point, group, exact)
+        compute = fit_compute([o for o in group if o.accelerator_type == request.accelerator])
+        links = fit_links([o for o in group if o.accelerator_type == request.accelerator],
+                          compute, accelerator_type=request.accelerator, mode=point.mode)
+        comm, comm_bytes = _comm(group, point, local)
+        step = _step(request, model_cfg, point, group, exact, compute, links, comm_bytes)
+        candidates.append(_candidate(request, model_cfg, point, group, local, memory, capacity,
+                                     step, comm))
+    fitting = [c for c in candidates if c.fits]
+    timed = [c for c in fitting if c.tokens_per_s.value is not None]
+    caveats = [
+        "A plan trial's memory is XLA:CPU's compile-time estimate: the program a TPU or GPU "
+        "would run, with buffer sizes that differ by backend — compare it with a measured "
+        "trial of the same point before trusting it to a few percent.",
+        "Step times on a chip type come only from measured trials on that type; links without "
+        "trials at several chip counts use the datasheet prior.",
+    ]
+    if model_cfg.moe is not None:
+        caveats.append(f"MoE preset: memory counts the published model's experts and their "
+                       f"AdamW state ({model_cfg.moe.source}); step time, FLOPs and MFU are the "
+                       "dense stand-in's (as wide as the experts one token uses), which is what "
+                       "the trials ran — not routed experts.")
+    return CapacityAnswer(
+        request=request, chip_memory_bytes=candidates[0].chip_memory_bytes if candidates else 0,
+        chip_memory_source=chip_memory_source, model_note=model_cfg.note,
+        candidates=sorted(candidates, key=lambda c: (not c.fits, -(c.tokens_per_s.value or 0),
+                                                     c.chips)),
+        fewest_chips=min(fitting, key=lambda c: (c.chips, -(c.tokens_per_s.value or 0)),
+                         default=None),
+        cheapest=max(timed, key=lambda c: c.tokens_per_s_per_chip.value, default=None),
+        fastest=max(timed, key=lambda c: c.tokens_per_s.value, default=None),
+        pareto=pareto_frontier(timed), plan_checks=plan_checks(observations),
+        evidence_trials=len(observations), caveats=caveats)
+
+
+def pareto_frontier(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Those no other candidate beats with no more chips and more total tokens/s."""
+    frontier, best = [], 0.0
+    for c in sorted(candidates, key=lambda c: (c.chips, -c.tokens_per_s.value)):
+        if c.tokens_per_s.value > best:
+            frontier.append(c)
+            best = c.tokens_per_s.value
+    return frontier
+
+
+def plan_checks(observations: Sequence[Observation]) -> list[PlanCheck]:
+    """Every plan with a measured trial of the same point (its peak measured)."""
+    measured = {(o.settings(), o.mode, o.chips, o.seq_len): o for o in observations
+                if o.kind == "measure" and o.memory_bytes}
+    checks = []
+    for plan in (o for o in observations if o.kind == "plan" and o.memory_bytes):
+        twin = measured.get((plan.settings(), plan.mode, plan.chips, plan.seq_len))
+        if twin is not None:
+            checks.append(PlanCheck(
+                point=f"{plan.framework}/{plan.mode}/chips={plan.chips}/seq_len={plan.seq_len}",
+                plan_trial_id=plan.trial_id, measured_trial_id=twin.trial_id,
+                plan_estimate_bytes=plan.memory_bytes, measured_peak_bytes=twin.memory_bytes,
+                measured_source=twin.memory_source, ratio=plan.memory_bytes / twin.memory_bytes))
+    return checks
+
+
+def _chip_memory(request: CapacityRequest, chips: int) -> tuple[int, str]:
+    """Memory of one chip and what it is: given, the chip type's HBM, or (CPU chips) this
+    host's RAM shared by the chips, as admission counts it."""
+    if request.chip_memory_bytes is not None:
+        return request.chip_memory_bytes, "given (chip_memory_bytes)"
+    if request.accelerator == "cpu":
+        total, what = chip_memory_bytes(AcceleratorSpec(kind="cpu", type="cpu"), chips)
+        return total or 0, what
+    return (hardware.hbm_bytes_per_chip(request.accelerator),
+            f"{request.accelerator} HBM per chip (gdn_core.hardware datasheet)")
+
+
+def _points(request: CapacityRequest, observations, model_cfg):
+    gdn = model_cfg.gdn
+    for chips in _chip_counts(request.max_chips, observations):
+        for framework in request.frameworks:
+            for mode in (["p2p"] if chips == 1 else request.modes):
+                try:
+                    check_cp_shape(mode=mode, chips=chips, seq_len=request.seq_len,
+                                   num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
+                                   conv_kernel_size=gdn.conv_kernel_size)
+                except ValueError:
+                    continue
+                for param_sharding in (["replicated"] if chips == 1
+                                       else request.param_shardings):
+                    for remat in request.remats:
+                        yield Point(framework, mode, chips, param_sharding, remat)
+
+
+def _candidate(request, model_cfg, point, group, local, memory, capacity, step, comm
+               ) -> Candidate:
+    fits = memory.value is not None and memory.value <= capacity
+    tokens = request.batch_size * request.seq_len
+    per_chip = total = mfu = Figure(value=None, basis=step.basis, note=step.note)
+    if step.value:
+        ids = step.trial_ids
+        per_chip = Figure(value=tokens / step.value / point.chips, basis=step.basis,
+                          trial_ids=ids)
+        total = Figure(value=tokens / step.value, basis=step.basis, trial_ids=ids)
+        peak = _peak(request, group)
+        model_flops = flops.model_flops_per_step(model_cfg, batch=request.batch_size,
+                                                 seq_len=request.seq_len).total
+        value = model_flops / (step.value * point.chips * peak) if peak else None
+        if value is not None and value > 1:
+            mfu = Figure(value=None, basis="refused", trial_ids=ids,
+                         note=f"the fits predict MFU {value:.2f} > 1, which no chip reaches: "
+                              "the prediction is wrong here (too far from the trials)")
+            per_chip = total = Figure(value=None, basis="refused", note=mfu.note)
+        else:
+            mfu = Figure(value=value, basis=step.basis, trial_ids=ids,
+                         note="" if peak else "no peak FLOP/s known for this chip")
+    return Candidate(framework=point.framework, mode="none" if point.chips == 1 else point.mode,
+                     chips=point.chips, param_sharding=point.param_sharding, remat=point.remat,
+                     local_tokens=local, fits=fits, memory_bytes_per_chip=memory,
+                     chip_memory_bytes=capacity, step_time_s=step,
+                     tokens_per_s_per_chip=per_chip, tokens_per_s=total, mfu=mfu,
+                     comm_bytes_per_step_per_chip=comm)

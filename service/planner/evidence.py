@@ -1,0 +1,92 @@
+"""The trial results a plan rests on: succeeded rows of `results`, measured and compiled."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gdn_core.hardware import canonical_accelerator_type
+from service.db.models import Result
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """One succeeded trial, as the fits read it."""
+
+    trial_id: int
+    sweep_id: int
+    kind: str
+    framework: str
+    mode: str
+    """A CP mode, or "none" (one chip)."""
+    chips: int
+    seq_len: int
+    batch_size: int
+    preset: str
+    num_layers: int
+    dtype: str
+    param_sharding: str
+    remat: str
+    accelerator_type: str
+    step_time_s: float | None
+    hardware_flops_per_step: float | None
+    peak_flops_per_chip: float | None
+    memory_bytes: int | None
+    """Measured peak (kind measure) or XLA's estimate (kind plan): what memory fits read."""
+    memory_source: str | None
+    predicted_memory_bytes: int | None
+    cp_comm_bytes: int | None
+    grad_sync_bytes: int | None
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one chip's shard (batch × seq_len ÷ chips)."""
+        return self.batch_size * self.seq_len // self.chips
+
+    @property
+    def cp_mode(self) -> str:
+        return "p2p" if self.mode == "none" else self.mode
+
+    def settings(self) -> tuple:
+        """What a fit may not mix: the model, batch, dtype and step settings, the framework."""
+        return (self.preset, self.num_layers, self.batch_size, self.dtype, self.param_sharding,
+                self.remat, self.framework)
+
+
+def load_observations(session: Session, *, preset: str, accelerator_type: str,
+                      sweep_ids: list[int] | None = None) -> list[Observation]:
+    """Succeeded trials of `preset`: measured ones on `accelerator_type` (canonical, as
+    CapacityRequest has it), and every plan (a compile is XLA:CPU's wherever it ran; its
+    estimate is labelled so)."""
+    stmt = select(Result).where(Result.status == "succeeded", Result.preset == preset)
+    if sweep_ids:
+        stmt = stmt.where(Result.sweep_id.in_(sweep_ids))
+    rows = session.scalars(stmt.order_by(Result.trial_id)).all()
+    return [observation(r, chip=canonical_chip(r.accelerator_type)) for r in rows
+            if r.kind == "plan" or canonical_chip(r.accelerator_type) == accelerator_type]
+
+
+def canonical_chip(accelerator_type: str) -> str:
+    """gdn_core.hardware's name of a chip type as trials spell it (h100 → h100-sxm), cpu as is."""
+    try:
+        return canonical_accelerator_type(accelerator_type)
+    except ValueError:
+        return accelerator_type
+
+
+def observation(r: Result, *, chip: str) -> Observation:
+    measured = r.kind == "measure"
+    return Observation(
+        trial_id=r.trial_id, sweep_id=r.sweep_id, kind=r.kind, framework=r.framework,
+        mode=r.mode, chips=r.chips, seq_len=r.seq_len, batch_size=r.batch_size, preset=r.preset,
+        num_layers=r.num_layers, dtype=r.dtype, param_sharding=r.param_sharding, remat=r.remat,
+        accelerator_type=chip, step_time_s=r.step_time_s,
+        hardware_flops_per_step=r.hardware_flops_per_step,
+        peak_flops_per_chip=r.peak_flops_per_chip,
+        memory_bytes=r.peak_memory_bytes_per_chip if measured else r.estimated_memory_bytes_per_chip,
+        memory_source=r.memory_source if measured else r.estimated_memory_source,
+        predicted_memory_bytes=r.predicted_memory_bytes_per_chip,
+        cp_comm_bytes=r.cp_comm_bytes_per_step_per_chip,
+        grad_sync_bytes=r.grad_sync_bytes_per_step_per_chip)

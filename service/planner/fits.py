@@ -1,0 +1,177 @@
+"""Models fitted to trial results: memory per chip, compute rate, and the links.
+
+- Memory: gdn_core's analytic predictor, refined by the residual (observed − predicted) fitted
+  affine in the local shard (tokens per chip), pooled over chip counts — the sequence-sharded
+  modes are flat in D at a fixed shard, and what does depend on D (sharded weights) the
+  predictor already carries.
+- Compute: step time of one-chip trials affine in the FLOPs they ran: an achieved FLOP rate
+  per chip type and an overhead.
+- Communication: what a multi-chip step takes beyond its compute, fitted as bytes ÷ bandwidth
+  + dependent rounds × latency over trials at several chip counts (each mode's recorded bytes
+  and rounds); where they are too few, the chip type's datasheet prior (gdn_core.hardware).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from gdn_core.hardware import link_prior
+from service.planner.evidence import Observation
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AffineFit:
+    """y = intercept + slope · x over observed x in [x_min, x_max]."""
+
+    intercept: float
+    slope: float
+    x_min: float
+    x_max: float
+    trial_ids: tuple[int, ...]
+
+    def __call__(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+    @classmethod
+    def least_squares(cls, xs: Sequence[float], ys: Sequence[float],
+                      trial_ids: Sequence[int]) -> AffineFit:
+        """Least squares; a constant (the mean) when every x is the same."""
+        x, y = np.asarray(xs, float), np.asarray(ys, float)
+        if np.ptp(x) == 0:
+            intercept, slope = float(y.mean()), 0.0
+        else:
+            slope, intercept = (float(c) for c in np.polyfit(x, y, 1))
+        return cls(intercept=intercept, slope=slope, x_min=float(x.min()), x_max=float(x.max()),
+                   trial_ids=tuple(trial_ids))
+
+
+def fit_memory(observations: Sequence[Observation]) -> AffineFit | None:
+    """Residual memory (observed − analytic prediction) against local tokens, or None."""
+    known = [o for o in observations
+             if o.memory_bytes is not None and o.predicted_memory_bytes is not None]
+    if not known:
+        return None
+    return AffineFit.least_squares([o.local_tokens for o in known],
+                                   [o.memory_bytes - o.predicted_memory_bytes for o in known],
+                                   [o.trial_id for o in known])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ComputeFit:
+    """One chip's step time = overhead_s + FLOPs per chip ÷ flops_per_s."""
+
+    flops_per_s: float
+    overhead_s: float
+    flops_min: float
+    flops_max: float
+    trial_ids: tuple[int, ...]
+
+    def seconds(self, flops_per_chip: float) -> float:
+        return self.overhead_s + flops_per_chip / self.flops_per_s
+
+
+def fit_compute(observations: Sequence[Observation]) -> ComputeFit | None:
+    """From one-chip measured trials (no communication): the achieved rate and overhead."""
+    one_chip = [o for o in observations if o.kind == "measure" and o.chips == 1
+                and o.step_time_s and o.hardware_flops_per_step]
+    if not one_chip:
+        return None
+    fit = AffineFit.least_squares([o.hardware_flops_per_step for o in one_chip],
+                                  [o.step_time_s for o in one_chip],
+                                  [o.trial_id for o in one_chip])
+    if fit.slope <= 0 or fit.intercept < 0:  # noise: no overhead, the mean rate
+        rate = sum(o.hardware_flops_per_step for o in one_chip) / sum(
+            o.step_time_s for o in one_chip)
+        return ComputeFit(flops_per_s=rate, overhead_s=0.0, flops_min=fit.x_min,
+                          flops_max=fit.x_max, trial_ids=fit.trial_ids)
+    return ComputeFit(flops_per_s=1 / fit.slope, overhead_s=fit.intercept, flops_min=fit.x_min,
+                      flops_max=fit.x_max, trial_ids=fit.trial_ids)
+
+
+def dependent_rounds(mode: str, chips: int, *, num_layers: int, remat: str) -> int:
+    """Exchanges of one step that wait on each other (ARCHITECTURE.md's table): per GDN layer
+    and pass the mode's rounds plus the conv halo; forward, backward, and the recomputed
+    forward under remat; then one gradient reduction."""
+    if chips == 1:
+        return 0
+    per_pass = {"ulysses": 2, "p2p": chips - 1, "all_gather": 1,
+                "log_scan": math.ceil(math.log2(chips))}[mode] + 1
+    passes = 2 + (remat != "none")
+    return num_layers * per_pass * passes + 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFit:
+    """Communication time = bytes ÷ bytes_per_s + rounds × latency_s."""
+
+    bytes_per_s: float
+    latency_s: float
+    source: str
+    chips_max: int
+    """Largest chip count among the trials fitted (1 for a prior alone)."""
+    trial_ids: tuple[int, ...]
+
+    def seconds(self, comm_bytes: float, rounds: int) -> float:
+        return comm_bytes / self.bytes_per_s + rounds * self.latency_s
+
+
+def fit_links(observations: Sequence[Observation], compute: ComputeFit | None, *,
+              accelerator_type: str, mode: str) -> LinkFit:
+    """Bandwidth and latency of `mode`'s exchanges from its multi-chip measured trials (both
+    with two or more chip counts, the bandwidth alone with one), else the datasheet prior."""
+    prior = link_prior(accelerator_type)
+    rows = [o for o in observations if o.kind == "measure" and o.chips > 1 and o.mode == mode
+            and o.step_time_s and o.hardware_flops_per_step and o.cp_comm_bytes is not None]
+    if compute is None or not rows:
+        return LinkFit(bytes_per_s=prior.bytes_per_s, latency_s=prior.latency_s,
+                       source=f"datasheet prior: {prior.source}", chips_max=1, trial_ids=())
+    left = np.array([o.step_time_s - compute.seconds(o.hardware_flops_per_step / o.chips)
+                     for o in rows])
+    comm = np.array([o.cp_comm_bytes + (o.grad_sync_bytes or 0) for o in rows], float)
+    rounds = np.array([dependent_rounds(mode, o.chips, num_layers=o.num_layers, remat=o.remat)
+                       for o in rows], float)
+    ids, chips_max = tuple(o.trial_id for o in rows), max(o.chips for o in rows)
+    if len({o.chips for o in rows}) >= 2:
+        (inverse_bw, latency), *_ = np.linalg.lstsq(np.stack([comm, rounds], 1), left,
+                                                    rcond=None)
+        if inverse_bw > 0 and latency >= 0:
+            return LinkFit(bytes_per_s=1 / inverse_bw, latency_s=float(latency),
+                           source=f"fitted to {len(rows)} {mode} trials at "
+                                  f"{len({o.chips for o in rows})} chip counts",
+                           chips_max=chips_max, trial_ids=ids)
+    # One chip count (or a fit that came out unphysical): latency from the prior.
+    beyond = left - rounds * prior.latency_s
+    if beyond.sum() > 0:
+        return LinkFit(bytes_per_s=float(comm.sum() / beyond.sum()), latency_s=prior.latency_s,
+                       source=f"bandwidth fitted to {len(rows)} {mode} trials, latency from "
+                              f"the prior ({prior.source})", chips_max=chips_max, trial_ids=ids)
+    return LinkFit(bytes_per_s=prior.bytes_per_s, latency_s=prior.latency_s,
+                   source=f"datasheet prior ({mode} trials left no time beyond compute): "
+                          f"{prior.source}", chips_max=chips_max, trial_ids=ids)
+
+
+def scaled_comm_bytes(observations: Sequence[Observation], *, mode: str, chips: int,
+                      local_tokens: int) -> tuple[int, int, tuple[int, ...]] | None:
+    """(CP bytes, gradient-sync bytes, trial ids) per chip per step at `chips`, from the
+    recorded bytes of this mode nearest in chip count, scaled by how each grows with D:
+    p2p one state each way (one at D = 2), all_gather D − 1 pairs, log_scan ⌈log2 D⌉,
+    ulysses (D − 1)/D of the local tokens; gradient sync (D − 1)/D. None: no record."""
+    if chips == 1:
+        return 0, 0, ()
+    rows = [o for o in observations if o.mode == mode and o.chips > 1
+            and o.cp_comm_bytes is not None and o.grad_sync_bytes is not None]
+    if not rows:
+        return None
+    base = min(rows, key=lambda o: (abs(math.log(o.chips / chips)), -o.trial_id))
+
+    def growth(d: int, tokens: int) -> float:
+        return {"p2p": 1 if d == 2 else 2, "all_gather": d - 1,
+                "log_scan": math.ceil(math.log2(d)), "ulysses": (d - 1) / d * tokens}[mode]
+
+    cp = base.cp_comm_bytes * growth(chips, local_tokens) / growth(base.chips, base.local_tokens)
+    sync = base.grad_sync_bytes * ((chips - 1) / chips) / ((base.chips - 1) / base.chips)
+    return round(cp), round(sync), (base.trial_id,)

@@ -1,0 +1,90 @@
+"""The service's folders import downwards only, and no module imports itself through others.
+
+Read from the source (every `import`, inside functions too), so a lazy import that closes a
+circle is caught as well as a top-level one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import service
+
+ROOT = Path(service.__file__).parent
+
+# Top to bottom: a module may import its own folder and the folders below it, never above.
+LAYERS = ["cli", "bench", "demo", "main", "api", "dashboard", "planner", "runs", "db", "core"]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The service modules `path` imports (a `from service.x import name` counts service.x.name
+    when that is a module, else service.x)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import (the service imports absolutely)"
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            found.update(n if n in MODULES else node.module for n in names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name == "service" or name.startswith("service.")}
+
+
+MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
+GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_every_service_module_belongs_to_a_layer():
+    loose = [m for m in MODULES if m != "service" and _layer(m) is None]
+    assert not loose, f"modules outside the layers {LAYERS}: {loose}"
+
+
+def test_imports_point_down_the_layers():
+    upward = [f"{m} imports {dep}" for m, deps in GRAPH.items() for dep in deps
+              if _layer(m) is not None and _layer(dep) is not None and _layer(dep) < _layer(m)]
+    assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import circle a depth-first walk of `graph` meets, as `a → b → a`."""
+    state: dict[str, str] = {}
+    circles = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == "open":
+                circles.append(" → ".join(trail[trail.index(dep):] + [dep]))
+            elif dep in graph and dep not in state:
+                visit(dep, trail + [dep])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return circles
+
+
+def test_no_import_circle():
+    circles = find_circles(GRAPH)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_checks_see_a_circle_and_an_upward_import():
+    """The checks above would fail on a real circle (the foreground → sink → sweep_run → foreground
+    kind that issue 11 found) and read lazy imports."""
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a → b → c → a"]
+    assert find_circles({"a": {"b"}, "b": set()}) == []
+    assert "service.runs.foreground" in GRAPH["service.cli.main"]  # imported inside a function
+    assert _layer("service.db.crud") > _layer("service.api.routes.sweeps")

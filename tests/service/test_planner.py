@@ -1,0 +1,283 @@
+"""The capacity planner on a database of real trial results this module produces itself: a
+measured + plan sweep of the tiny model (chips 1 and 2, three lengths) and a plan sweep over
+2, 4 and 8 virtual chips, both run by `gdn-sweep run`'s code on a local Ray."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from service.cli.main import main as gdn_sweep
+from service.core.config import Settings
+from service.db.engine import make_engine, make_session_factory
+from service.db.models import Result, Sweep
+from service.main import create_app
+from service.planner.capacity import EXTRAPOLATION_LIMIT, CapacityRequest, plan_capacity
+from service.planner.evidence import load_observations
+from service.runs.foreground import run_sweep_into_db
+
+from .conftest import api_settings, scratch_postgres_database
+
+MODEL = {"preset": "tiny", "num_layers": 1}
+MEASURED = {"name": "planner fixture: measured and planned", "kinds": ["measure", "plan"],
+            "frameworks": ["jax"], "modes": ["p2p"], "chips": [1, 2],
+            "seq_lens": [256, 512, 1024], "model": MODEL, "steps": 3, "warmup_steps": 1,
+            "accelerator": {"kind": "cpu", "type": "cpu"}, "trial_timeout_s": 300}
+PLANS = {**MEASURED, "name": "planner fixture: plans on 2-8 chips", "kinds": ["plan"],
+         "chips": [2, 4, 8], "seq_lens": [1024, 2048, 4096]}
+
+
+@pytest.fixture(scope="module")
+def planner_db(tmp_path_factory, local_ray) -> str:
+    """SQLite URL of a database holding the two sweeps' real results."""
+    folder = tmp_path_factory.mktemp("planner")
+    url = f"sqlite:///{folder / 'results.db'}"
+    settings = Settings(database_url=url, max_concurrent_trials=2)
+    for sweep in (MEASURED, PLANS):
+        path = folder / "sweep.yaml"
+        path.write_text(yaml.safe_dump(sweep))
+        assert run_sweep_into_db(path, settings=settings, progress=False) == 0
+    return url
+
+
+def _rows(url: str) -> list[Result]:
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session:
+            return list(session.scalars(select(Result).order_by(Result.trial_id)))
+    finally:
+        engine.dispose()
+
+
+def _answer(url: str, **request):
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session:
+            req = CapacityRequest(**{"preset": "tiny", "accelerator": "cpu", "dtype": "float32",
+                                     "num_layers": 1, "modes": ["p2p"],
+                                     "param_shardings": ["replicated"], "remats": ["none"],
+                                     **request})
+            return plan_capacity(load_observations(session, preset="tiny",
+                                                   accelerator_type="cpu"), req)
+    finally:
+        engine.dispose()
+
+
+def _candidate(answer, chips: int):
+    return next(c for c in answer.candidates if c.chips == chips)
+
+
+@pytest.mark.timeout(900)
+def test_plan_results_hold_estimates_never_peaks(planner_db):
+    rows = _rows(planner_db)
+    plans = [r for r in rows if r.kind == "plan"]
+    measured = [r for r in rows if r.kind == "measure"]
+    assert len(plans) == 6 + 9 and len(measured) == 6
+    assert all(r.status == "succeeded" for r in rows), [(r.trial_id, r.error) for r in rows]
+    for r in plans:
+        assert r.peak_memory_bytes_per_chip is None and r.memory_source is None
+        assert r.step_time_s is None and r.mfu is None and r.tokens_per_s_per_chip is None
+        assert r.estimated_memory_bytes_per_chip > 0 and r.compiled_flops_per_step_per_chip > 0
+        assert f"compile for {r.chips} virtual chips" in r.estimated_memory_source
+    # The plan and the measured trial of one point compile the same program.
+    for m in measured:
+        twin = next(p for p in plans if (p.sweep_id, p.mode, p.chips, p.seq_len) ==
+                    (m.sweep_id, m.mode, m.chips, m.seq_len))
+        assert twin.estimated_memory_bytes_per_chip == m.estimated_memory_bytes_per_chip
+        assert m.peak_memory_bytes_per_chip > 0 and m.memory_source.startswith("process_rss")
+
+
+@pytest.mark.timeout(120)
+def test_results_api_and_csv_show_the_kind(planner_db):
+    with TestClient(create_app(api_settings(planner_db))) as client:
+        default = client.get("/api/results", params={"limit": 100}).json()
+        plans = client.get("/api/results", params={"kind": "plan", "limit": 100}).json()
+        both = client.get("/api/results", params=[("kind", "plan"), ("kind", "measure"),
+                                                  ("limit", "100")]).json()
+        csv = client.get("/api/results", params={"kind": "plan", "format": "csv"}).text
+        bad = client.get("/api/results", params={"kind": "guess"})
+    assert {t["kind"] for t in default["data"]} == {"measure"} and default["count"] == 6
+    assert {t["kind"] for t in plans["data"]} == {"plan"} and plans["count"] == 15
+    assert both["count"] == 21
+    # Measured first on both backends although plans have no tokens/s (NULLs last).
+    assert [t["kind"] for t in both["data"]][:6] == ["measure"] * 6
+    header, *lines = csv.strip().splitlines()
+    assert "kind" in header.split(",") and "compiled_flops_per_step_per_chip" in header
+    assert len(lines) == 15 and all(",plan," in line for line in lines)
+    assert bad.status_code == 422 and "measure" in bad.text and "plan" in bad.text
+
+
+@pytest.mark.timeout(120)
+def test_capacity_labels_every_figure_with_what_it_rests_on(planner_db):
+    rows = {(r.kind, r.chips, r.seq_len): r for r in _rows(planner_db)}
+    answer = _answer(planner_db, seq_len=1024, max_chips=8)
+    two, four = _candidate(answer, 2), _candidate(answer, 4)
+    measured = rows[("measure", 2, 1024)]
+    assert two.step_time_s.basis == "measured" and two.step_time_s.value == pytest.approx(
+        measured.step_time_s)
+    assert two.step_time_s.trial_ids == [measured.trial_id]
+    assert two.memory_bytes_per_chip.basis == "measured"
+    # No measured trial at 4 chips: memory is the plan's estimate, the time extrapolated past
+    # the 2 chips the links were fitted on.
+    assert four.memory_bytes_per_chip.basis == "estimated"
+    assert four.memory_bytes_per_chip.value == rows[("plan", 4, 1024)].estimated_memory_bytes_per_chip
+    assert four.step_time_s.basis == "extrapolated" and four.step_time_s.value > 0
+    assert set(four.step_time_s.trial_ids) >= {rows[("measure", 1, 256)].trial_id}
+    for c in answer.candidates:
+        assert c.mfu.value is None or 0 < c.mfu.value <= 1
+    assert answer.fewest_chips.chips == 1  # the tiny model fits one chip
+    # Every measured point has a plan beside it: the answer compares the two.
+    assert len(answer.plan_checks) >= 6 and all(
+        c.ratio == pytest.approx(c.plan_estimate_bytes / c.measured_peak_bytes)
+        for c in answer.plan_checks)
+    frontier = answer.pareto
+    assert frontier[0].chips == 1 and all(
+        a.chips < b.chips and a.tokens_per_s.value < b.tokens_per_s.value
+        for a, b in zip(frontier, frontier[1:]))
+    assert answer.fastest.tokens_per_s.value == max(
+        c.tokens_per_s.value for c in answer.candidates if c.fits and c.tokens_per_s.value)
+
+
+@pytest.mark.timeout(120)
+def test_capacity_refuses_to_extrapolate_past_what_the_data_carries(planner_db):
+    answer = _answer(planner_db, seq_len=2 ** 22, max_chips=2)
+    one = _candidate(answer, 1)
+    assert one.step_time_s.value is None and one.step_time_s.basis == "refused"
+    assert f"at most {EXTRAPOLATION_LIMIT}×" in one.step_time_s.note
+    assert one.tokens_per_s_per_chip.value is None
+    assert one.memory_bytes_per_chip.value > 0  # memory always has the analytic prediction
+
+
+@pytest.mark.timeout(120)
+def test_a_fit_interpolates_a_plan_it_did_not_see_within_five_percent(planner_db):
+    """Held out: the plan at 4 chips × 2048 tokens; the fit over the other plans (same mode,
+    512 and 1024 local tokens on either side) predicts its memory."""
+    held = next(r for r in _rows(planner_db) if (r.kind, r.chips, r.seq_len) == ("plan", 4, 2048))
+    engine = make_engine(planner_db)
+    try:
+        with make_session_factory(engine)() as session:
+            observations = [o for o in load_observations(session, preset="tiny",
+                                                         accelerator_type="cpu")
+                            if o.trial_id != held.trial_id and o.kind == "plan"]
+    finally:
+        engine.dispose()
+    req = CapacityRequest(preset="tiny", accelerator="cpu", dtype="float32", num_layers=1,
+                          seq_len=2048, max_chips=4, modes=["p2p"],
+                          param_shardings=["replicated"], remats=["none"])
+    memory = _candidate(plan_capacity(observations, req), 4).memory_bytes_per_chip
+    assert memory.basis == "interpolated"
+    assert abs(memory.value - held.estimated_memory_bytes_per_chip) <= (
+        0.05 * held.estimated_memory_bytes_per_chip)
+
+
+@pytest.mark.timeout(120)
+def test_plan_validate_prints_the_error_of_each_held_out_level(planner_db, capsys):
+    sweeps = {s.name: s.id for s in _sweeps(planner_db)}
+    assert gdn_sweep(["plan", "--db", planner_db, "--validate",
+                      str(sweeps[PLANS["name"]])]) == 0
+    out = capsys.readouterr().out
+    assert "largest chips (8)" in out and "largest seq_len 4096" in out
+    summary = json.loads(out.strip().splitlines()[-1])["summary"]
+    memory = {s["basis"]: s for s in summary if s["figure"] == "memory_bytes_per_chip"}
+    assert memory["interpolated"]["meets_goal"] is True  # XLA's estimates: affine in the shard
+    assert memory["interpolated"]["max_error"] <= 0.05
+
+    assert gdn_sweep(["plan", "--db", planner_db, "--validate",
+                      str(sweeps[MEASURED["name"]])]) == 0
+    out = capsys.readouterr().out
+    assert "step_time_s" in out and "summary" in out
+
+
+def _sweeps(url: str):
+    engine = make_engine(url)
+    try:
+        with make_session_factory(engine)() as session:
+            return list(session.scalars(select(Sweep)))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.timeout(120)
+def test_plan_command_prints_the_three_picks(planner_db, capsys):
+    assert gdn_sweep(["plan", "--db", planner_db, "--preset", "tiny", "--seq-len", "1024",
+                      "--accelerator", "cpu", "--dtype", "float32", "--max-chips", "8",
+                      "--mode", "p2p", "--param-sharding", "replicated", "--remat", "none"]
+                     ) == 0
+    out = capsys.readouterr().out
+    for line in ("fewest chips that fit: none × 1 chips", "fewest chip-hours per token:",
+                 "fastest within 8 chips:"):
+        assert line in out
+    assert gdn_sweep(["plan", "--db", planner_db, "--preset", "nope", "--seq-len", "1024",
+                      "--accelerator", "cpu"]) == 2
+    assert "preset='nope' is not one of" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_capacity_api_answers_and_names_bad_input(planner_db, backend):
+    with _backend(planner_db, backend) as url, \
+            TestClient(create_app(api_settings(url))) as client:
+        ok = client.get("/api/capacity", params={
+            "preset": "tiny", "num_layers": 1, "seq_len": 1024, "accelerator": "cpu",
+            "dtype": "float32", "max_chips": 8})
+        assert ok.status_code == 200
+        body = ok.json()
+        assert body["evidence_trials"] == 21 and body["fewest_chips"]["chips"] == 1
+        assert {c["memory_bytes_per_chip"]["basis"] for c in body["candidates"]} >= {
+            "measured", "estimated"}
+        for params, named in (({"preset": "qwen9"}, "qwen9"), ({"accelerator": "h900"}, "h900"),
+                              ({"seq_len": "0"}, "seq_len"), ({"mode": "ring"}, "ring"),
+                              ({"guess": "1"}, "guess")):
+            bad = client.get("/api/capacity", params={"preset": "tiny", "seq_len": 1024,
+                                                      "accelerator": "cpu", **params})
+            assert bad.status_code == 422 and named in bad.text, (params, bad.text)
+
+
+@contextmanager
+def _backend(sqlite_url: str, backend: str) -> Iterator[str]:
+    """The fixture database as it is (SQLite), or copied into a scratch PostgreSQL one."""
+    if backend == "sqlite":
+        yield sqlite_url
+        return
+    with scratch_postgres_database("planner") as url:
+        _copy_database(sqlite_url, url)
+        yield url
+
+
+def _copy_database(source: str, target: str) -> None:
+    from service.db.engine import upgrade_database
+    from service.db.models import Base
+
+    upgrade_database(target)
+    src, dst = make_engine(source), make_engine(target)
+    try:
+        with src.connect() as read, dst.begin() as write:
+            for table in Base.metadata.sorted_tables:
+                if table.name in ("cache_versions",):
+                    continue
+                rows = [dict(r._mapping) for r in read.execute(table.select())]
+                if rows:
+                    write.execute(table.insert(), rows)
+    finally:
+        src.dispose()
+        dst.dispose()
+
+
+@pytest.mark.timeout(300)
+def test_plan_fit_bisects_compiles_for_the_longest_sequence_that_fits(capsys):
+    base = ["plan", "--fit", "--preset", "tiny", "--seq-len", "512", "--accelerator", "cpu",
+            "--dtype", "float32", "--chips", "2", "--mode", "p2p"]
+    assert gdn_sweep([*base, "--chip-memory-gib", "1000"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[:4] == ["p2p", "2", "replicated", "none"] and row[4] == "512" and row[6] == "-"
+    assert gdn_sweep([*base, "--chip-memory-gib", "0.000001"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[4] == "none" and row[6] == "32"  # not even one chunk per chip fits
+    assert gdn_sweep([*base[:-4], "--chips", "2"]) == 2  # cpu needs a memory size
+    assert "--chip-memory-gib" in capsys.readouterr().err

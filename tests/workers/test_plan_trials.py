@@ -1,0 +1,73 @@
+"""Plan trials (kind "plan") through the driver on a local Ray: compiled, never run, beside
+measured trials of the same points."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.driver import run_sweep
+from workers.events import TrialStarted
+from workers.spec import SweepSpec, expand_trials
+
+from .conftest import MemorySink, assert_no_leaks, tiny_spec
+
+POINT = "jax/p2p/chips=2/seq_len=128/dtype=float32/param_sharding=replicated/remat=none"
+
+
+def test_a_sweep_mixes_kinds_and_plans_are_jax_only_and_never_repeated():
+    spec = tiny_spec(kinds=["measure", "plan"], frameworks=["jax", "torch"], modes=["p2p"],
+                     chips=[1, 2], seq_lens=[128], repeats=2)
+    trials = expand_trials(spec)
+    plans = [t for t in trials if t.kind == "plan"]
+    assert len(trials) == spec.grid_size == 2 * 2 * 2 + 2
+    assert sorted(t.key for t in plans) == sorted([f"plan/{POINT}", "plan/jax/none/chips=1/"
+                                                   "seq_len=128/dtype=float32/param_sharding="
+                                                   "replicated/remat=none"])
+    assert all(t.framework == "jax" and t.baseline_key is None and not t.verify for t in plans)
+    with pytest.raises(ValueError, match="a plan compiles the JAX step; add 'jax'"):
+        tiny_spec(kinds=["plan"], frameworks=["torch"])
+
+
+def test_plans_are_not_refused_for_memory_a_measured_point_would_not_fit():
+    spec = tiny_spec(kinds=["measure", "plan"], frameworks=["jax"], modes=["p2p"], chips=[2],
+                     seq_lens=[2 ** 24], model={"preset": "qwen3.5-9b"},
+                     accelerator={"kind": "gpu", "type": "h100"})
+    measured, plan = expand_trials(spec)
+    assert "exceeds" in measured.skip_reason and plan.skip_reason is None
+
+
+@pytest.mark.timeout(400)
+def test_plan_trials_beside_measured_ones_and_beyond_the_cluster(local_ray):
+    """A plan compiles the same program the measured trial runs: XLA's estimate and the
+    collective bytes agree exactly; it records no measurement. 16 chips, more than this
+    Ray cluster has, plan all the same."""
+    sink, events = MemorySink(), []
+    spec = tiny_spec(kinds=["measure", "plan"], frameworks=["jax"], modes=["p2p"], chips=[2],
+                     seq_lens=[128])
+    run_sweep(spec, sink, on_event=events.append)
+    wide = SweepSpec(**{**spec.model_dump(), "name": "wide", "kinds": ["plan"], "chips": [16],
+                        "seq_lens": [16 * 64]})
+    run_sweep(wide, sink, on_event=events.append)
+    by_key = sink.by_key()
+    measured, plan = by_key[POINT], by_key[f"plan/{POINT}"]
+    assert measured.status == plan.status == "succeeded", (measured.error, plan.error)
+    m, p = measured.metrics, plan.metrics
+    assert p.estimated_memory_bytes_per_chip == m.estimated_memory_bytes_per_chip > 0
+    assert "XLA:CPU compile for 2 virtual chips" in p.estimated_memory_source
+    assert (p.cp_comm_bytes_per_step_per_chip, p.grad_sync_bytes_per_step_per_chip) == (
+        m.cp_comm_bytes_per_step_per_chip, m.grad_sync_bytes_per_step_per_chip)
+    assert p.predicted_memory_bytes_per_chip == m.predicted_memory_bytes_per_chip
+    assert p.model_flops_per_step == m.model_flops_per_step
+    assert 0.8 < p.compiled_flops_per_step_per_chip * 2 / p.hardware_flops_per_step < 1.25
+    for unmeasured in ("step_time_s", "tokens_per_s_per_chip", "mfu", "hfu",
+                       "peak_memory_bytes_per_chip", "memory_source", "loss_first"):
+        assert getattr(p, unmeasured) is None, unmeasured
+    assert plan.hosts and plan.versions.get("jax")
+
+    far = by_key["plan/jax/p2p/chips=16/seq_len=1024/dtype=float32/param_sharding=replicated/"
+                 "remat=none"]
+    assert far.status == "succeeded", far.error
+    assert "16 virtual chips" in far.metrics.estimated_memory_source
+    plan_starts = [e for e in events if isinstance(e, TrialStarted) and e.trial.kind == "plan"]
+    assert len(plan_starts) == 2 and all(e.workers == () for e in plan_starts)
+    assert_no_leaks()

@@ -1,0 +1,91 @@
+"""Plan trials: compile the JAX CP step for a trial's chips in a fresh process, run nothing.
+
+A plan needs no chips: a Ray task on one CPU starts `python -m gdn_core.jax_gdn.plan`, whose
+process gets the trial's chip count as virtual CPU devices (JAX fixes its device count when
+its backend starts, so each plan has its own process) and prints XLA's memory analysis, the
+compiled matmul FLOPs and the collective bytes as JSON. Whatever the trial's accelerator, the
+compile is XLA:CPU's — the program and collectives a TPU or GPU would run, with buffer sizes
+that differ by backend — so the memory is labelled an estimate of that chip's, never a peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import ray
+
+from gdn_core import flops
+from gdn_core.memory_model import predict_step_memory
+
+from .compile_cache import jax_cache_env
+from .process_probe import software_versions
+from .result import TrialMetrics
+from .spec import TrialSpec
+
+ERROR_TAIL_CHARS = 2000
+
+
+def plan_request(trial: TrialSpec) -> dict:
+    """What `python -m gdn_core.jax_gdn.plan --request` takes for `trial`."""
+    return {"preset": trial.preset, "num_layers": trial.num_layers,
+            "vocab_size": trial.vocab_size, "seq_len": trial.seq_len, "chips": trial.chips,
+            "mode": trial.cp_mode, "batch_size": trial.batch_size, "dtype": trial.dtype,
+            "param_sharding": trial.param_sharding, "remat": trial.remat}
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def compile_plan(request: dict, *, timeout_s: float, compile_cache_dir: str = "") -> dict:
+    """The plan's JSON, the host and the software versions; raises with the child's stderr
+    tail when the compile fails, and TimeoutError past timeout_s."""
+    env = {**os.environ, **jax_cache_env(compile_cache_dir), "JAX_PLATFORMS": "cpu"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gdn_core.jax_gdn.plan", "--request", json.dumps(request)],
+            capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the plan's compile ran past timeout_s={timeout_s:g}") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"the plan's compile exited {done.returncode}: "
+                           f"{done.stderr[-ERROR_TAIL_CHARS:]}")
+    return {"plan": json.loads(done.stdout.strip().splitlines()[-1]),
+            "host": socket.gethostname(), "versions": software_versions()}
+
+
+def estimate_source(trial: TrialSpec, plan: dict) -> str:
+    target = "CPU" if trial.accelerator_kind == "cpu" else trial.accelerator_type
+    return (f"xla_memory_analysis: XLA:{plan['backend'].split()[0].upper()} compile for "
+            f"{trial.chips} virtual chips (an estimate of a {target} chip's)")
+
+
+def plan_metrics(trial: TrialSpec, plan: dict) -> TrialMetrics:
+    """A plan trial's figures: XLA's estimate, the HLO's bytes and FLOPs, the analytic counts
+    and prediction; nothing measured (no step time, MFU or peak)."""
+    model_cfg = trial.to_model_config()
+    batch, seq_len = trial.batch_size, trial.seq_len
+    predicted = predict_step_memory(model_cfg.stand_in, trial.to_train_config(), mode=trial.cp_mode,
+                                    chips=trial.chips, framework="jax")
+    cp_bytes, sync_bytes = plan["cp_comm_bytes_per_step"], plan["grad_sync_bytes_per_step"]
+    return TrialMetrics(
+        model_flops_per_step=float(flops.model_flops_per_step(
+            model_cfg, batch=batch, seq_len=seq_len).total),
+        maxtext_flops_per_step=float(flops.maxtext_model_flops_per_step(
+            model_cfg, batch=batch, seq_len=seq_len).total),
+        hardware_flops_per_step=float(flops.hardware_flops_per_step(
+            model_cfg, mode=trial.cp_mode, chips=trial.chips, batch=batch, seq_len=seq_len,
+            framework="jax", remat=trial.remat).total),
+        compiled_flops_per_step_per_chip=float(plan["matmul_flops_per_chip"]),
+        compile_time_s=plan["compile_time_s"],
+        estimated_memory_bytes_per_chip=plan["estimated_memory_bytes"],
+        estimated_memory_source=estimate_source(trial, plan),
+        predicted_memory_bytes_per_chip=predicted.total,
+        comm_bytes_per_step_per_chip=cp_bytes + sync_bytes,
+        cp_comm_bytes_per_step_per_chip=cp_bytes,
+        grad_sync_bytes_per_step_per_chip=sync_bytes,
+    )
+
+
+__all__ = ["compile_plan", "estimate_source", "plan_metrics", "plan_request"]
