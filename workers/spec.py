@@ -85,6 +85,13 @@ def check_plain_text(value):
     return value
 
 
+def known_preset(preset: str) -> str:
+    """`preset`, if gdn_core.presets has it (ValueError listing them otherwise)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r} is not one of: {', '.join(PRESETS)}")
+    return preset
+
+
 def _not_blank(text: str) -> str:
     if not text.strip():
         raise ValueError("the name is blank; use at least one character that is not a space")
@@ -115,9 +122,7 @@ class ModelSpec(BaseModel):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
-        if preset not in PRESETS:
-            raise ValueError(f"preset={preset!r} is not one of: {', '.join(PRESETS)}")
-        return preset
+        return known_preset(preset)
 
 
 class AcceleratorSpec(BaseModel):
@@ -441,4 +446,4 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framewor
 __all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "MAX_CHIPS", "MAX_SEQ_LEN", "ModelSpec",
            "ONE_CHIP_CP_MODE", "PlainText", "SweepSpec", "TRIAL_KINDS", "TRIAL_MODES", "TrialKind",
            "TrialMode", "TrialSpec",
-           "check_plain_text", "chip_memory_bytes", "expand_trials", "trial_key"]
+           "check_plain_text", "chip_memory_bytes", "expand_trials", "known_preset", "trial_key"]

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gdn_core import flops, hardware
 from gdn_core.cp_modes import CP_MODES, CPMode, check_cp_shape
 from gdn_core.memory_model import predict_step_memory
-from gdn_core.presets import PRESETS, get_preset
+from gdn_core.presets import get_preset
 from gdn_core.train_config import (
     PARAM_SHARDINGS,
     REMATS,
@@ -33,15 +33,23 @@ from service.db.bounds import DbInt
 from service.planner.evidence import Observation
 from service.planner.fits import (
     AffineFit,
-    ComputeFit,
     LinkFit,
+    TimeCurve,
     dependent_rounds,
     fit_compute,
     fit_links,
     fit_memory,
     scaled_comm_bytes,
+    time_curve,
 )
-from workers.spec import MAX_CHIPS, MAX_SEQ_LEN, AcceleratorSpec, Framework, chip_memory_bytes
+from workers.spec import (
+    MAX_CHIPS,
+    MAX_SEQ_LEN,
+    AcceleratorSpec,
+    Framework,
+    chip_memory_bytes,
+    known_preset,
+)
 
 EXTRAPOLATION_LIMIT = 16
 """A fit is used at most this many times past the largest local shard (memory), per-chip
@@ -73,9 +81,7 @@ class CapacityRequest(BaseModel):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, preset: str) -> str:
-        if preset not in PRESETS:
-            raise ValueError(f"preset={preset!r} is not one of: {', '.join(PRESETS)}")
-        return preset
+        return known_preset(preset)
 
     @field_validator("accelerator")
     @classmethod
@@ -190,23 +196,24 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
                                     framework=point.framework).total
     if model_cfg.moe is not None:
         exact = []  # its trials ran the dense stand-in: their memory is not the experts'
-    measured = [o for o in exact if o.kind == "measure" and o.memory_bytes is not None]
-    if measured:
-        return Figure(value=max(o.memory_bytes for o in measured), basis="measured",
-                      trial_ids=[o.trial_id for o in measured], note=measured[0].memory_source)
-    planned = [o for o in exact if o.kind == "plan" and o.memory_bytes is not None]
-    if planned:
-        return Figure(value=planned[0].memory_bytes, basis="estimated",
-                      trial_ids=[planned[0].trial_id], note=planned[0].memory_source)
+    peaks = [o for o in exact if o.memory_is_peak]
+    if peaks:
+        return Figure(value=max(o.memory_bytes for o in peaks), basis="measured",
+                      trial_ids=[o.trial_id for o in peaks], note=peaks[0].memory_source)
+    estimates = [o for o in exact if o.memory_bytes is not None]
+    if estimates:
+        return Figure(value=estimates[0].memory_bytes, basis="estimated",
+                      trial_ids=[estimates[0].trial_id], note=estimates[0].memory_source)
     same_mode = [o for o in group if o.cp_mode == point.mode]
-    measured_fit = fit_memory([o for o in same_mode if o.kind == "measure"])
-    fit: AffineFit | None = measured_fit or fit_memory([o for o in same_mode if o.kind == "plan"])
+    measured_fit = _memory_fit([o for o in same_mode if o.memory_is_peak], point.chips)
+    fit: AffineFit | None = measured_fit or _memory_fit(
+        [o for o in same_mode if not o.memory_is_peak], point.chips)
     if fit is None:
         return Figure(value=predicted, basis="predicted",
                       note="gdn_core.memory_model.predict_step_memory; no trial to refine it")
     local = request.batch_size * request.seq_len / point.chips
     basis, why = _basis(local, fit.x_max, fit.x_min)
-    what = "measured peaks" if measured_fit else "plans' XLA estimates"
+    what = "measured peaks" if measured_fit else "XLA's estimates"
     if basis == "refused":  # keep the physics, drop the fitted slope
         return Figure(value=predicted + fit.intercept, basis="extrapolated",
                       trial_ids=list(fit.trial_ids),
@@ -217,6 +224,15 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
     return Figure(value=predicted + fit(local), basis=basis, trial_ids=list(fit.trial_ids),
                   note=f"analytic prediction + residual fitted to {what}"
                        + (f"; {why}" if why else "") + moe)
+
+
+def _memory_fit(rows: Sequence[Observation], chips: int) -> AffineFit | None:
+    """The residual fit of the rows at this chip count when they span two shard lengths (what
+    the predictor misses may differ by D), else pooled over every chip count."""
+    at_chips = [o for o in rows if o.chips == chips]
+    if len({o.local_tokens for o in at_chips}) >= 2:
+        return fit_memory(at_chips)
+    return fit_memory(rows)
 
 
 def _comm(group, point: Point, local_tokens: int) -> tuple[Figure, float | None]:
@@ -236,21 +252,31 @@ def _comm(group, point: Point, local_tokens: int) -> tuple[Figure, float | None]
                   "recorded bytes scaled to this chip count by the mode's growth in D"), total
 
 
-def _step(request, model_cfg, point: Point, group, exact, compute: ComputeFit | None,
+def _step(request, model_cfg, point: Point, on_chip, exact, compute: TimeCurve | None,
           links: LinkFit, comm_bytes: float | None) -> Figure:
+    """Step time: a trial of the point; else this mode's trials on as many chips at other
+    lengths (their own curve: compute, contention and links together); else the one-chip
+    compute curve plus the link model over the mode's bytes and rounds."""
     timed = [o for o in exact if o.kind == "measure" and o.step_time_s]
     if timed:
         return Figure(value=statistics.median(o.step_time_s for o in timed), basis="measured",
                       trial_ids=[o.trial_id for o in timed])
+    per_chip = flops.hardware_flops_per_step(
+        model_cfg, mode=point.mode, chips=point.chips, batch=request.batch_size,
+        seq_len=request.seq_len, framework=point.framework, remat=point.remat).total / point.chips
+    same = time_curve([o for o in on_chip if o.chips == point.chips and o.cp_mode == point.mode])
+    if same is not None and len(same.flops) >= 2:
+        basis, why = _basis(per_chip, same.flops_max, same.flops_min)
+        if basis != "refused":
+            return Figure(value=same.seconds_at(per_chip), basis=basis,
+                          trial_ids=list(same.trial_ids),
+                          note=f"{point.mode} trials on {point.chips} chips at other lengths "
+                               "(log-log in FLOPs per chip)" + (f"; {why}" if why else ""))
     if compute is None:
         return Figure(value=None, basis="refused", note="no one-chip measured trial of these "
                       "settings on this chip type: the achieved FLOP rate is unknown")
     if comm_bytes is None and point.chips > 1:
         return Figure(value=None, basis="refused", note="communication bytes unknown")
-    hw = flops.hardware_flops_per_step(model_cfg, mode=point.mode, chips=point.chips,
-                                       batch=request.batch_size, seq_len=request.seq_len,
-                                       framework=point.framework, remat=point.remat).total
-    per_chip = hw / point.chips
     basis, why = _basis(per_chip, compute.flops_max, compute.flops_min)
     if basis != "refused" and point.chips > max(links.chips_max, 1) * EXTRAPOLATION_LIMIT:
         basis, why = "refused", (f"{point.chips} chips is over {EXTRAPOLATION_LIMIT}× the "
@@ -261,8 +287,8 @@ def _step(request, model_cfg, point: Point, group, exact, compute: ComputeFit | 
         basis, why = "extrapolated", f"beyond the {links.chips_max} chips the links were fitted on"
     rounds = dependent_rounds(point.mode, point.chips, num_layers=model_cfg.num_layers,
                               remat=point.remat)
-    seconds = compute.seconds(per_chip) + (links.seconds(comm_bytes, rounds)
-                                           if point.chips > 1 else 0.0)
+    seconds = compute.seconds_at(per_chip) + (links.seconds(comm_bytes, rounds)
+                                              if point.chips > 1 else 0.0)
     return Figure(value=seconds, basis=basis,
                   trial_ids=sorted({*compute.trial_ids, *links.trial_ids}),
                   note=f"compute at {compute.flops_per_s:.3g} FLOP/s per chip; links: "
@@ -290,11 +316,12 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
                  and (o.cp_mode == point.mode)]
         local = request.batch_size * request.seq_len // point.chips
         memory = predict_memory(request, model_cfg, point, group, exact)
-        compute = fit_compute([o for o in group if o.accelerator_type == request.accelerator])
-        links = fit_links([o for o in group if o.accelerator_type == request.accelerator],
-                          compute, accelerator_type=request.accelerator, mode=point.mode)
+        on_chip = [o for o in group if o.accelerator_type == request.accelerator]
+        compute = fit_compute(on_chip)
+        links = fit_links(on_chip, compute, accelerator_type=request.accelerator,
+                          mode=point.mode)
         comm, comm_bytes = _comm(group, point, local)
-        step = _step(request, model_cfg, point, group, exact, compute, links, comm_bytes)
+        step = _step(request, model_cfg, point, on_chip, exact, compute, links, comm_bytes)
         candidates.append(_candidate(request, model_cfg, point, group, local, memory, capacity,
                                      step, comm))
     fitting = [c for c in candidates if c.fits]
@@ -337,7 +364,7 @@ def pareto_frontier(candidates: Sequence[Candidate]) -> list[Candidate]:
 def plan_checks(observations: Sequence[Observation]) -> list[PlanCheck]:
     """Every plan with a measured trial of the same point (its peak measured)."""
     measured = {(o.settings(), o.mode, o.chips, o.seq_len): o for o in observations
-                if o.kind == "measure" and o.memory_bytes}
+                if o.kind == "measure" and o.peak_memory_bytes}
     checks = []
     for plan in (o for o in observations if o.kind == "plan" and o.memory_bytes):
         twin = measured.get((plan.settings(), plan.mode, plan.chips, plan.seq_len))
@@ -345,8 +372,9 @@ def plan_checks(observations: Sequence[Observation]) -> list[PlanCheck]:
             checks.append(PlanCheck(
                 point=f"{plan.framework}/{plan.mode}/chips={plan.chips}/seq_len={plan.seq_len}",
                 plan_trial_id=plan.trial_id, measured_trial_id=twin.trial_id,
-                plan_estimate_bytes=plan.memory_bytes, measured_peak_bytes=twin.memory_bytes,
-                measured_source=twin.memory_source, ratio=plan.memory_bytes / twin.memory_bytes))
+                plan_estimate_bytes=plan.memory_bytes, measured_peak_bytes=twin.peak_memory_bytes,
+                measured_source=twin.peak_memory_source,
+                ratio=plan.memory_bytes / twin.peak_memory_bytes))
     return checks
 
 

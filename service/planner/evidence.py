@@ -34,8 +34,13 @@ class Observation:
     hardware_flops_per_step: float | None
     peak_flops_per_chip: float | None
     memory_bytes: int | None
-    """Measured peak (kind measure) or XLA's estimate (kind plan): what memory fits read."""
+    """What memory fits read (memory_of): a device's measured peak, or XLA's estimate."""
     memory_source: str | None
+    memory_is_peak: bool
+    """memory_bytes is a device's measured peak (else XLA's estimate, or None)."""
+    peak_memory_bytes: int | None
+    """The measured peak as recorded (RSS on CPU hosts included), for plan checks."""
+    peak_memory_source: str | None
     predicted_memory_bytes: int | None
     cp_comm_bytes: int | None
     grad_sync_bytes: int | None
@@ -76,8 +81,21 @@ def canonical_chip(accelerator_type: str) -> str:
         return accelerator_type
 
 
+def memory_of(r: Result) -> tuple[int | None, str | None, bool]:
+    """The memory a fit may read of a result: a device allocator's peak (GPU/TPU), else XLA's
+    estimate of the compiled step (plans, and JAX trials on CPU hosts). A CPU process's RSS
+    mark is no chip's memory — it holds the Python runtime and XLA's compiler too — so it is
+    left out."""
+    if (r.kind == "measure" and r.peak_memory_bytes_per_chip is not None
+            and not (r.memory_source or "").startswith("process_rss")):
+        return r.peak_memory_bytes_per_chip, r.memory_source, True
+    if r.estimated_memory_bytes_per_chip is not None:
+        return r.estimated_memory_bytes_per_chip, r.estimated_memory_source, False
+    return None, None, False
+
+
 def observation(r: Result, *, chip: str) -> Observation:
-    measured = r.kind == "measure"
+    memory, memory_source, is_peak = memory_of(r)
     return Observation(
         trial_id=r.trial_id, sweep_id=r.sweep_id, kind=r.kind, framework=r.framework,
         mode=r.mode, chips=r.chips, seq_len=r.seq_len, batch_size=r.batch_size, preset=r.preset,
@@ -85,8 +103,8 @@ def observation(r: Result, *, chip: str) -> Observation:
         accelerator_type=chip, step_time_s=r.step_time_s,
         hardware_flops_per_step=r.hardware_flops_per_step,
         peak_flops_per_chip=r.peak_flops_per_chip,
-        memory_bytes=r.peak_memory_bytes_per_chip if measured else r.estimated_memory_bytes_per_chip,
-        memory_source=r.memory_source if measured else r.estimated_memory_source,
+        memory_bytes=memory, memory_source=memory_source, memory_is_peak=is_peak,
+        peak_memory_bytes=r.peak_memory_bytes_per_chip, peak_memory_source=r.memory_source,
         predicted_memory_bytes=r.predicted_memory_bytes_per_chip,
         cp_comm_bytes=r.cp_comm_bytes_per_step_per_chip,
         grad_sync_bytes=r.grad_sync_bytes_per_step_per_chip)

@@ -4,8 +4,9 @@
   affine in the local shard (tokens per chip), pooled over chip counts — the sequence-sharded
   modes are flat in D at a fixed shard, and what does depend on D (sharded weights) the
   predictor already carries.
-- Compute: step time of one-chip trials affine in the FLOPs they ran: an achieved FLOP rate
-  per chip type and an overhead.
+- Compute: step time of one-chip trials against the FLOPs they ran (TimeCurve: log-log
+  between the measured points, an achieved FLOP rate per chip type beyond them). Trials of
+  one mode at one chip count make such a curve of their own (compute and links together).
 - Communication: what a multi-chip step takes beyond its compute, fitted as bytes ÷ bandwidth
   + dependent rounds × latency over trials at several chip counts (each mode's recorded bytes
   and rounds); where they are too few, the chip type's datasheet prior (gdn_core.hardware).
@@ -61,35 +62,56 @@ def fit_memory(observations: Sequence[Observation]) -> AffineFit | None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ComputeFit:
-    """One chip's step time = overhead_s + FLOPs per chip ÷ flops_per_s."""
+class TimeCurve:
+    """Step seconds against FLOPs per chip through measured points (the median of repeats):
+    interpolated in log-log between them — a CPU's rate changes with the working set, so no
+    one line fits —, the nearest end's FLOP rate outside them."""
 
-    flops_per_s: float
-    overhead_s: float
-    flops_min: float
-    flops_max: float
+    flops: tuple[float, ...]
+    seconds: tuple[float, ...]
     trial_ids: tuple[int, ...]
 
-    def seconds(self, flops_per_chip: float) -> float:
-        return self.overhead_s + flops_per_chip / self.flops_per_s
+    @property
+    def flops_min(self) -> float:
+        return self.flops[0]
+
+    @property
+    def flops_max(self) -> float:
+        return self.flops[-1]
+
+    @property
+    def flops_per_s(self) -> float:
+        """The achieved rate at the largest point."""
+        return self.flops[-1] / self.seconds[-1]
+
+    def seconds_at(self, flops_per_chip: float) -> float:
+        if flops_per_chip <= self.flops[0]:
+            return self.seconds[0] * flops_per_chip / self.flops[0]
+        if flops_per_chip >= self.flops[-1]:
+            return self.seconds[-1] * flops_per_chip / self.flops[-1]
+        return float(np.exp(np.interp(np.log(flops_per_chip), np.log(self.flops),
+                                      np.log(self.seconds))))
 
 
-def fit_compute(observations: Sequence[Observation]) -> ComputeFit | None:
-    """From one-chip measured trials (no communication): the achieved rate and overhead."""
-    one_chip = [o for o in observations if o.kind == "measure" and o.chips == 1
-                and o.step_time_s and o.hardware_flops_per_step]
-    if not one_chip:
+def time_curve(observations: Sequence[Observation]) -> TimeCurve | None:
+    """The TimeCurve of measured trials (FLOPs per chip → step time), None without any."""
+    timed = [o for o in observations if o.kind == "measure" and o.step_time_s
+             and o.hardware_flops_per_step]
+    if not timed:
         return None
-    fit = AffineFit.least_squares([o.hardware_flops_per_step for o in one_chip],
-                                  [o.step_time_s for o in one_chip],
-                                  [o.trial_id for o in one_chip])
-    if fit.slope <= 0 or fit.intercept < 0:  # noise: no overhead, the mean rate
-        rate = sum(o.hardware_flops_per_step for o in one_chip) / sum(
-            o.step_time_s for o in one_chip)
-        return ComputeFit(flops_per_s=rate, overhead_s=0.0, flops_min=fit.x_min,
-                          flops_max=fit.x_max, trial_ids=fit.trial_ids)
-    return ComputeFit(flops_per_s=1 / fit.slope, overhead_s=fit.intercept, flops_min=fit.x_min,
-                      flops_max=fit.x_max, trial_ids=fit.trial_ids)
+    by_flops: dict[float, list[Observation]] = {}
+    for o in timed:
+        by_flops.setdefault(o.hardware_flops_per_step / o.chips, []).append(o)
+    points = sorted(by_flops.items())
+    return TimeCurve(flops=tuple(f for f, _ in points),
+                     seconds=tuple(float(np.median([o.step_time_s for o in os]))
+                                   for _, os in points),
+                     trial_ids=tuple(o.trial_id for _, os in points for o in os))
+
+
+def fit_compute(observations: Sequence[Observation]) -> TimeCurve | None:
+    """Compute alone: one-chip measured trials (nothing crosses chips)."""
+    return time_curve([o for o in observations if o.chips == 1])
 
 
 def dependent_rounds(mode: str, chips: int, *, num_layers: int, remat: str) -> int:
@@ -119,7 +141,7 @@ class LinkFit:
         return comm_bytes / self.bytes_per_s + rounds * self.latency_s
 
 
-def fit_links(observations: Sequence[Observation], compute: ComputeFit | None, *,
+def fit_links(observations: Sequence[Observation], compute: TimeCurve | None, *,
               accelerator_type: str, mode: str) -> LinkFit:
     """Bandwidth and latency of `mode`'s exchanges from its multi-chip measured trials (both
     with two or more chip counts, the bandwidth alone with one), else the datasheet prior."""
@@ -129,7 +151,7 @@ def fit_links(observations: Sequence[Observation], compute: ComputeFit | None, *
     if compute is None or not rows:
         return LinkFit(bytes_per_s=prior.bytes_per_s, latency_s=prior.latency_s,
                        source=f"datasheet prior: {prior.source}", chips_max=1, trial_ids=())
-    left = np.array([o.step_time_s - compute.seconds(o.hardware_flops_per_step / o.chips)
+    left = np.array([o.step_time_s - compute.seconds_at(o.hardware_flops_per_step / o.chips)
                      for o in rows])
     comm = np.array([o.cp_comm_bytes + (o.grad_sync_bytes or 0) for o in rows], float)
     rounds = np.array([dependent_rounds(mode, o.chips, num_layers=o.num_layers, remat=o.remat)

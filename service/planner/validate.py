@@ -70,22 +70,29 @@ def _memory_floor(o: Observation, train: Sequence[Observation]) -> float | None:
     return predict_memory(request, model_cfg, point, group, []).value
 
 
+def _candidate(train: Sequence[Observation], o: Observation):
+    """The planner's candidate for o's point, from `train`."""
+    answer = plan_capacity(train, _request(o))
+    return next((c for c in answer.candidates if c.chips == o.chips
+                 and c.mode == ("none" if o.chips == 1 else o.cp_mode)), None)
+
+
 def validate(observations: Sequence[Observation]) -> list[HeldOut]:
     """Every held-out trial's memory and step-time error (module docstring)."""
     rows = []
     for name, held in _holdouts(observations):
         train = [o for o in observations if o.trial_id not in held]
         for o in (o for o in observations if o.trial_id in held):
-            answer = plan_capacity(train, _request(o))
-            match = next((c for c in answer.candidates if c.chips == o.chips
-                          and c.mode == ("none" if o.chips == 1 else o.cp_mode)), None)
+            match = _candidate(train, o)
             if match is None:
                 continue
             point = f"{o.kind}/{o.framework}/{o.mode}/chips={o.chips}/seq_len={o.seq_len}"
             if o.memory_bytes is not None:
-                floor = _memory_floor(o, train)
+                # from what the held-out figure is (a measured peak, or XLA's estimate) alone
+                alike = [t for t in train if t.memory_is_peak == o.memory_is_peak]
+                floor = _memory_floor(o, alike)
                 above = o.memory_bytes - floor if floor is not None else None
-                memory = match.memory_bytes_per_chip
+                memory = _candidate(alike, o).memory_bytes_per_chip
                 error = (abs(memory.value - o.memory_bytes) / above
                          if memory.value is not None and above and above > 0 else None)
                 rows.append(HeldOut(holdout=name, trial_id=o.trial_id, point=point,

@@ -149,3 +149,28 @@ TINY_SWEEP = {
     "warmup_steps": 1, "accelerator": {"kind": "cpu", "type": "cpu"},
 }
 """A sweep that runs in well under a second per trial once its workers are warm."""
+
+
+@pytest.fixture
+def browser():
+    """A real chromium (tests/service/browser.py)."""
+    from .browser import chromium
+
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def page(browser):
+    """A 1400×900 en-US tab."""
+    from .browser import window_page
+
+    return window_page(browser)
+
+
+@pytest.fixture
+def csp_page(browser):
+    """A 1400×900 en-US tab that records what the CSP refused in window.__csp."""
+    from .browser import window_page
+
+    return window_page(browser, record_csp=True)

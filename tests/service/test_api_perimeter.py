@@ -27,7 +27,6 @@ from .conftest import (
 )
 from .private_postgres import PrivatePostgres, free_port
 from .seed import seed_sweep
-from .test_dashboard import page  # noqa: F401 - the chromium page fixture
 
 MiB = 1024 * 1024
 
@@ -222,7 +221,7 @@ document.addEventListener("securitypolicyviolation", (e) =>
 
 
 @pytest.mark.timeout(120)
-def test_the_dashboard_runs_under_its_csp(tmp_path, page):  # noqa: F811 - the fixture
+def test_the_dashboard_runs_under_its_csp(tmp_path, page):
     url = f"sqlite:///{tmp_path / 'csp.db'}"
     upgrade_database(url)
     engine = make_engine(url)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-import shutil
 
 import pytest
 from sqlalchemy import delete, select, update
@@ -25,7 +24,6 @@ from workers.spec import SweepSpec
 from .conftest import TINY_SWEEP, api_settings, serving
 from .seed import seed_sweep
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 EVIL_NAME = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 
@@ -35,20 +33,6 @@ def live_server(local_ray, tmp_path):
                         max_concurrent_trials=2, cpu_chips=4)
     with serving(settings) as base_url:
         yield base_url
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed: run scripts/test.sh (it installs it)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:  # the window a newcomer had; en-US: numbers as "10,200"
-            yield browser.new_page(viewport={"width": 1400, "height": 900}, locale="en-US")
-        finally:
-            browser.close()
 
 
 @pytest.mark.timeout(240)

@@ -9,8 +9,6 @@ divs' `data`, never from pictures. Screenshots at 1400×900 go to /tmp/compare-*
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections import Counter
 from types import SimpleNamespace
 
@@ -20,9 +18,7 @@ import pytest
 from .conftest import api_settings, serving
 from .seed import seed_sweep
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 GRID = {"modes": ["all_gather", "p2p"], "chips": [1, 2, 4], "seq_lens": [256, 512, 1024]}
-WINDOW = {"width": 1400, "height": 900}
 
 
 def all_gather_fast_on_four_chips(trial) -> float:
@@ -43,23 +39,8 @@ def sweeps(session_factory, db_url):
 
 
 @pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed: run scripts/test.sh (it installs it)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            tab = browser.new_page(viewport=WINDOW)
-            # what the CSP refused, as the page saw it (the regular plotly bundle's parcoords
-            # would show here as a refused eval)
-            tab.add_init_script("window.__csp = []; document.addEventListener("
-                                "'securitypolicyviolation', e => window.__csp.push("
-                                "{directive: e.violatedDirective, source: e.sourceFile}));")
-            yield tab
-        finally:
-            browser.close()
+def page(csp_page):
+    return csp_page
 
 
 def api_results(url: str, sweep_id: int) -> list[dict]:

@@ -7,19 +7,16 @@ the plotly graph div's `data`. Screenshots at 1400×900 go to /tmp/planner-*.png
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
 
+from .browser import WINDOW
 from .conftest import api_settings, serving
 from .seed import seed_sweep
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-WINDOW = {"width": 1400, "height": 900}
 MIB = 2 ** 20
 QUERY = {"preset": "tiny", "seq_len": 1024, "accelerator": "cpu", "num_layers": 1,
          "dtype": "float32", "max_chips": 8, "chip_memory_bytes": 6 * MIB}
@@ -44,21 +41,8 @@ def planner_url(session_factory, db_url):
 
 
 @pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed: run scripts/test.sh (it installs it)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:  # en-US: numbers as "10,200"
-            tab = browser.new_page(viewport=WINDOW, locale="en-US")
-            tab.add_init_script("window.__csp = []; document.addEventListener("
-                                "'securitypolicyviolation', e => window.__csp.push("
-                                "{directive: e.violatedDirective, source: e.sourceFile}));")
-            yield tab
-        finally:
-            browser.close()
+def page(csp_page):
+    return csp_page
 
 
 def capacity(url: str, query: dict) -> httpx.Response:

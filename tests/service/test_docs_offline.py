@@ -5,9 +5,7 @@ server's origin, the page's CSP refuses nothing it needs, and names no other hos
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from urllib.parse import urlsplit
 
 import httpx
@@ -15,18 +13,13 @@ import pytest
 
 from service.api.docs import ASSETS_URL
 
+from .browser import window_page
 from .conftest import api_settings, serving
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 REDOCLY_BADGE_LOGO = "https://cdn.redoc.ly/redoc/logo-mini.svg"
 """ReDoc's "API docs by Redocly" link shows this logo (no option turns it off): the CSP
 refuses it, so the browser never asks for it, and the link shows as text."""
-RECORD_CSP_VIOLATIONS = """
-window.__cspViolations = [];
-document.addEventListener('securitypolicyviolation', e => window.__cspViolations.push(
-    {directive: e.violatedDirective, blocked: e.blockedURI}));
-"""
 
 
 @pytest.fixture
@@ -34,20 +27,6 @@ def docs_server(tmp_path):
     """The app on a real uvicorn; the pages and the schema touch no database."""
     with serving(api_settings(f"sqlite:///{tmp_path / 'docs.db'}")) as base_url:
         yield base_url
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not os.path.exists(CHROMIUM):
-        pytest.fail("chromium is not installed: run scripts/test.sh (it installs it)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def open_offline(browser, base_url: str, path: str):
@@ -66,9 +45,8 @@ def open_offline(browser, base_url: str, path: str):
         else:
             route.abort("internetdisconnected")
 
-    page = browser.new_page()
+    page = window_page(browser, record_csp=True)
     page.on("console", lambda message: message.type == "error" and errors.append(message.text))
-    page.add_init_script(RECORD_CSP_VIOLATIONS)
     page.route(re.compile(r"^https?://"), only_this_origin)
     page.goto(base_url + path)
     return page, asked, errors
@@ -96,7 +74,7 @@ def test_swagger_ui_draws_every_operation_with_no_internet(docs_server, browser)
                          ".borderTopStyle") == "solid"
     page.click(".opblock-summary-get .opblock-summary-control")  # open one operation
     page.wait_for_selector(".opblock.is-open .opblock-body")
-    assert page.evaluate("() => window.__cspViolations") == [], errors  # the CSP refused nothing
+    assert page.evaluate("() => window.__csp") == [], errors  # the CSP refused nothing
     assert asked and all(urlsplit(url)[:2] == urlsplit(docs_server)[:2] for url in asked), asked
     assert f"{docs_server}{ASSETS_URL}/swagger-ui-bundle.js" in asked
 
@@ -110,8 +88,8 @@ def test_redoc_draws_every_operation_with_no_internet(docs_server, browser):
     assert "/api/sweeps" in page.inner_text("body")
     page.fill("input.search-input", "cancel")  # its search runs in a blob: worker
     page.wait_for_selector("[data-role='search:results'] li, .search-results li")
-    violations = page.evaluate("() => window.__cspViolations")
-    assert all(v == {"directive": "img-src", "blocked": REDOCLY_BADGE_LOGO}
+    violations = page.evaluate("() => window.__csp")
+    assert all((v["directive"], v["blocked"]) == ("img-src", REDOCLY_BADGE_LOGO)
                for v in violations), (violations, errors)
     assert asked and all(urlsplit(url)[:2] == urlsplit(docs_server)[:2] for url in asked), asked
 

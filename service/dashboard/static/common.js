@@ -119,6 +119,17 @@ GS.progress = function (done, total) {
 
 GS.FINAL_SWEEP = new Set(["finished", "cancelled", "failed"]);
 
+// rows → Map(key → rows with that key), in first-seen order.
+GS.groupBy = function (rows, keyOf) {
+  const groups = new Map();
+  for (const row of rows) {
+    const key = keyOf(row);
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(row);
+  }
+  return groups;
+};
+
 GS.header = function (active) {
   const link = (href, text) => GS.el("a", { href, style: active === href ? "font-weight:600" : null },
                                      text);

@@ -140,7 +140,7 @@ Compare.drawLines = function (div, ids, seqLen) {
     const pts = Cmp.points(Compare.results.get(id).rows).filter((p) => p.seq_len === seqLen);
     const base = new Map(pts.filter((p) => p.mode === "none").map((p) => [p.work, p]));
     const cp = pts.filter((p) => p.mode !== "none");
-    const groups = cp.length ? Cmp.groupBy(cp, (p) => p.series) : Cmp.groupBy(pts, (p) => p.series);
+    const groups = cp.length ? GS.groupBy(cp, (p) => p.series) : GS.groupBy(pts, (p) => p.series);
     for (const [series, ps] of groups) {
       const b = base.get(ps[0].work), line = (b && !ps.includes(b) ? [b, ...ps] : ps)
         .sort((x, y) => x.chips - y.chips);

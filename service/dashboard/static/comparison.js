@@ -39,16 +39,6 @@ Cmp.workKey = (t) => [t.framework, t.preset, t.num_layers, t.batch_size, t.dtype
 // A grid point: the same work, mode, chips and seq_len.
 Cmp.pointKey = (t) => [Cmp.workKey(t), t.mode, t.chips, t.seq_len].join("|");
 
-Cmp.groupBy = function (rows, keyOf) {
-  const groups = new Map();
-  for (const row of rows) {
-    const key = keyOf(row);
-    if (!groups.has(key)) groups.set(key, []);
-    groups.get(key).push(row);
-  }
-  return groups;
-};
-
 Cmp.median = function (values) {
   const s = values.filter((v) => v !== null && v !== undefined).sort((a, b) => a - b);
   if (!s.length) return null;
@@ -58,7 +48,7 @@ Cmp.median = function (values) {
 
 // One point per grid point of `rows`: repeats merged at the median of each figure.
 Cmp.points = function (rows) {
-  return [...Cmp.groupBy(rows, Cmp.pointKey).entries()].map(([key, ts]) => {
+  return [...GS.groupBy(rows, Cmp.pointKey).entries()].map(([key, ts]) => {
     const t = ts[0], med = (field) => Cmp.median(ts.map((r) => r[field]));
     const tokensPerSPerChip = med("tokens_per_s_per_chip"), flops = med("hardware_flops_per_step");
     return {

@@ -40,16 +40,6 @@ Plots.tokens = function (n) {
   return String(n);
 };
 
-Plots.groupBy = function (rows, keyOf) {
-  const groups = new Map();
-  for (const row of rows) {
-    const key = keyOf(row);
-    if (!groups.has(key)) groups.set(key, []);
-    groups.get(key).push(row);
-  }
-  return groups;
-};
-
 // One panel per value (chip count or seq_len) in a grid of up to 4 columns; returns the
 // layout's axes and panel titles. x is log-scaled with the given ticks.
 Plots.panels = function (values, panelTitle, x, yTitle, yType) {
@@ -102,7 +92,7 @@ Plots.throughputRange = function (t) {
 
 // One point per (chips, seq_len) of `rows`: repeats merged (median; bar over every step).
 Plots.throughputPoints = function (rows) {
-  return [...Plots.groupBy(rows, (t) => `${t.chips}|${t.seq_len}`).values()].map((ts) => {
+  return [...GS.groupBy(rows, (t) => `${t.chips}|${t.seq_len}`).values()].map((ts) => {
     const r = ts.map(Plots.throughputRange);
     return { chips: ts[0].chips, seq_len: ts[0].seq_len, y: Plots.median(r.map((p) => p.y)),
              hi: Math.max(...r.map((p) => p.hi)), lo: Math.min(...r.map((p) => p.lo)),
@@ -134,7 +124,7 @@ Plots.throughput = function (sweep, trials) {
   layout.title = { text: "tokens/s/chip vs seq_len, per mode",
                    subtitle: { text: "one panel per chip count; bars: fastest to slowest measured step" } };
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
-  for (const [key, group] of Plots.groupBy(rows, (t) => `${Plots.series(t)}|${t.chips}`)) {
+  for (const [key, group] of GS.groupBy(rows, (t) => `${Plots.series(t)}|${t.chips}`)) {
     const [name, chips] = key.split("|"), t = group[0];
     traces.push(Plots.throughputTrace(Plots.throughputPoints(group), "seq_len", name, !seen.has(name), {
       ...Plots.axes(chipsList.indexOf(Number(chips))), line: Plots.lineOf(t) }));
@@ -154,7 +144,7 @@ Plots.scaling = function (sweep, trials) {
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
   const byId = new Map(rows.map((t) => [t.id, t]));
   const multi = rows.filter((t) => t.chips > 1);
-  for (const [key, group] of Plots.groupBy(multi, (t) => `${Plots.series(t)}|${t.seq_len}`)) {
+  for (const [key, group] of GS.groupBy(multi, (t) => `${Plots.series(t)}|${t.seq_len}`)) {
     const [name, seq] = key.split("|"), t = group[0];
     const baselines = [...new Set(group.map((g) => byId.get(g.baseline_trial_id)).filter(Boolean))];
     traces.push(Plots.throughputTrace(Plots.throughputPoints([...baselines, ...group]), "chips", name,
@@ -192,10 +182,10 @@ Plots.memoryTraces = function (sweep, trials) {
   const done = trials.filter((t) => t.status === "succeeded");
   for (const q of Plots.MEMORY_QUANTITIES) {
     const rows = done.filter((t) => t[q.field] !== null && t[q.field] !== undefined);
-    const groups = Plots.groupBy(rows, (t) => `${Plots.series(t)} · ${q.label(t)}|${t.chips}`);
+    const groups = GS.groupBy(rows, (t) => `${Plots.series(t)} · ${q.label(t)}|${t.chips}`);
     for (const [key, group] of groups) {
       const [name, chips] = key.split("|"), t = group[0];
-      const points = [...Plots.groupBy(group, (g) => g.seq_len).values()].map((gs) => ({
+      const points = [...GS.groupBy(group, (g) => g.seq_len).values()].map((gs) => ({
         x: gs[0].seq_len, y: Math.max(...gs.map((g) => g[q.field])) }));  // repeats: the highest
       points.sort((a, b) => a.x - b.x);
       traces.push(Plots.bytesHover({

@@ -14,7 +14,7 @@ Scaling.EMPTY = "no succeeded trial in this sweep yet";
 Scaling.slices = function (points) {
   const global = Cmp.distinct(points.map((p) => p.seq_len)).map((tokens) => ({
     value: `global:${tokens}`, kind: "global", tokens, label: `seq_len ${Cmp.tokens(tokens)}` }));
-  const byLocal = Cmp.groupBy(points.filter((p) => p.seq_len % p.chips === 0),
+  const byLocal = GS.groupBy(points.filter((p) => p.seq_len % p.chips === 0),
                               (p) => p.seq_len / p.chips);
   const local = [...byLocal].filter(([, ps]) => new Set(ps.map((p) => p.chips)).size > 1)
     .map(([tokens]) => tokens).sort(Cmp.byNumber).map((tokens) => ({
@@ -33,7 +33,7 @@ Scaling.slicePoints = (points, slice) => points.filter((p) => p.seq_len ===
 Scaling.lines = function (slicePts, slice) {
   const shared = new Map(slicePts.filter((p) => p.mode === "none").map((p) => [p.work, p]));
   const cp = slicePts.filter((p) => p.mode !== "none");
-  return [...Cmp.groupBy(cp, (p) => p.series)].map(([series, ps]) => {
+  return [...GS.groupBy(cp, (p) => p.series)].map(([series, ps]) => {
     const base = shared.get(ps[0].work) || ps.find((p) => p.chips === 1) || null;
     const points = (base && !ps.includes(base) ? [base, ...ps] : ps)
       .sort((a, b) => a.chips - b.chips);
@@ -49,7 +49,7 @@ Scaling.lines = function (slicePts, slice) {
 };
 
 // Per chip count of a slice: the point with the highest total tokens/s, and the runner-up.
-Scaling.best = (slicePts) => [...Cmp.groupBy(slicePts, (p) => p.chips)]
+Scaling.best = (slicePts) => [...GS.groupBy(slicePts, (p) => p.chips)]
   .sort((a, b) => a[0] - b[0]).map(([chips, ps]) => {
     const ranked = [...ps].sort((a, b) => b.totalTokensPerS - a.totalTokensPerS);
     return { chips, best: ranked[0], next: ranked[1] || null };
