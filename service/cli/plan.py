@@ -21,7 +21,11 @@ def add_plan_parser(sub, db_help: str) -> None:
     p = sub.add_parser("plan", help="which chips, how many, which CP mode for a model at a "
                        "sequence length (from the results database); or --validate a sweep")
     p.add_argument("--db", dest="database_url", help=db_help)
-    p.add_argument("--preset", help="model preset (gdn_core.presets)")
+    p.add_argument("--preset", help="model preset (gdn_core.presets); or the shape below")
+    shape = p.add_argument_group("GDN shape (instead of a preset, or changing one)")
+    for field in ("hidden_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim",
+                  "num_layers", "intermediate_size", "vocab_size"):
+        shape.add_argument("--" + field.replace("_", "-"), dest=field, type=int)
     p.add_argument("--seq-len", type=int, help="target tokens per sequence")
     p.add_argument("--accelerator", help="chip type: h100, v5p, … or cpu")
     p.add_argument("--chip-memory-gib", type=float, help="memory per chip (default: the chip's)")
@@ -51,12 +55,14 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
     from service.core.config import Settings
     from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.planner.capacity import CapacityRequest, plan_capacity
-    from service.planner.evidence import load_observations
+    from service.planner.capacity import plan_capacity
+    from service.planner.evidence import evidence_for
+    from service.planner.schemas import SHAPE_FIELDS, CapacityRequest
     from service.runs.admission import validation_text
 
-    if args.validate is None and not (args.preset and args.seq_len and args.accelerator):
-        args.parser.error("give --preset, --seq-len and --accelerator (or --validate SWEEP_ID)")
+    if args.validate is None and not (args.seq_len and args.accelerator):
+        args.parser.error("give --seq-len, --accelerator and --preset or the shape (or "
+                          "--validate SWEEP_ID)")
     if args.fit:
         return run_fit(args, out)
     settings = Settings(**({"database_url": args.database_url} if args.database_url else {}))
@@ -66,7 +72,8 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
         with make_session_factory(engine)() as session:
             if args.validate is not None:
                 return _validate(session, args.validate, out)
-            given = {"frameworks": args.framework, "modes": args.mode,
+            given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
+                     "frameworks": args.framework, "modes": args.mode,
                      "param_shardings": args.param_sharding, "remats": args.remat,
                      "sweep_id": args.sweep_id,
                      "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
@@ -79,9 +86,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
             except ValidationError as err:
                 print(validation_text(err), file=sys.stderr)
                 return 2
-            answer = plan_capacity(load_observations(
-                session, preset=request.preset, accelerator_type=request.accelerator,
-                sweep_ids=request.sweep_id), request)
+            answer = plan_capacity(evidence_for(session, request), request)
     finally:
         engine.dispose()
     if args.json:

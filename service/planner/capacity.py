@@ -13,23 +13,13 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gdn_core import flops, hardware
-from gdn_core.cp_modes import CP_MODES, CPMode, check_cp_shape
+from gdn_core.cp_modes import check_cp_shape
 from gdn_core.memory_model import predict_step_memory
-from gdn_core.presets import get_preset
 from gdn_core.train_config import (
-    PARAM_SHARDINGS,
-    REMATS,
-    ComputeDType,
-    ParamSharding,
-    Remat,
     TrainConfig,
 )
-from service.db.bounds import DbInt
 from service.planner.evidence import Observation
 from service.planner.fits import (
     AffineFit,
@@ -42,118 +32,22 @@ from service.planner.fits import (
     scaled_comm_bytes,
     time_curve,
 )
+from service.planner.schemas import (
+    Basis,
+    Candidate,
+    CapacityAnswer,
+    CapacityRequest,
+    Figure,
+    PlanCheck,
+)
 from workers.spec import (
-    MAX_CHIPS,
-    MAX_SEQ_LEN,
     AcceleratorSpec,
-    Framework,
     chip_memory_bytes,
-    known_preset,
 )
 
 EXTRAPOLATION_LIMIT = 16
 """A fit is used at most this many times past the largest local shard (memory), per-chip
 FLOPs (compute) or chip count (links) it was fitted on; beyond, the figure is refused."""
-
-Basis = Literal["measured", "estimated", "interpolated", "extrapolated", "predicted", "refused"]
-
-
-class CapacityRequest(BaseModel):
-    """What GET /api/capacity and `gdn-sweep plan` take."""
-
-    model_config = ConfigDict(extra="forbid")
-    preset: str
-    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
-    accelerator: str = Field(description="chip type (h100, v5p, …, or cpu)")
-    chip_memory_bytes: int | None = Field(default=None, ge=1, description="memory per "
-                                                "chip (default: the chip type's HBM)")
-    max_chips: int = Field(default=1024, ge=1, le=MAX_CHIPS)
-    batch_size: int = Field(default=1, ge=1, le=1024)
-    dtype: ComputeDType = "bfloat16"
-    frameworks: list[Framework] = Field(default=["jax"], min_length=1)
-    modes: list[CPMode] = Field(default=list(CP_MODES), min_length=1)
-    param_shardings: list[ParamSharding] = Field(default=list(PARAM_SHARDINGS), min_length=1)
-    remats: list[Remat] = Field(default=list(REMATS), min_length=1)
-    num_layers: int | None = Field(default=None, ge=1, le=512)
-    sweep_id: list[DbInt] = Field(default=[], description="evidence only from these sweeps "
-                                  "(default: every sweep)")
-
-    @field_validator("preset")
-    @classmethod
-    def _known_preset(cls, preset: str) -> str:
-        return known_preset(preset)
-
-    @field_validator("accelerator")
-    @classmethod
-    def _known_chip(cls, accelerator: str) -> str:
-        """The canonical chip type (h100 → h100-sxm), or cpu."""
-        if accelerator.strip().lower() == "cpu":
-            return "cpu"
-        try:
-            return hardware.canonical_accelerator_type(accelerator)
-        except ValueError as err:
-            raise ValueError(f"{err}; or cpu (virtual CPU chips)") from None
-
-
-class Figure(BaseModel):
-    """One predicted number, what it rests on, and the trials behind it."""
-
-    value: float | None
-    basis: Basis
-    trial_ids: list[int] = []
-    note: str = ""
-
-
-class Candidate(BaseModel):
-    framework: str
-    mode: str
-    chips: int
-    param_sharding: str
-    remat: str
-    local_tokens: int
-    fits: bool
-    memory_bytes_per_chip: Figure
-    chip_memory_bytes: int
-    step_time_s: Figure
-    tokens_per_s_per_chip: Figure
-    tokens_per_s: Figure
-    mfu: Figure
-    comm_bytes_per_step_per_chip: Figure
-
-
-class PlanCheck(BaseModel):
-    """A plan's XLA:CPU memory estimate beside a measured trial of the same point."""
-
-    point: str
-    plan_trial_id: int
-    measured_trial_id: int
-    plan_estimate_bytes: int
-    measured_peak_bytes: int
-    measured_source: str | None
-    ratio: float
-    """plan estimate ÷ measured peak."""
-
-
-class CapacityAnswer(BaseModel):
-    request: CapacityRequest
-    chip_memory_bytes: int
-    chip_memory_source: str
-    model_note: str
-    """Where the model's numbers come from (MoE: the dense stand-in's step time)."""
-    candidates: list[Candidate]
-    """Every candidate that fits, fastest first; then those that do not."""
-    fewest_chips: Candidate | None
-    cheapest: Candidate | None
-    """Fewest chip-hours per token (the highest tokens/s per chip) among those that fit."""
-    fastest: Candidate | None
-    """The highest total tokens/s within max_chips among those that fit."""
-    pareto: list[Candidate]
-    """Fitting candidates no other beats on both fewer chips and more tokens/s, by chips."""
-    plan_checks: list[PlanCheck]
-    """Points with both a plan and a measured trial: how far XLA:CPU's estimate was."""
-    evidence_trials: int
-    caveats: list[str]
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Point:
@@ -306,11 +200,10 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
                   ) -> CapacityAnswer:
     """Every candidate (framework, mode, chips ≤ max_chips, param_sharding, remat) of the
     request, predicted from `observations` (load_observations), and the three picks."""
-    model_cfg = get_preset(request.preset, num_layers=request.num_layers)
+    model_cfg = request.model()
     candidates: list[Candidate] = []
-    chip_memory_source = ""
     for point in _points(request, observations, model_cfg):
-        capacity, chip_memory_source = _chip_memory(request, point.chips)
+        capacity, _ = _chip_memory(request, point.chips)
         group = [o for o in observations if _matches(o, request, point, model_cfg.num_layers)]
         exact = [o for o in group if o.chips == point.chips and o.seq_len == request.seq_len
                  and (o.cp_mode == point.mode)]
@@ -326,6 +219,7 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
                                      step, comm))
     fitting = [c for c in candidates if c.fits]
     timed = [c for c in fitting if c.tokens_per_s.value is not None]
+    one_chip_memory, one_chip_source = _chip_memory(request, 1)
     caveats = [
         "A plan trial's memory is XLA:CPU's compile-time estimate: the program a TPU or GPU "
         "would run, with buffer sizes that differ by backend — compare it with a measured "
@@ -339,8 +233,10 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
                        "dense stand-in's (as wide as the experts one token uses), which is what "
                        "the trials ran — not routed experts.")
     return CapacityAnswer(
-        request=request, chip_memory_bytes=candidates[0].chip_memory_bytes if candidates else 0,
-        chip_memory_source=chip_memory_source, model_note=model_cfg.note,
+        request=request, chip_memory_bytes=one_chip_memory, chip_memory_source=(
+            one_chip_source + ("; CPU chips share it: each candidate has its own "
+                               "chip_memory_bytes" if request.accelerator == "cpu" else "")),
+        model_note=model_cfg.note,
         candidates=sorted(candidates, key=lambda c: (not c.fits, -(c.tokens_per_s.value or 0),
                                                      c.chips)),
         fewest_chips=min(fitting, key=lambda c: (c.chips, -(c.tokens_per_s.value or 0)),

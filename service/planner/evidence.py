@@ -60,6 +60,14 @@ class Observation:
                 self.remat, self.framework)
 
 
+def evidence_for(session: Session, request) -> list[Observation]:
+    """The observations a CapacityRequest rests on: none for a shape no trial can be of."""
+    if request.custom_shape:
+        return []
+    return load_observations(session, preset=request.preset,
+                             accelerator_type=request.accelerator, sweep_ids=request.sweep_id)
+
+
 def load_observations(session: Session, *, preset: str, accelerator_type: str,
                       sweep_ids: list[int] | None = None) -> list[Observation]:
     """Succeeded trials of `preset`: measured ones on `accelerator_type` (canonical, as

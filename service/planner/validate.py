@@ -14,8 +14,9 @@ import statistics
 from collections.abc import Sequence
 
 from gdn_core.presets import get_preset
-from service.planner.capacity import CapacityRequest, Point, plan_capacity, predict_memory
+from service.planner.capacity import Point, plan_capacity, predict_memory
 from service.planner.evidence import Observation
+from service.planner.schemas import CapacityRequest
 
 MEMORY_GOAL, STEP_TIME_GOAL = 0.05, 0.10
 """Relative errors the planner is held to inside the measured range."""

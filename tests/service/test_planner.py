@@ -15,11 +15,12 @@ from sqlalchemy import select
 
 from service.cli.main import main as gdn_sweep
 from service.core.config import Settings
-from service.db.engine import make_engine, make_session_factory
+from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.models import Result, Sweep
 from service.main import create_app
-from service.planner.capacity import EXTRAPOLATION_LIMIT, CapacityRequest, plan_capacity
+from service.planner.capacity import EXTRAPOLATION_LIMIT, plan_capacity
 from service.planner.evidence import load_observations
+from service.planner.schemas import CapacityRequest
 from service.runs.foreground import run_sweep_into_db
 
 from .conftest import api_settings, scratch_postgres_database
@@ -255,7 +256,6 @@ def _backend(sqlite_url: str, backend: str) -> Iterator[str]:
 
 
 def _copy_database(source: str, target: str) -> None:
-    from service.db.engine import upgrade_database
     from service.db.models import Base
 
     upgrade_database(target)
@@ -285,3 +285,28 @@ def test_plan_fit_bisects_compiles_for_the_longest_sequence_that_fits(capsys):
     assert row[4] == "none" and row[6] == "32"  # not even one chunk per chip fits
     assert gdn_sweep([*base[:-4], "--chips", "2"]) == 2  # cpu needs a memory size
     assert "--chip-memory-gib" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_capacity_of_a_gdn_shape_given_by_hand(tmp_path):
+    shape = {"hidden_size": 4096, "num_k_heads": 16, "num_v_heads": 32, "head_k_dim": 128,
+             "head_v_dim": 128, "num_layers": 32, "intermediate_size": 12288,
+             "vocab_size": 248_320}
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    upgrade_database(url)
+    with TestClient(create_app(api_settings(url))) as client:
+        answer = client.get("/api/capacity", params={**shape, "seq_len": 2 ** 20,
+                                                     "accelerator": "h100"}).json()
+        preset = client.get("/api/capacity", params={"preset": "qwen3.5-9b", "seq_len": 2 ** 20,
+                                                     "accelerator": "h100"}).json()
+        missing = client.get("/api/capacity", params={"hidden_size": 4096, "seq_len": 1024,
+                                                      "accelerator": "h100"})
+        bad = client.get("/api/capacity", params={"preset": "qwen3.5-9b", "num_v_heads": 33,
+                                                  "seq_len": 1024, "accelerator": "h100"})
+    # qwen3.5-9b's shape by hand: the same predictions, said to rest on no trial
+    assert answer["evidence_trials"] == 0 and "by hand" in answer["model_note"]
+    assert [c["memory_bytes_per_chip"]["value"] for c in answer["candidates"]] == [
+        c["memory_bytes_per_chip"]["value"] for c in preset["candidates"]]
+    assert {c["memory_bytes_per_chip"]["basis"] for c in answer["candidates"]} == {"predicted"}
+    assert missing.status_code == 422 and "num_k_heads" in missing.text and "vocab_size" in missing.text
+    assert bad.status_code == 422 and "num_v_heads=33" in bad.text

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from service.api.deps import SessionDep
-from service.planner.capacity import CapacityAnswer, CapacityRequest, plan_capacity
-from service.planner.evidence import load_observations
+from service.planner.capacity import plan_capacity
+from service.planner.evidence import evidence_for
+from service.planner.schemas import CapacityAnswer, CapacityRequest
 
 router = APIRouter(tags=["capacity"])
 
@@ -17,7 +18,4 @@ router = APIRouter(tags=["capacity"])
 def capacity(request: Annotated[CapacityRequest, Query()], session: SessionDep) -> CapacityAnswer:
     """Every (mode, chips, settings) for the target, with predicted memory, throughput, MFU and
     bytes, each labelled measured / interpolated / extrapolated with the trials it rests on."""
-    observations = load_observations(session, preset=request.preset,
-                                     accelerator_type=request.accelerator,
-                                     sweep_ids=request.sweep_id)
-    return plan_capacity(observations, request)
+    return plan_capacity(evidence_for(session, request), request)

@@ -1,0 +1,155 @@
+"""What the capacity planner takes and answers (GET /api/capacity, `gdn-sweep plan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gdn_core import hardware
+from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.cp_modes import CP_MODES, CPMode
+from gdn_core.presets import PRESETS, get_preset
+from gdn_core.train_config import PARAM_SHARDINGS, REMATS, ComputeDType, ParamSharding, Remat
+from service.db.bounds import DbInt
+from workers.spec import MAX_CHIPS, MAX_SEQ_LEN, Framework, known_preset
+
+GDN_FIELDS = ("hidden_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+SHAPE_FIELDS = (*GDN_FIELDS, "num_layers", "intermediate_size", "vocab_size")
+"""What defines a model when no preset is given (the depth and vocabulary change a preset too)."""
+
+Basis = Literal["measured", "estimated", "interpolated", "extrapolated", "predicted", "refused"]
+
+
+class CapacityRequest(BaseModel):
+    """What GET /api/capacity and `gdn-sweep plan` take."""
+
+    model_config = ConfigDict(extra="forbid")
+    preset: str | None = Field(default=None, description="a model preset; or give the GDN "
+                               "shape (SHAPE_FIELDS) instead, or both to change a preset")
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
+    accelerator: str = Field(description="chip type (h100, v5p, …, or cpu)")
+    chip_memory_bytes: int | None = Field(default=None, ge=1, description="memory per "
+                                                "chip (default: the chip type's HBM)")
+    max_chips: int = Field(default=1024, ge=1, le=MAX_CHIPS)
+    batch_size: int = Field(default=1, ge=1, le=1024)
+    dtype: ComputeDType = "bfloat16"
+    frameworks: list[Framework] = Field(default=["jax"], min_length=1)
+    modes: list[CPMode] = Field(default=list(CP_MODES), min_length=1)
+    param_shardings: list[ParamSharding] = Field(default=list(PARAM_SHARDINGS), min_length=1)
+    remats: list[Remat] = Field(default=list(REMATS), min_length=1)
+    num_layers: int | None = Field(default=None, ge=1, le=512)
+    hidden_size: int | None = Field(default=None, ge=1, le=65536)
+    num_k_heads: int | None = Field(default=None, ge=1, le=1024)
+    num_v_heads: int | None = Field(default=None, ge=1, le=1024)
+    head_k_dim: int | None = Field(default=None, ge=1, le=4096)
+    head_v_dim: int | None = Field(default=None, ge=1, le=4096)
+    intermediate_size: int | None = Field(default=None, ge=1, le=1 << 20)
+    vocab_size: int | None = Field(default=None, ge=2, le=1_000_000)
+    sweep_id: list[DbInt] = Field(default=[], description="evidence only from these sweeps "
+                                  "(default: every sweep)")
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, preset: str | None) -> str | None:
+        return None if preset is None else known_preset(preset)
+
+    @model_validator(mode="after")
+    def _a_model(self) -> CapacityRequest:
+        self.model()  # a preset, a whole shape, or a preset changed: ValueError names the gap
+        return self
+
+    @property
+    def custom_shape(self) -> bool:
+        """Whether the model differs from its preset beyond depth (no trial can be of it)."""
+        return self.preset is None or any(getattr(self, f) is not None for f in SHAPE_FIELDS
+                                          if f != "num_layers")
+
+    def model(self) -> ModelConfig:
+        """The model to plan for: the preset, with any shape field given replacing its own."""
+        given = {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f) is not None}
+        gdn_given = {f: v for f, v in given.items() if f in GDN_FIELDS}
+        top = {f: v for f, v in given.items() if f not in GDN_FIELDS}
+        if self.preset is None:
+            missing = [f for f in SHAPE_FIELDS if f not in given]
+            if missing:
+                raise ValueError(f"no preset, so the GDN shape is needed: {', '.join(missing)} "
+                                 f"missing (or give preset, one of: {', '.join(PRESETS)})")
+            return ModelConfig(name="custom", gdn=GDNConfig(**gdn_given), **top,
+                               note="a GDN shape given by hand: no trial is of it")
+        base = get_preset(self.preset)
+        if set(given) - {"num_layers"}:
+            top["note"] = f"{self.preset} with its shape changed by hand: no trial is of it"
+        return dataclasses.replace(base, gdn=dataclasses.replace(base.gdn, **gdn_given), **top)
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_chip(cls, accelerator: str) -> str:
+        """The canonical chip type (h100 → h100-sxm), or cpu."""
+        if accelerator.strip().lower() == "cpu":
+            return "cpu"
+        try:
+            return hardware.canonical_accelerator_type(accelerator)
+        except ValueError as err:
+            raise ValueError(f"{err}; or cpu (virtual CPU chips)") from None
+
+
+class Figure(BaseModel):
+    """One predicted number, what it rests on, and the trials behind it."""
+
+    value: float | None
+    basis: Basis
+    trial_ids: list[int] = []
+    note: str = ""
+
+
+class Candidate(BaseModel):
+    framework: str
+    mode: str
+    chips: int
+    param_sharding: str
+    remat: str
+    local_tokens: int
+    fits: bool
+    memory_bytes_per_chip: Figure
+    chip_memory_bytes: int
+    step_time_s: Figure
+    tokens_per_s_per_chip: Figure
+    tokens_per_s: Figure
+    mfu: Figure
+    comm_bytes_per_step_per_chip: Figure
+
+
+class PlanCheck(BaseModel):
+    """A plan's XLA:CPU memory estimate beside a measured trial of the same point."""
+
+    point: str
+    plan_trial_id: int
+    measured_trial_id: int
+    plan_estimate_bytes: int
+    measured_peak_bytes: int
+    measured_source: str | None
+    ratio: float
+    """plan estimate ÷ measured peak."""
+
+
+class CapacityAnswer(BaseModel):
+    request: CapacityRequest
+    chip_memory_bytes: int
+    chip_memory_source: str
+    model_note: str
+    """Where the model's numbers come from (MoE: the dense stand-in's step time)."""
+    candidates: list[Candidate]
+    """Every candidate that fits, fastest first; then those that do not."""
+    fewest_chips: Candidate | None
+    cheapest: Candidate | None
+    """Fewest chip-hours per token (the highest tokens/s per chip) among those that fit."""
+    fastest: Candidate | None
+    """The highest total tokens/s within max_chips among those that fit."""
+    pareto: list[Candidate]
+    """Fitting candidates no other beats on both fewer chips and more tokens/s, by chips."""
+    plan_checks: list[PlanCheck]
+    """Points with both a plan and a measured trial: how far XLA:CPU's estimate was."""
+    evidence_trials: int
+    caveats: list[str]
