@@ -209,9 +209,9 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
     for chips, mode, sharding, remat in itertools.product(
             args.chips or [8], args.mode or ["p2p"], args.param_sharding or ["replicated"],
             args.remat or ["none"]):
-        request = {"preset": args.preset, "seq_len": args.seq_len, "chips": chips, "mode": mode,
-                   "batch_size": args.batch, "dtype": args.dtype, "param_sharding": sharding,
-                   "remat": remat}
+        request = {"preset": args.preset, "num_layers": args.num_layers, "seq_len": args.seq_len,
+                   "chips": chips, "mode": mode, "batch_size": args.batch, "dtype": args.dtype,
+                   "param_sharding": sharding, "remat": remat}
         done = subprocess.run(
             [sys.executable, "-m", "gdn_core.jax_gdn.plan", "--request", json.dumps(request),
              "--budget-bytes", str(budget), "--max-seq-len", str(args.seq_len)],

@@ -26,8 +26,6 @@ class CapacityRequest(BaseModel):
     """What GET /api/capacity and `gdn-sweep plan` take."""
 
     model_config = ConfigDict(extra="forbid")
-    preset: str | None = Field(default=None, description="a model preset; or give the GDN "
-                               "shape (SHAPE_FIELDS) instead, or both to change a preset")
     seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
     accelerator: str = Field(description="chip type (h100, v5p, …, or cpu)")
     chip_memory_bytes: int | None = Field(default=None, ge=1, description="memory per "
@@ -47,13 +45,23 @@ class CapacityRequest(BaseModel):
     head_v_dim: int | None = Field(default=None, ge=1, le=4096)
     intermediate_size: int | None = Field(default=None, ge=1, le=1 << 20)
     vocab_size: int | None = Field(default=None, ge=2, le=1_000_000)
+    preset: str | None = Field(default=None, validate_default=True, description="a model "
+                               "preset; or give the GDN shape (SHAPE_FIELDS) instead, or both "
+                               "to change a preset")
     sweep_id: list[DbInt] = Field(default=[], description="evidence only from these sweeps "
                                   "(default: every sweep)")
 
     @field_validator("preset")
     @classmethod
-    def _known_preset(cls, preset: str | None) -> str | None:
-        return None if preset is None else known_preset(preset)
+    def _a_preset_or_a_shape(cls, preset: str | None, info) -> str | None:
+        """Declared after the shape fields, so they are here to check (info.data)."""
+        if preset is not None:
+            return known_preset(preset)
+        missing = [f for f in SHAPE_FIELDS if info.data.get(f) is None]
+        if missing:
+            raise ValueError(f"give a preset (one of: {', '.join(PRESETS)}), or the GDN shape "
+                             f"without one: {', '.join(missing)} missing")
+        return None
 
     @model_validator(mode="after")
     def _a_model(self) -> CapacityRequest:
@@ -72,10 +80,6 @@ class CapacityRequest(BaseModel):
         gdn_given = {f: v for f, v in given.items() if f in GDN_FIELDS}
         top = {f: v for f, v in given.items() if f not in GDN_FIELDS}
         if self.preset is None:
-            missing = [f for f in SHAPE_FIELDS if f not in given]
-            if missing:
-                raise ValueError(f"no preset, so the GDN shape is needed: {', '.join(missing)} "
-                                 f"missing (or give preset, one of: {', '.join(PRESETS)})")
             return ModelConfig(name="custom", gdn=GDNConfig(**gdn_given), **top,
                                note="a GDN shape given by hand: no trial is of it")
         base = get_preset(self.preset)

@@ -8,6 +8,7 @@ bisection's boundary.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +61,10 @@ def test_matmul_flops_count_every_loop_trip_where_xla_counts_the_body_once():
 def test_plans_for_2_to_8_chips_at_a_fixed_local_shard():
     """Sequence-sharded modes: memory per chip flat in D at a fixed local shard, compiled FLOPs
     per chip the analytic count's, p2p's bytes one state each way, all_gather's growing."""
-    plans = {D: plan_cp_step(MODEL, _train(D * LOCAL_TOKENS), mode="p2p", chips=D)
-             for D in range(2, 9)}
+    with ThreadPoolExecutor(2) as pool:  # XLA compiles without the GIL: both cores
+        plans = dict(zip(range(2, 9), pool.map(
+            lambda D: plan_cp_step(MODEL, _train(D * LOCAL_TOKENS), mode="p2p", chips=D),
+            range(2, 9))))
     memory = [p.estimated_memory_bytes for p in plans.values()]
     assert max(memory) <= 1.05 * min(memory), memory
     for D, plan in plans.items():
@@ -77,8 +80,8 @@ def test_plans_for_2_to_8_chips_at_a_fixed_local_shard():
     middle = [plans[D].cp_comm_bytes_per_step for D in range(3, 9)]
     assert max(middle) - min(middle) <= 8, middle
     gathered = [plan_cp_step(MODEL, _train(D * LOCAL_TOKENS), mode="all_gather",
-                             chips=D).cp_comm_bytes_per_step for D in (2, 4, 8)]
-    assert gathered[0] < gathered[1] < gathered[2], gathered
+                             chips=D).cp_comm_bytes_per_step for D in (2, 8)]
+    assert gathered[1] > 3 * gathered[0], gathered  # (D − 1) pairs: 7 against 1
 
 
 @pytest.mark.timeout(400)

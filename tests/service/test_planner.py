@@ -275,8 +275,8 @@ def _copy_database(source: str, target: str) -> None:
 
 @pytest.mark.timeout(300)
 def test_plan_fit_bisects_compiles_for_the_longest_sequence_that_fits(capsys):
-    base = ["plan", "--fit", "--preset", "tiny", "--seq-len", "512", "--accelerator", "cpu",
-            "--dtype", "float32", "--chips", "2", "--mode", "p2p"]
+    base = ["plan", "--fit", "--preset", "tiny", "--num-layers", "1", "--seq-len", "512",
+            "--accelerator", "cpu", "--dtype", "float32", "--chips", "2", "--mode", "p2p"]
     assert gdn_sweep([*base, "--chip-memory-gib", "1000"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert row[:4] == ["p2p", "2", "replicated", "none"] and row[4] == "512" and row[6] == "-"
