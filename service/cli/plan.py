@@ -167,9 +167,11 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
                   f"{r.observed:>14,.4g} {error:>8}  {r.basis}\n")
     out.write("\nsummary (memory: error on the part above the fitted constant):\n")
     for s in summary(rows):
-        verdict = {True: "meets", False: "misses", None: "-"}[s["meets_goal"]]
         median = "n/a" if s["median_error"] is None else f"{100 * s['median_error']:.1f}%"
         worst = "n/a" if s["max_error"] is None else f"{100 * s['max_error']:.1f}%"
+        verdict = "-" if s["median_meets_goal"] is None else (
+            f"median {'meets' if s['median_meets_goal'] else 'misses'}, "
+            f"{s['within_goal']}/{s['trials']} points within")
         out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} trial(s)  median "
                   f"{median:>7}  max {worst:>7}  goal {100 * s['goal']:.0f}% ({verdict})\n")
     out.write(json.dumps({"summary": summary(rows)}) + "\n")

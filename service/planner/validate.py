@@ -111,7 +111,8 @@ def validate(observations: Sequence[Observation]) -> list[HeldOut]:
 
 def summary(rows: Sequence[HeldOut]) -> list[dict]:
     """Per figure and basis: how many, the median and the largest error, and whether the
-    in-range goal holds."""
+    in-range goal holds for the median (the convention of published step-time errors:
+    vTrain, Proteus) and for every point."""
     out = []
     for figure, goal in (("memory_bytes_per_chip", MEMORY_GOAL), ("step_time_s", STEP_TIME_GOAL)):
         for basis in ("interpolated", "extrapolated", "refused"):
@@ -119,9 +120,11 @@ def summary(rows: Sequence[HeldOut]) -> list[dict]:
             scored = [e for e in errors if e is not None]
             if not errors:
                 continue
+            judged = bool(scored) and basis == "interpolated"
+            median = statistics.median(scored) if scored else None
             out.append({"figure": figure, "basis": basis, "trials": len(errors),
-                        "median_error": statistics.median(scored) if scored else None,
-                        "max_error": max(scored) if scored else None, "goal": goal,
-                        "meets_goal": (max(scored) <= goal) if scored and basis ==
-                        "interpolated" else None})
+                        "median_error": median, "max_error": max(scored) if scored else None,
+                        "within_goal": sum(e <= goal for e in scored), "goal": goal,
+                        "median_meets_goal": median <= goal if judged else None,
+                        "every_point_meets_goal": max(scored) <= goal if judged else None})
     return out

@@ -188,8 +188,9 @@ def test_plan_validate_prints_the_error_of_each_held_out_level(planner_db, capsy
     assert "largest chips (8)" in out and "largest seq_len 4096" in out
     summary = json.loads(out.strip().splitlines()[-1])["summary"]
     memory = {s["basis"]: s for s in summary if s["figure"] == "memory_bytes_per_chip"}
-    assert memory["interpolated"]["meets_goal"] is True  # XLA's estimates: affine in the shard
-    assert memory["interpolated"]["max_error"] <= 0.05
+    interpolated = memory["interpolated"]  # XLA's estimates: affine in the shard
+    assert interpolated["every_point_meets_goal"] is True and interpolated["max_error"] <= 0.05
+    assert interpolated["within_goal"] == interpolated["trials"]
 
     assert gdn_sweep(["plan", "--db", planner_db, "--validate",
                       str(sweeps[MEASURED["name"]])]) == 0
