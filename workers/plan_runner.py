@@ -37,22 +37,36 @@ def plan_request(trial: TrialSpec) -> dict:
             "param_sharding": trial.param_sharding, "remat": trial.remat}
 
 
-@ray.remote(num_cpus=1, max_retries=0)
-def compile_plan(request: dict, *, timeout_s: float, compile_cache_dir: str = "") -> dict:
-    """The plan's JSON, the host and the software versions; raises with the child's stderr
-    tail when the compile fails, and TimeoutError past timeout_s."""
+def plan_in_fresh_process(request: dict, *, budget_bytes: int | None = None,
+                          max_seq_len: int | None = None, timeout_s: float | None = None,
+                          compile_cache_dir: str = "") -> dict:
+    """The JSON `python -m gdn_core.jax_gdn.plan` prints for `request` (with a budget: the
+    bisection's FitSearch); RuntimeError with the child's stderr tail when it fails."""
+    argv = [sys.executable, "-m", "gdn_core.jax_gdn.plan", "--request", json.dumps(request)]
+    if budget_bytes is not None:
+        argv += ["--budget-bytes", str(budget_bytes), "--max-seq-len", str(max_seq_len)]
     env = {**os.environ, **jax_cache_env(compile_cache_dir), "JAX_PLATFORMS": "cpu"}
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "gdn_core.jax_gdn.plan", "--request", json.dumps(request)],
-            capture_output=True, text=True, timeout=timeout_s, env=env)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        raise TimeoutError(f"the plan's compile ran past timeout_s={timeout_s:g}") from None
+        raise RuntimeError(f"the plan's compile ran past {timeout_s:g} s") from None
     if done.returncode != 0:
         raise RuntimeError(f"the plan's compile exited {done.returncode}: "
                            f"{done.stderr[-ERROR_TAIL_CHARS:]}")
-    return {"plan": json.loads(done.stdout.strip().splitlines()[-1]),
-            "host": socket.gethostname(), "versions": software_versions()}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+BACKSTOP_S = 60.0
+"""How long the child may outlive the trial's timeout: the runner's own timeout (killing this
+task, and with it the child) fires first; this only bounds a child left on its own."""
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def compile_plan(request: dict, *, timeout_s: float, compile_cache_dir: str = "") -> dict:
+    """The plan's JSON, the host and the software versions (plan_in_fresh_process)."""
+    plan = plan_in_fresh_process(request, timeout_s=timeout_s + BACKSTOP_S,
+                                 compile_cache_dir=compile_cache_dir)
+    return {"plan": plan, "host": socket.gethostname(), "versions": software_versions()}
 
 
 def estimate_source(trial: TrialSpec, plan: dict) -> str:

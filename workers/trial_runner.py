@@ -148,8 +148,7 @@ class TrialRunner:
             return _Attempt(status=stop.status, error=stop.error)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a result
             verdict = classify(exc)
-            status = "timeout" if "ran past timeout_s" in verdict.error else verdict.status
-            return _Attempt(status=status, error=verdict.error, retry=verdict.retry)
+            return _Attempt(status=verdict.status, error=verdict.error, retry=verdict.retry)
         return _Attempt(status="succeeded", metrics=plan_runner.plan_metrics(trial, out["plan"]),
                         hosts=(out["host"],), versions=out["versions"])
 

@@ -182,11 +182,10 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
     """`--fit`: for each point, the longest sequence whose XLA estimate fits the chip, each
     search in a fresh process (`python -m gdn_core.jax_gdn.plan --budget-bytes`)."""
     import itertools
-    import os
-    import subprocess
 
     from gdn_core.hardware import hbm_bytes_per_chip
     from gdn_core.presets import PRESETS
+    from workers.plan_runner import plan_in_fresh_process
 
     if args.preset not in PRESETS:
         print(f"preset={args.preset!r} is not one of: {', '.join(PRESETS)}", file=sys.stderr)
@@ -214,15 +213,13 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
         request = {"preset": args.preset, "num_layers": args.num_layers, "seq_len": args.seq_len,
                    "chips": chips, "mode": mode, "batch_size": args.batch, "dtype": args.dtype,
                    "param_sharding": sharding, "remat": remat}
-        done = subprocess.run(
-            [sys.executable, "-m", "gdn_core.jax_gdn.plan", "--request", json.dumps(request),
-             "--budget-bytes", str(budget), "--max-seq-len", str(args.seq_len)],
-            capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-        if done.returncode != 0:
+        try:
+            search = plan_in_fresh_process(request, budget_bytes=budget,
+                                           max_seq_len=args.seq_len)
+        except RuntimeError as err:
             out.write(f"{mode:<10} {chips:>5} {sharding:<10} {remat:<5} failed: "
-                      f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}\n")
+                      f"{str(err).strip().splitlines()[-1]}\n")
             continue
-        search = json.loads(done.stdout.strip().splitlines()[-1])
         fits, over = search["fits"], search["exceeds"]
         out.write(f"{mode:<10} {chips:>5} {sharding:<10} {remat:<5} "
                   f"{fits['seq_len'] if fits else 'none':>13} "

@@ -202,17 +202,25 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
     request, predicted from `observations` (load_observations), and the three picks."""
     model_cfg = request.model()
     candidates: list[Candidate] = []
+    fitted: dict[tuple, tuple] = {}  # per step settings: the trials and the compute curve
+    linked: dict[tuple, LinkFit] = {}  # per step settings and mode
     for point in _points(request, observations, model_cfg):
         capacity, _ = _chip_memory(request, point.chips)
-        group = [o for o in observations if _matches(o, request, point, model_cfg.num_layers)]
+        settings = (point.framework, point.param_sharding, point.remat)
+        if settings not in fitted:
+            group = [o for o in observations
+                     if _matches(o, request, point, model_cfg.num_layers)]
+            on_chip = [o for o in group if o.accelerator_type == request.accelerator]
+            fitted[settings] = group, on_chip, fit_compute(on_chip)
+        group, on_chip, compute = fitted[settings]
+        if (settings, point.mode) not in linked:
+            linked[settings, point.mode] = fit_links(
+                on_chip, compute, accelerator_type=request.accelerator, mode=point.mode)
+        links = linked[settings, point.mode]
         exact = [o for o in group if o.chips == point.chips and o.seq_len == request.seq_len
                  and (o.cp_mode == point.mode)]
         local = request.batch_size * request.seq_len // point.chips
         memory = predict_memory(request, model_cfg, point, group, exact)
-        on_chip = [o for o in group if o.accelerator_type == request.accelerator]
-        compute = fit_compute(on_chip)
-        links = fit_links(on_chip, compute, accelerator_type=request.accelerator,
-                          mode=point.mode)
         comm, comm_bytes = _comm(group, point, local)
         step = _step(request, model_cfg, point, on_chip, exact, compute, links, comm_bytes)
         candidates.append(_candidate(request, model_cfg, point, group, local, memory, capacity,

@@ -73,10 +73,10 @@ def load_observations(session: Session, *, preset: str, accelerator_type: str,
     """Succeeded trials of `preset`: measured ones on `accelerator_type` (canonical, as
     CapacityRequest has it), and every plan (a compile is XLA:CPU's wherever it ran; its
     estimate is labelled so)."""
-    stmt = select(Result).where(Result.status == "succeeded", Result.preset == preset)
+    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset)
     if sweep_ids:
         stmt = stmt.where(Result.sweep_id.in_(sweep_ids))
-    rows = session.scalars(stmt.order_by(Result.trial_id)).all()
+    rows = session.execute(stmt.order_by(Result.trial_id)).all()  # plain rows, no ORM objects
     return [observation(r, chip=canonical_chip(r.accelerator_type)) for r in rows
             if r.kind == "plan" or canonical_chip(r.accelerator_type) == accelerator_type]
 
@@ -89,7 +89,17 @@ def canonical_chip(accelerator_type: str) -> str:
         return accelerator_type
 
 
-def memory_of(r: Result) -> tuple[int | None, str | None, bool]:
+_COLUMNS = tuple(getattr(Result, name) for name in (
+    "trial_id", "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size",
+    "preset", "num_layers", "dtype", "param_sharding", "remat", "accelerator_type",
+    "step_time_s", "hardware_flops_per_step", "peak_flops_per_chip",
+    "peak_memory_bytes_per_chip", "memory_source", "estimated_memory_bytes_per_chip",
+    "estimated_memory_source", "predicted_memory_bytes_per_chip",
+    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip"))
+"""The result columns an Observation reads."""
+
+
+def memory_of(r) -> tuple[int | None, str | None, bool]:
     """The memory a fit may read of a result: a device allocator's peak (GPU/TPU), else XLA's
     estimate of the compiled step (plans, and JAX trials on CPU hosts). A CPU process's RSS
     mark is no chip's memory — it holds the Python runtime and XLA's compiler too — so it is
@@ -102,7 +112,8 @@ def memory_of(r: Result) -> tuple[int | None, str | None, bool]:
     return None, None, False
 
 
-def observation(r: Result, *, chip: str) -> Observation:
+def observation(r, *, chip: str) -> Observation:
+    """An Observation of a row of `results` (an ORM object or a row of _COLUMNS)."""
     memory, memory_source, is_peak = memory_of(r)
     return Observation(
         trial_id=r.trial_id, sweep_id=r.sweep_id, kind=r.kind, framework=r.framework,
