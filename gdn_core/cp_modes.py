@@ -13,9 +13,21 @@ CP_MODES: tuple[str, ...] = get_args(CPMode)
 SEQUENCE_SHARDED_MODES: tuple[str, ...] = ("p2p", "all_gather", "log_scan")
 
 
+AttnCPMode = Literal["all_gather_kv", "ring", "ulysses"]
+"""Context parallelism of the hybrid decoder's full-attention layers (`attn_cp`), beside the
+GDN layers' `mode` on the same CP group: gather K and V, pass K/V blocks around a ring, or
+all-to-all to head shards."""
+ATTN_CP_MODES: tuple[str, ...] = get_args(AttnCPMode)
+
+
 def check_mode(mode: str) -> None:
     if mode not in CP_MODES:
         raise ValueError(f"mode={mode!r} is not one of: {', '.join(CP_MODES)}")
+
+
+def check_attn_cp(attn_cp: str) -> None:
+    if attn_cp not in ATTN_CP_MODES:
+        raise ValueError(f"attn_cp={attn_cp!r} is not one of: {', '.join(ATTN_CP_MODES)}")
 
 
 def check_cp_shape(*, mode: str, chips: int, seq_len: int, num_k_heads: int, num_v_heads: int,
@@ -40,6 +52,21 @@ def check_cp_shape(*, mode: str, chips: int, seq_len: int, num_k_heads: int, num
         raise ValueError(
             f"local shard of {seq_len // chips} tokens (seq_len={seq_len} / chips={chips}) is "
             f"shorter than the conv halo of {halo} tokens (conv_kernel_size={conv_kernel_size})")
+
+
+def check_attention_cp_shape(*, attn_cp: str, chips: int, num_heads: int) -> None:
+    """Raise ValueError naming the numbers when `attn_cp` cannot split the hybrid decoder's
+    full-attention layers over `chips` (ulysses: query heads divisible by chips; KV heads are
+    replicated when there are fewer than chips). The sequence split itself is the layout's
+    (cp_layout.check_layout)."""
+    check_attn_cp(attn_cp)
+    if attn_cp == "ulysses" and num_heads % chips:
+        divisors = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
+        more = (f"more chips ({chips}) than query heads ({num_heads}); " if chips > num_heads
+                else "")
+        raise ValueError(f"attn_cp='ulysses' needs query heads ({num_heads}) divisible by "
+                         f"chips={chips}: {more}chips must be one of "
+                         f"{', '.join(map(str, divisors))}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

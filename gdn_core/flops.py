@@ -14,6 +14,10 @@ Conventions (one definition for code, database and dashboard; see ARCHITECTURE.m
   once, with the sequence padded up to a multiple of the chunk as the code pads it. No CP
   overhead is included there; `cp_overhead_flops` counts that extra work separately.
 
+- The hybrid decoder (ModelConfig.layers "hybrid") counts its gated full-attention layers
+  with gdn_core.attention_flops: projections, and QKᵀ and AV over the causal pairs
+  T·(T + 1)/2 (MaxText's figure: half the square, T²/2); GDN work only in its GDN layers.
+
 Letters: B batch, T tokens, E hidden size, Hk / Hv key / value heads, Dk / Dv head widths,
 C chunk, N = ceil(T / C) chunks, K conv taps, I MLP width, L layers.
 """
@@ -24,8 +28,11 @@ import dataclasses
 import math
 import numbers
 
-from .config import SUPPORTED_CHUNK_SIZES, ModelConfig
-from .cp_modes import check_cp_shape, check_mode
+from .attention_flops import (attention_cp_extra_flops, attention_layer_flops,
+                              maxtext_attention_flops)
+from .config import FULL_ATTENTION, LINEAR_ATTENTION, SUPPORTED_CHUNK_SIZES, ModelConfig
+from .cp_layout import check_layout
+from .cp_modes import check_attention_cp_shape, check_cp_shape, check_mode
 from .train_config import check_framework
 
 FLOPS_PER_MAC = 2
@@ -233,30 +240,55 @@ class ModelFlops:
     """The LM head."""
     embedding: int
     """The embedding lookup: 0 (a gather, no matmul); kept so every component has a field."""
+    attention_projections: int = 0
+    """Hybrid decoder: q_proj (queries and gate), k/v_proj and o_proj of every full-attention
+    layer (0 for a GDN-only model)."""
+    attention_core: int = 0
+    """Hybrid decoder: causal QKᵀ and AV of every full-attention layer."""
 
     @property
     def total(self) -> int:
         return _sum_fields(self)
 
 
+def layer_counts(model_cfg: ModelConfig) -> tuple[int, int]:
+    """(GDN layers, full-attention layers) of the config's decoder (gdn_only: (L, 0))."""
+    pattern = model_cfg.layer_pattern
+    return pattern.count(LINEAR_ATTENTION), pattern.count(FULL_ATTENTION)
+
+
 def model_forward_flops(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> ModelFlops:
-    """Count the forward FLOPs of the whole model on a global batch of batch × seq_len tokens."""
-    gdn, layers = model_cfg.gdn, model_cfg.num_layers
+    """Count the forward FLOPs of the whole model on a global batch of batch × seq_len tokens
+    (every layer's MLP; GDN work in the GDN layers, attention in the full-attention layers)."""
+    gdn, (layers, attention_layers) = model_cfg.gdn, layer_counts(model_cfg)
     layer = gdn_layer_flops(batch=batch, seq_len=seq_len, hidden_size=gdn.hidden_size,
                             num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
                             head_k_dim=gdn.head_k_dim, head_v_dim=gdn.head_v_dim,
                             conv_kernel_size=gdn.conv_kernel_size, chunk_size=gdn.chunk_size)
     mlp = swiglu_mlp_flops(batch=batch, seq_len=seq_len, hidden_size=gdn.hidden_size,
                            intermediate_size=model_cfg.intermediate_size)
+    attention = _attention_layer(model_cfg, batch=batch, seq_len=seq_len)
     return ModelFlops(
         gdn_rule=layers * layer.rule,
         gdn_projections=layers * layer.projections,
         conv=layers * layer.conv,
-        mlp=layers * mlp,
+        mlp=model_cfg.num_layers * mlp,
         lm_head=lm_head_flops(batch=batch, seq_len=seq_len, hidden_size=gdn.hidden_size,
                               vocab_size=model_cfg.vocab_size),
         embedding=0,
+        attention_projections=attention_layers * attention.projections if attention else 0,
+        attention_core=attention_layers * attention.core if attention else 0,
     )
+
+
+def _attention_layer(model_cfg: ModelConfig, *, batch: int, seq_len: int):
+    """One full-attention layer's forward FLOPs (None for a GDN-only decoder)."""
+    if layer_counts(model_cfg)[1] == 0:
+        return None
+    a = model_cfg.attention
+    return attention_layer_flops(batch=batch, seq_len=seq_len, hidden_size=model_cfg.hidden_size,
+                                 num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
+                                 head_dim=a.head_dim)
 
 
 def model_flops_per_step(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> ModelFlops:
@@ -315,9 +347,11 @@ class MaxTextModelFlops:
     """One training step as MaxText's calculate_tflops_training_per_device splits it (FLOPs)."""
 
     learnable_weight: int
-    """3 × (MLP and GDN weight FLOPs over all layers + the embedding/LM-head matmul)."""
+    """3 × (MLP weight FLOPs over all layers, GDN weight FLOPs over the GDN layers, attention
+    qkv and projection FLOPs over the full-attention layers, the embedding/LM-head matmul)."""
     attention: int
-    """3 × the GDN attention FLOPs over all layers."""
+    """3 × (the GDN attention FLOPs over the GDN layers + the causal attention FLOPs over the
+    full-attention layers)."""
 
     @property
     def total(self) -> int:
@@ -330,12 +364,14 @@ def maxtext_model_flops_per_step(model_cfg: ModelConfig, *, batch: int,
 
     Per layer: the SwiGLU MLP as 2·B·T·I·E·2 (gate and up: two activations) + 2·B·T·I·E (down),
     and maxtext_gdn_flops; once per model "embedding_flops" 2·B·T·E·vocab (MaxText's name for
-    the logits matmul); weight and attention parts each × 3 (forward + backward). Every layer
-    is a GDN layer here, where Qwen3-Next has 1 full-attention layer in 4; the MoE router's
-    2·B·T·E·experts is absent because our MLP is a dense stand-in. For the whole global batch:
-    divide by chips for MaxText's per-device figure.
+    the logits matmul); weight and attention parts each × 3 (forward + backward). A GDN-only
+    decoder counts every layer as a GDN layer; the hybrid counts its full-attention layers as
+    MaxText's QWEN3_NEXT branch does (attention_flops.maxtext_attention_flops: qkv and o_proj
+    weights, causal attention as half the square). The MoE router's 2·B·T·E·experts is absent
+    because our MLP is a dense stand-in. For the whole global batch: divide by chips for
+    MaxText's per-device figure.
     """
-    gdn = model_cfg.gdn
+    gdn, (gdn_layers, attention_layers) = model_cfg.gdn, layer_counts(model_cfg)
     per_layer = maxtext_gdn_flops(batch=batch, seq_len=seq_len, hidden_size=gdn.hidden_size,
                                   num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
                                   head_k_dim=gdn.head_k_dim, head_v_dim=gdn.head_v_dim,
@@ -343,8 +379,15 @@ def maxtext_model_flops_per_step(model_cfg: ModelConfig, *, batch: int,
     tokens, E, I = batch * seq_len, gdn.hidden_size, model_cfg.intermediate_size
     ffn = 2 * tokens * I * E * 2 + 2 * tokens * I * E
     embedding = 2 * tokens * E * model_cfg.vocab_size
-    weights = (ffn + per_layer.weight) * model_cfg.num_layers + embedding
-    attention = per_layer.attention * model_cfg.num_layers
+    weights = ffn * model_cfg.num_layers + per_layer.weight * gdn_layers + embedding
+    attention = per_layer.attention * gdn_layers
+    if attention_layers:
+        a = model_cfg.attention
+        full = maxtext_attention_flops(batch=batch, seq_len=seq_len, hidden_size=E,
+                                       num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
+                                       head_dim=a.head_dim)
+        weights += full.weight * attention_layers
+        attention += full.attention * attention_layers
     return MaxTextModelFlops(learnable_weight=FWD_BWD_MULTIPLIER * weights,
                              attention=FWD_BWD_MULTIPLIER * attention)
 
@@ -427,7 +470,7 @@ class RecomputeFlops:
     """Forward work a step runs a second time in backward (global batch, one step)."""
 
     layers: int
-    """remat 'full': every decoder layer's forward (GDN layer + MLP, CP work of its rule
+    """remat 'full': every decoder layer's forward (GDN or attention layer + MLP, CP work
     included); 'gdn': every GDN core's forward (conv and rule, its CP work included); 'none': 0."""
     lm_head: int
     """The chunked cross-entropy recomputes each token chunk's logits in backward: one more
@@ -439,9 +482,10 @@ class RecomputeFlops:
 
 
 def recompute_flops(model_cfg: ModelConfig, *, remat: str, batch: int, seq_len: int,
-                    cp_overhead: CPOverheadFlops) -> RecomputeFlops:
-    """Count what `remat` and the chunked loss recompute; cp_overhead is the step's CP work
-    (fwd + bwd, so its forward is a FWD_BWD_MULTIPLIER-th of it)."""
+                    cp_overhead: CPOverheadFlops, attention_cp: int = 0) -> RecomputeFlops:
+    """Count what `remat` and the chunked loss recompute; cp_overhead is the step's GDN CP work
+    and attention_cp the attention layers' (both fwd + bwd, so their forward is a
+    FWD_BWD_MULTIPLIER-th)."""
     if remat not in ("none", "full", "gdn"):
         raise ValueError(f"remat={remat!r} is not one of: none, full, gdn")
     forward = model_forward_flops(model_cfg, batch=batch, seq_len=seq_len)
@@ -449,7 +493,8 @@ def recompute_flops(model_cfg: ModelConfig, *, remat: str, batch: int, seq_len: 
     layers = {
         "none": 0,
         "full": forward.gdn_rule + forward.gdn_projections + forward.conv + forward.mlp
-        + cp_forward,
+        + forward.attention_projections + forward.attention_core + cp_forward
+        + attention_cp // FWD_BWD_MULTIPLIER,
         "gdn": forward.gdn_rule + forward.conv + cp_forward,
     }[remat]
     return RecomputeFlops(layers=layers, lm_head=forward.lm_head)
@@ -530,37 +575,60 @@ class HardwareFlops:
     cp_overhead: CPOverheadFlops
     recompute: RecomputeFlops
     solve: SolveFlops
+    attention_cp: int = 0
+    """Hybrid decoder: pairs attention CP computes beyond the causal count
+    (attention_flops.attention_cp_extra_flops), fwd + bwd, all attention layers."""
 
     @property
     def total(self) -> int:
         return (self.model.total + self.cp_overhead.total + self.recompute.total
-                + self.solve.total)
+                + self.solve.total + self.attention_cp)
 
 
 def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
-                            seq_len: int, framework: str, remat: str = "none") -> HardwareFlops:
+                            seq_len: int, framework: str, remat: str = "none",
+                            attn_cp: str = "all_gather_kv",
+                            layout: str = "contiguous") -> HardwareFlops:
     """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd),
     recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not),
-    with `framework`'s ("jax" or "torch", required: they run different work) (I + L)⁻¹.
+    with `framework`'s ("jax" or "torch", required: they run different work) (I + L)⁻¹; a
+    hybrid decoder's attention layers under `attn_cp` in `layout`. The GDN CP work is
+    counted for contiguous shards under either layout (zigzag's second segment per chip adds
+    one state composition per chip and layer, not counted).
 
-    Raises ValueError, like the CP modes, for a shape `mode` cannot split over `chips`.
+    Raises ValueError, like the CP modes, for a shape `mode`, `attn_cp` or `layout` cannot
+    split over `chips`.
     """
-    gdn = model_cfg.gdn
+    gdn, (gdn_layers, attention_layers) = model_cfg.gdn, layer_counts(model_cfg)
     check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
                    num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
-    overhead = cp_overhead_flops(mode, chips=chips, batch=batch, seq_len=seq_len,
-                                 num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
-                                 head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
-                                 num_layers=model_cfg.num_layers)
+    check_layout(layout, chips=chips, seq_len=seq_len)
+    attention_cp = 0
+    if attention_layers:
+        a = model_cfg.attention
+        check_attention_cp_shape(attn_cp=attn_cp, chips=chips, num_heads=a.num_heads)
+        attention_cp = attention_cp_extra_flops(
+            attn_cp, chips=chips, batch=batch, seq_len=seq_len, num_heads=a.num_heads,
+            head_dim=a.head_dim, num_layers=attention_layers, layout=layout)
+    if gdn_layers == 0:  # every layer full attention (full_attention_interval 1)
+        overhead = CPOverheadFlops(fold=0, prefix=0, state_apply=0, shard_padding=0)
+        solve = SolveFlops(framework=framework, ran_forward=0, ran_backward=0, ran_recompute=0,
+                           counted=0)
+    else:
+        overhead = cp_overhead_flops(mode, chips=chips, batch=batch, seq_len=seq_len,
+                                     num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
+                                     head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
+                                     num_layers=gdn_layers)
+        solve = solve_flops(framework, mode=mode, chips=chips, batch=batch, seq_len=seq_len,
+                            num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
+                            head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
+                            num_layers=gdn_layers, remat=remat)
     return HardwareFlops(
         model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
         cp_overhead=overhead,
         recompute=recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
-                                  cp_overhead=overhead),
-        solve=solve_flops(framework, mode=mode, chips=chips, batch=batch, seq_len=seq_len,
-                          num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
-                          head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
-                          num_layers=model_cfg.num_layers, remat=remat))
+                                  cp_overhead=overhead, attention_cp=attention_cp),
+        solve=solve, attention_cp=attention_cp)
 
 
 # --------------------------------------------------------------------------- throughput metrics
@@ -592,7 +660,7 @@ __all__ = [
     "CPOverheadFlops", "GDNLayerFlops", "GDNRuleFlops", "HardwareFlops", "MaxTextGDNFlops",
     "MaxTextModelFlops", "ModelFlops", "RecomputeFlops", "SolveFlops", "cp_overhead_flops",
     "depthwise_conv_flops", "gdn_layer_flops", "gdn_rule_flops", "hardware_flops_per_step",
-    "lm_head_flops", "maxtext_gdn_flops", "maxtext_model_flops_per_step", "mfu",
+    "layer_counts", "lm_head_flops", "maxtext_gdn_flops", "maxtext_model_flops_per_step", "mfu",
     "model_flops_per_step", "model_forward_flops", "recompute_flops", "solve_flops",
     "swiglu_mlp_flops", "tokens_per_s_per_chip", "unit_lower_inverse_flops",
 ]

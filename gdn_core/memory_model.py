@@ -33,6 +33,19 @@ passes through, but a chip training the real model holds all of its experts: the
 published MoE block (real_layer_param_shapes), the per-token parts (activations, backward
 working set, exchanges, logits) for the stand-in, which matches the real model per active
 token. Step time stays the stand-in's. MemoryPrediction.mlp_params says which was counted.
+
+The hybrid decoder (model_cfg.layers "hybrid") has gated full-attention layers in its
+layer_pattern: their parameters (q_proj with its output gate, k/v/o_proj, q/k norms) and
+activations are counted analytically from the tensors the layer keeps for backward
+(attention_saved_bytes_per_token: q and gate, k, v as projected, q and k normed and rotated,
+o and the gated o, a float32 log-sum-exp per head; the norms, residual and MLP as a GDN
+layer's), not yet calibrated against a measured step. What the attention layers' CP mode
+(`attn_cp`) adds on a chip: all_gather_kv keeps each attention layer's gathered K/V of the
+WHOLE sequence for backward (it grows with the chip count at a fixed local shard, by design);
+ring holds two K/V blocks of the local shard in flight (with their float32 dK/dV in
+backward) and ulysses its all-to-all buffers: both flat in the chip count at a fixed local
+shard. Attention scores are never counted: the kernels are flash / blockwise, one block at a
+time.
 """
 
 from __future__ import annotations
@@ -41,8 +54,9 @@ import dataclasses
 import functools
 import math
 
-from .config import ModelConfig
-from .cp_modes import check_cp_shape
+from .config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from .cp_layout import check_layout
+from .cp_modes import UlyssesHeads, check_attention_cp_shape, check_attn_cp, check_cp_shape
 from .train_config import TrainConfig, check_framework
 
 FLOAT32_BYTES = 4
@@ -157,6 +171,9 @@ def layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 _DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+_GDN_MIXER = ("gdn_norm", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d",
+              "dt_bias", "A_log", "norm", "out_proj")
+"""The GDN layer's own parameters (the rest of a layer is its MLP and the MLP's norm)."""
 
 
 def real_layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -180,13 +197,41 @@ def real_layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]
     return shapes
 
 
+def attention_layer_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of one gated full-attention decoder layer of the model a chip would train (torch
+    layout: q_proj yields queries and the output gate, 2·H·head_dim rows), with the same MLP
+    as real_layer_param_shapes."""
+    a, E = model_cfg.attention, model_cfg.hidden_size
+    H, G, hd = a.num_heads, a.num_kv_heads, a.head_dim
+    mlp = {name: shape for name, shape in real_layer_param_shapes(model_cfg).items()
+           if name not in _GDN_MIXER}
+    return {"attn_norm": (E,), "q_proj": (2 * H * hd, E), "k_proj": (G * hd, E),
+            "v_proj": (G * hd, E), "o_proj": (E, H * hd), "q_norm": (hd,), "k_norm": (hd,),
+            **mlp}
+
+
+def decoder_layer_kinds(model_cfg: ModelConfig) -> dict[str, int]:
+    """How many decoder layers of each kind (LINEAR_ATTENTION: GDN; FULL_ATTENTION) the
+    config's decoder has: all GDN under gdn_only."""
+    pattern = model_cfg.layer_pattern
+    return {kind: pattern.count(kind) for kind in (LINEAR_ATTENTION, FULL_ATTENTION)
+            if kind in pattern}
+
+
+def _layer_shapes_by_kind(model_cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
+    return {kind: (real_layer_param_shapes(model_cfg) if kind == LINEAR_ATTENTION
+                   else attention_layer_param_shapes(model_cfg))
+            for kind in decoder_layer_kinds(model_cfg)}
+
+
 def top_param_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of the parameters outside the layers: embedding, final norm, LM head."""
     E, V = model_cfg.hidden_size, model_cfg.vocab_size
     return {"embed_tokens": (V, E), "norm": (E,), "lm_head": (V, E)}
 
 
-_NOT_MATMUL_WEIGHTS = ("gdn_norm", "conv1d", "dt_bias", "A_log", "norm", "mlp_norm")
+_NOT_MATMUL_WEIGHTS = ("gdn_norm", "conv1d", "dt_bias", "A_log", "norm", "mlp_norm",
+                       "attn_norm", "q_norm", "k_norm")
 """A layer's parameters no matmul reads (norms, the depthwise conv, the decay's scalars)."""
 
 
@@ -196,8 +241,10 @@ def _size(shape: tuple[int, ...]) -> int:
 
 def parameter_count(model_cfg: ModelConfig) -> int:
     """Parameters of the model a chip would train: a MoE model's all experts, not the dense
-    stand-in's (every layer counted as a GDN layer, as the step models it)."""
-    return (model_cfg.num_layers * sum(map(_size, real_layer_param_shapes(model_cfg).values()))
+    stand-in's; each layer of the config's decoder as what it is (GDN, or gated attention in
+    a hybrid)."""
+    return (sum(n * sum(map(_size, _layer_shapes_by_kind(model_cfg)[kind].values()))
+                for kind, n in decoder_layer_kinds(model_cfg).items())
             + sum(map(_size, top_param_shapes(model_cfg).values())))
 
 
@@ -230,7 +277,7 @@ class _Params:
     total: int
     """Elements of the whole model."""
     layer: int
-    """Elements of one decoder layer."""
+    """Elements of one decoder layer (the largest kind's, in a hybrid)."""
     top: int
     """Elements of the embedding and the LM head (the final norm is negligible)."""
     matmul: int
@@ -243,21 +290,23 @@ class _Params:
 
 @functools.lru_cache(maxsize=256)  # O(leaves × chips); admission asks once per grid point
 def _param_counts(model_cfg: ModelConfig, chips: int, framework: str) -> _Params:
-    layer, top = real_layer_param_shapes(model_cfg), top_param_shapes(model_cfg)
-    L = model_cfg.num_layers
-    layer_total = sum(map(_size, layer.values()))
-    sharded = (L * sum(_shard_size(s, chips, framework) for s in layer.values())
+    kinds, top = decoder_layer_kinds(model_cfg), top_param_shapes(model_cfg)
+    shapes = _layer_shapes_by_kind(model_cfg)
+    sharded = (sum(n * sum(_shard_size(s, chips, framework) for s in shapes[kind].values())
+                   for kind, n in kinds.items())
                + sum(_shard_size(s, chips, framework) for s in top.values()))
     # ZeroRedundancyOptimizer assigns parameters, largest first, to the least-loaded rank.
     loads = [0] * chips
-    for size in sorted([_size(s) for s in layer.values()] * L
-                       + [_size(s) for s in top.values()], reverse=True):
+    for size in sorted([_size(s) for kind, n in kinds.items() for s in shapes[kind].values()
+                        for _ in range(n)] + [_size(s) for s in top.values()], reverse=True):
         loads[loads.index(min(loads))] += size
     return _Params(
-        total=L * layer_total + sum(map(_size, top.values())), layer=layer_total,
+        total=parameter_count(model_cfg),
+        layer=max(sum(map(_size, shapes[kind].values())) for kind in kinds),
         top=_size(top["embed_tokens"]) + _size(top["lm_head"]),
-        matmul=L * sum(_size(shape) for name, shape in layer.items()
-                       if name not in _NOT_MATMUL_WEIGHTS) + _size(top["lm_head"]),
+        matmul=sum(n * sum(_size(shape) for name, shape in shapes[kind].items()
+                           if name not in _NOT_MATMUL_WEIGHTS) for kind, n in kinds.items())
+        + _size(top["lm_head"]),
         sharded=sharded, zero_rank=max(loads))
 
 
@@ -282,13 +331,61 @@ def saved_bytes_per_token(model_cfg: ModelConfig, *, framework: str, dtype: str,
     return sum(per_width * widths[name] for name, per_width in table.items())
 
 
+def attention_saved_bytes_per_token(model_cfg: ModelConfig, *, framework: str, dtype: str,
+                                    remat: str) -> float:
+    """Bytes one gated full-attention layer keeps for backward per local token (analytic):
+    its norms, residual and MLP as a GDN layer's (the E and I classes of the table), and,
+    unless the whole layer is recomputed (remat full), in the compute dtype q with its gate
+    (2·H·hd), k and v (2·G·hd) as projected, q and k normed and rotated (H·hd + G·hd), the
+    attention output and the gated output (2·H·hd), plus a float32 log-sum-exp per head.
+    Per chip the same under every attn_cp at a fixed local shard (ulysses holds H/D heads of
+    the whole sequence: as many elements); all_gather_kv's gathered K/V is counted apart."""
+    table = _SAVED_BYTES_PER_TOKEN[(framework, dtype, remat)]
+    shared = table.get("E", 0) * model_cfg.hidden_size + table.get("I", 0) * \
+        model_cfg.intermediate_size
+    if remat == "full":
+        return shared
+    a = model_cfg.attention
+    H, G, hd = a.num_heads, a.num_kv_heads, a.head_dim
+    return shared + COMPUTE_BYTES[dtype] * (5 * H * hd + 3 * G * hd) + FLOAT32_BYTES * H
+
+
+def attention_exchange_bytes(model_cfg: ModelConfig, *, attn_cp: str, chips: int, batch: int,
+                             local_tokens: int, compute_bytes: int, remat: str) -> int:
+    """What the attention layers' CP mode holds on one chip beyond the layers' activations:
+        all_gather_kv  every attention layer's gathered K/V, B·T·2·G·hd in the compute dtype,
+                       kept for backward (remat full: recomputed, one layer's), plus one
+                       layer's gradient of it in backward: grows with T = D·t
+        ring           two K/V blocks of t tokens in flight with their float32 dK/dV
+                       accumulators (backward): 2·B·t·2·G·hd·(b + 4)
+        ulysses        send and receive buffers of q, the KV heads sent (replicated when
+                       G < D) and o: 2·B·t·hd·(2·H + 2·D·Gl)·b
+    0 on one chip or without attention layers."""
+    check_attn_cp(attn_cp)
+    n_attn = decoder_layer_kinds(model_cfg).get(FULL_ATTENTION, 0)
+    if chips == 1 or n_attn == 0:
+        return 0
+    a, B, t, b = model_cfg.attention, batch, local_tokens, compute_bytes
+    H, G, hd = a.num_heads, a.num_kv_heads, a.head_dim
+    if attn_cp == "all_gather_kv":
+        gathered = B * chips * t * 2 * G * hd * b
+        kept = 1 if remat == "full" else n_attn
+        return (kept + 1) * gathered
+    if attn_cp == "ring":
+        return 2 * B * t * 2 * G * hd * (b + FLOAT32_BYTES)
+    sent_kv_heads = chips * UlyssesHeads(num_k_heads=G, num_v_heads=H,
+                                         chips=chips).key_heads_per_chip
+    return 2 * B * t * hd * (2 * H + 2 * sent_kv_heads) * b
+
+
 def _exchange_bytes(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
                     local_tokens: int, compute_bytes: int) -> int:
-    """The CP mode's buffers on one chip: per layer the saved incoming pair/state (custom VJPs
-    keep A and h_in), and one layer's transient exchange buffers, forward or backward."""
+    """The GDN CP mode's buffers on one chip: per GDN layer the saved incoming pair/state
+    (custom VJPs keep A and h_in), and one layer's transient exchange buffers, forward or
+    backward."""
     if chips == 1:
         return 0
-    gdn, L = model_cfg.gdn, model_cfg.num_layers
+    gdn, L = model_cfg.gdn, decoder_layer_kinds(model_cfg).get(LINEAR_ATTENTION, 0)
     H, Dk, Dv = gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
     state = batch * H * Dk * Dv * FLOAT32_BYTES
     pair = batch * H * Dk * (Dk + Dv) * FLOAT32_BYTES
@@ -306,24 +403,35 @@ def _exchange_bytes(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int
 # --------------------------------------------------------------------------- the prediction
 
 def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
-                        chips: int, framework: str, optimizer: bool = True) -> MemoryPrediction:
+                        chips: int, framework: str, optimizer: bool = True,
+                        attn_cp: str = "all_gather_kv",
+                        layout: str = "contiguous") -> MemoryPrediction:
     """Predict the per-chip bytes of one CP training step (forward, backward, sync, AdamW).
 
     train_cfg: batch, global seq_len, dtype, param_sharding, remat as the step runs them;
-    mode / chips: the CP layout (chips == 1: the single-chip step, any mode). optimizer=False
-    leaves out AdamW's state and update: a gradient-only run, as a verify reference is.
-    Raises ValueError naming the numbers for a shape `mode` cannot split over `chips`.
+    mode / chips: the CP layout (chips == 1: the single-chip step, any mode); attn_cp: the
+    attention layers' CP mode (hybrid decoder only); layout: contiguous or zigzag (the same
+    bytes per chip: each chip holds T/D tokens either way). optimizer=False leaves out
+    AdamW's state and update: a gradient-only run, as a verify reference is.
+    Raises ValueError naming the numbers for a shape `mode` / `attn_cp` cannot split over
+    `chips`.
     """
     check_framework(framework)
     gdn = model_cfg.gdn
     check_cp_shape(mode=mode, chips=chips, seq_len=train_cfg.seq_len,
                    num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
                    conv_kernel_size=gdn.conv_kernel_size)
+    check_layout(layout, chips=chips, seq_len=train_cfg.seq_len)
+    kinds = decoder_layer_kinds(model_cfg)
+    n_attn = kinds.get(FULL_ATTENTION, 0)
+    if n_attn:
+        check_attention_cp_shape(attn_cp=attn_cp, chips=chips,
+                                 num_heads=model_cfg.attention.num_heads)
     is_jax = framework == "jax"
     sharding = train_cfg.param_sharding if chips > 1 else "replicated"
     params = _param_counts(model_cfg, chips, framework)
     B, t = train_cfg.batch_size, train_cfg.seq_len // chips
-    compute_bytes, L = COMPUTE_BYTES[train_cfg.dtype], model_cfg.num_layers
+    compute_bytes = COMPUTE_BYTES[train_cfg.dtype]
     bf16 = train_cfg.dtype == "bfloat16"
 
     stored = params.sharded if sharding == "fsdp" else params.total
@@ -349,6 +457,13 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
                                  remat=train_cfg.remat)
     working = BACKWARD_WORKING_FRACTION[framework][train_cfg.remat] * saved_bytes_per_token(
         model_cfg, framework=framework, dtype="float32", remat="none")
+    per_token_kept = kinds.get(LINEAR_ATTENTION, 0) * kept
+    if n_attn:
+        per_token_kept += n_attn * attention_saved_bytes_per_token(
+            model_cfg, framework=framework, dtype=train_cfg.dtype, remat=train_cfg.remat)
+        working = max(working, BACKWARD_WORKING_FRACTION[framework][train_cfg.remat]
+                      * attention_saved_bytes_per_token(model_cfg, framework=framework,
+                                                        dtype="float32", remat="none"))
     top_level = TOP_LEVEL_SAVED_PER_TOKEN * model_cfg.hidden_size * FLOAT32_BYTES
     tokens = B * t
     loss_tokens = min(tokens, JAX_LOSS_CHUNK_TOKENS if is_jax else
@@ -372,10 +487,13 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
         compute_weights=int(compute),
         grads=grads * FLOAT32_BYTES,
         optimizer_state=2 * opt_elements * FLOAT32_BYTES if optimizer else 0,
-        activations=int(tokens * (L * kept + top_level)),
+        activations=int(tokens * (per_token_kept + top_level)),
         backward_working=int(tokens * working),
         exchange_buffers=_exchange_bytes(model_cfg, mode=mode, chips=chips, batch=B,
-                                         local_tokens=t, compute_bytes=compute_bytes),
+                                         local_tokens=t, compute_bytes=compute_bytes)
+        + attention_exchange_bytes(model_cfg, attn_cp=attn_cp, chips=chips, batch=B,
+                                   local_tokens=t, compute_bytes=compute_bytes,
+                                   remat=train_cfg.remat),
         loss_logits=LOSS_LOGIT_COPIES * loss_tokens * model_cfg.vocab_size * FLOAT32_BYTES,
         temporaries=max(synced, update) * FLOAT32_BYTES,
     )
@@ -394,7 +512,8 @@ def verify_reference_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, s
 
 
 def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str, chips: int,
-                   framework: str, budget_bytes: int) -> int | None:
+                   framework: str, budget_bytes: int, attn_cp: str = "all_gather_kv",
+                   layout: str = "contiguous") -> int | None:
     """The tokens per sequence a verify can compare against one chip within budget_bytes.
 
     The chip that runs the reference also holds the CP step's weights, gradients and AdamW
@@ -407,7 +526,8 @@ def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a non-negative integer")
     # What the run holds: a MoE preset's dense stand-in, not its experts.
     resident = predict_step_memory(model_cfg.stand_in, train_cfg, mode=mode, chips=chips,
-                                   framework=framework).resident_state
+                                   framework=framework, attn_cp=attn_cp,
+                                   layout=layout).resident_state
 
     def fits(seq_len: int) -> bool:
         reference = verify_reference_memory(model_cfg, train_cfg, seq_len=seq_len,

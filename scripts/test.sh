@@ -4,11 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q -e '.[test]'
 # tests/service/test_dashboard.py drives Debian's chromium through Playwright (no browser
-# download): install it when it is missing.
-if ! command -v chromium >/dev/null 2>&1; then
+# download); tests/deploy/test_ray_submit.py (slow) reaches a Ray head over Debian's sshd (a
+# private one it starts itself): install them when missing.
+if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/sbin/sshd ]; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server \
+        >/dev/null
 fi
 exec python3 -m pytest "$@"

@@ -29,6 +29,7 @@ from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.read_cache import ResponseCache
 from service.runs.ray_setup import RayConnection
+from service.runs.schedule_loop import ScheduleLoop
 from service.runs.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,13 @@ def build_scheduler(session_factory: sessionmaker[Session], settings: Settings) 
                           ray=RayConnection.from_settings(settings),
                           on_event=sweep_event_logger(lambda: scheduler.running_sweep_id))
     return scheduler
+
+
+def build_schedule_loop(session_factory: sessionmaker[Session], settings: Settings,
+                        scheduler: Scheduler) -> ScheduleLoop:
+    """The thread that fires due schedules beside `scheduler`, waking it for each sweep."""
+    return ScheduleLoop(session_factory=session_factory, settings=settings,
+                        on_created=lambda _sweep_id: scheduler.wake())
 
 
 class ApiConcurrencyLimit:
@@ -85,6 +93,7 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
         if app.state.scheduler is not None:
             app.state.scheduler.start()
             log.info("scheduler started", extra={"runner": app.state.scheduler.runner_id})
+            app.state.schedule_loop.start()
         if freeze_startup:
             # What the process holds once started (modules, the app, its routes and schemas)
             # lives as long as it does: out of the collector's sight, a full collection scans
@@ -94,6 +103,7 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
             yield
         finally:
             if app.state.scheduler is not None:
+                await run_in_threadpool(app.state.schedule_loop.stop)
                 await run_in_threadpool(app.state.scheduler.stop)
                 log.info("scheduler stopped")
                 await run_in_threadpool(app.state.scheduler.ray.shutdown)
@@ -110,6 +120,8 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
     app.state.results_cache = ResponseCache(settings.results_cache_entries)
     app.state.scheduler = (build_scheduler(app.state.session_factory, settings)
                            if settings.run_scheduler else None)
+    app.state.schedule_loop = (None if app.state.scheduler is None else build_schedule_loop(
+        app.state.session_factory, settings, app.state.scheduler))
     install_error_handlers(app)
     install_guards(app, settings)
     app.add_middleware(ApiConcurrencyLimit, limit=settings.api_threads)

@@ -126,7 +126,8 @@ class JaxHostActor:
                     process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
                 return run_cp_training(model_cfg, train_cfg, mesh=self.mesh, axis=MESH_AXIS,
                                        mode=trial.cp_mode, steps=trial.steps,
-                                       warmup_steps=trial.warmup_steps, verify=trial.verify)
+                                       warmup_steps=trial.warmup_steps, verify=trial.verify,
+                                       **trial.step_kwargs())
         except Exception as exc:
             if not looks_like_oom(exc):
                 raise

@@ -117,7 +117,7 @@ def memory_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport]) -> dict:
     estimated = _largest(reports, "estimated_memory_bytes")
     predicted = predict_step_memory(trial.to_model_config().stand_in, trial.to_train_config(),
                                     mode=trial.cp_mode, chips=trial.chips,
-                                    framework=trial.framework)
+                                    framework=trial.framework, **trial.step_kwargs())
     return dict(
         peak_memory_bytes_per_chip=measured.peak_memory_bytes if measured else None,
         memory_source=measured.memory_source if measured else None,
@@ -146,7 +146,8 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     hardware_flops = flops.hardware_flops_per_step(model_cfg, mode=trial.cp_mode, chips=chips,
                                                    batch=batch, seq_len=seq_len,
                                                    framework=trial.framework,
-                                                   remat=trial.remat).total
+                                                   remat=trial.remat,
+                                                   **trial.step_kwargs()).total
     losses = reports[0].losses  # the global loss: the same on every process
     measured = losses[trial.warmup_steps:] or losses
     errs = [r.max_rel_err for r in reports if r.max_rel_err is not None]

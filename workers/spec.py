@@ -5,8 +5,16 @@ submit` scripts. `expand_trials` turns it into `TrialSpec`s; a point a mode cann
 kept as a trial marked skipped with the reason, never dropped silently.
 
 One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
-(framework, seq_len, dtype, param_sharding, remat, repeat) as trials of mode "none": the
-one-chip baseline that every mode's chips > 1 trials name in `baseline_key`.
+(framework, seq_len, dtype, param_sharding, remat, layers, repeat) as trials of mode "none"
+(no attn_cp, layout contiguous): the one-chip baseline that every mode's chips > 1 trials
+name in `baseline_key`.
+
+The decoder (`layers`): gdn_only (every layer GDN, what every sweep before issue 13 ran) or
+hybrid (the published pattern: GDN layers beside gated full attention). Hybrid trials add the
+attention layers' CP mode (`attn_cp`); every trial has a sequence `layout` (contiguous or
+zigzag). Trial keys name a dimension only when it differs from what every trial ran before it
+existed (gdn_only, contiguous, no attn_cp), as `repeat` and `plan/` do: stored sweeps' keys
+stay what they were (resume finds them) and no two points collide (trial_key).
 
 Admission: every number is strict (`true` or "2" is not a chip count) and bounded (MAX_CHIPS,
 MAX_SEQ_LEN, ...), text refuses control characters and unpaired surrogates (check_plain_text),
@@ -37,10 +45,12 @@ from pydantic import (
 )
 
 from gdn_core import hardware
-from gdn_core.cp_modes import CP_MODES, CPMode, check_cp_shape
+from gdn_core.config import LAYERS, Layers, ModelConfig
+from gdn_core.cp_layout import LAYOUTS, Layout, check_layout
+from gdn_core.cp_modes import (ATTN_CP_MODES, CP_MODES, AttnCPMode, CPMode,
+                               check_attention_cp_shape, check_cp_shape)
 from gdn_core.memory_model import predict_step_memory
 from gdn_core.presets import PRESETS, get_preset
-from gdn_core.config import ModelConfig
 from gdn_core.train_config import ComputeDType, ParamSharding, Remat, TrainConfig
 
 Framework = Literal["jax", "torch"]
@@ -58,6 +68,9 @@ TRIAL_KINDS: tuple[str, ...] = ("measure", "plan")
 ONE_CHIP_CP_MODE: CPMode = "p2p"
 """What gdn_core runs for a mode-"none" trial: p2p on one chip exchanges nothing (D−1 = 0
 rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step."""
+ONE_CHIP_ATTN_CP: AttnCPMode = "all_gather_kv"
+"""What gdn_core runs for the attention layers of a trial without attn_cp (the one-chip
+hybrid baseline): all_gather_kv on one chip gathers nothing, plain causal attention."""
 
 MAX_CHIPS = 16_384
 """Most chips a trial may ask for: the biggest pods are ~9k chips (a TPU v5p pod has 8,960),
@@ -145,16 +158,29 @@ class AcceleratorSpec(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """A grid of trials: kinds × frameworks × modes × chips × seq_lens × dtypes ×
-    param_shardings × remats, for one model and batch, each measured point run `repeats` times
-    (chips=1 once for all modes: the one-chip baseline). Plan trials are JAX's only and made
-    once: a compile says the same every time."""
+    """A grid of trials: kinds × frameworks × layers × modes × attn_cps (hybrid only) ×
+    layouts × chips × seq_lens × dtypes × param_shardings × remats, for one model and batch,
+    each measured point run `repeats` times (chips=1 once for all modes, attn_cps and layouts:
+    the one-chip baseline). Plan trials are JAX's only and made once: a compile says the same
+    every time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: Name
     kinds: list[TrialKind] = _grid_list("kinds", "measure")
     frameworks: list[Framework] = Field(default=["jax", "torch"], min_length=1)
     modes: list[CPMode] = Field(default=["all_gather"], min_length=1)
+    layers: list[Layers] = Field(default=["gdn_only"], min_length=1,
+                                 description="the decoder: gdn_only (every layer GDN) and/or "
+                                 "hybrid (the published GDN + gated full-attention pattern)")
+    attn_cps: list[AttnCPMode] = Field(
+        default=["all_gather_kv"], min_length=1,
+        validation_alias=AliasChoices("attn_cps", "attn_cp"),
+        description=f"CP modes of the hybrid's attention layers ({', '.join(ATTN_CP_MODES)}); "
+                    "hybrid trials only")
+    layouts: list[Layout] = Field(
+        default=["contiguous"], min_length=1, validation_alias=AliasChoices("layouts", "layout"),
+        description=f"sequence layouts over the chips ({', '.join(LAYOUTS)}; zigzag: chip r "
+                    "holds chunks r and 2D−1−r)")
     chips: list[StrictInt] = Field(min_length=1, description=f"chip counts, 1 to {MAX_CHIPS}")
     seq_lens: list[StrictInt] = Field(min_length=1,
                                       description=f"global tokens per sequence, 1 to {MAX_SEQ_LEN}")
@@ -194,12 +220,14 @@ class SweepSpec(BaseModel):
                              f"integers >= 1 and <= {high}")
         return sorted(set(values))
 
-    @field_validator("kinds", "dtypes", "param_shardings", "remats", mode="before")
+    @field_validator("kinds", "dtypes", "param_shardings", "remats", "layers", "attn_cps",
+                     "layouts", mode="before")
     @classmethod
     def _one_value_is_a_list(cls, value):
         return [value] if isinstance(value, str) else value
 
-    @field_validator("kinds", "frameworks", "modes", "dtypes", "param_shardings", "remats")
+    @field_validator("kinds", "frameworks", "modes", "dtypes", "param_shardings", "remats",
+                     "layers", "attn_cps", "layouts")
     @classmethod
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
@@ -224,16 +252,32 @@ class SweepSpec(BaseModel):
                              "compiles the JAX step; add 'jax' to frameworks")
         return self
 
+    @model_validator(mode="after")
+    def _attention_needs_hybrid(self) -> "SweepSpec":
+        if "hybrid" in self.layers and PRESETS[self.model.preset].attention is None:
+            raise ValueError(f"layers includes 'hybrid' but preset={self.model.preset!r} has no "
+                             "attention geometry; use layers: gdn_only")
+        # attn_cps without hybrid layers is not refused: stored specs carry its default, and
+        # a dumped spec (which names every field) must validate again; gdn_only ignores it.
+        return self
+
     def frameworks_of(self, kind: str) -> list[str]:
         """The frameworks trials of `kind` run in (plans: JAX only)."""
         return self.frameworks if kind == "measure" else ["jax"]
 
+    def attn_cps_of(self, layers: str) -> list[str | None]:
+        """The attention CP modes trials of `layers` run: none without attention layers."""
+        return list(self.attn_cps) if layers == "hybrid" else [None]
+
     def grid(self, kind: str = "measure"):
-        """Every grid point of `kind` as (framework, mode, chips, seq_len, dtype,
-        param_sharding, remat), in a stable order (before the baseline folds chips=1 into one
-        mode, and before repeats: see expand_trials)."""
-        return itertools.product(self.frameworks_of(kind), self.modes, self.chips, self.seq_lens,
-                                 self.dtypes, self.param_shardings, self.remats)
+        """Every grid point of `kind` as (framework, layers, mode, attn_cp, layout, chips,
+        seq_len, dtype, param_sharding, remat), in a stable order (before the baseline folds
+        chips=1 into one mode, and before repeats: see expand_trials); attn_cp is None for
+        gdn_only."""
+        for framework, layers in itertools.product(self.frameworks_of(kind), self.layers):
+            yield from itertools.product(
+                [framework], [layers], self.modes, self.attn_cps_of(layers), self.layouts,
+                self.chips, self.seq_lens, self.dtypes, self.param_shardings, self.remats)
 
     @property
     def has_baseline(self) -> bool:
@@ -247,10 +291,11 @@ class SweepSpec(BaseModel):
 
     def grid_size_of(self, kind: str) -> int:
         """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × seq_lens × dtypes
-        × param_shardings × remats × (modes × chip counts, where chips=1 counts once when it
-        is the baseline)."""
+        × param_shardings × remats × Σ over layers of (modes × attn_cps (hybrid) × layouts ×
+        chip counts, where chips=1 counts once when it is the baseline)."""
         multi_chip = len(self.chips) - (1 if self.has_baseline else 0)
-        points = len(self.modes) * multi_chip + (1 if self.has_baseline else 0)
+        points = sum(len(self.modes) * len(self.attn_cps_of(layers)) * len(self.layouts)
+                     * multi_chip + (1 if self.has_baseline else 0) for layers in self.layers)
         settings = math.prod(len(values) for values in (
             self.frameworks_of(kind), self.seq_lens, self.dtypes, self.param_shardings,
             self.remats))
@@ -259,14 +304,24 @@ class SweepSpec(BaseModel):
 
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
               param_sharding: str, remat: str, repeat: int | None = None,
-              kind: str = "measure") -> str:
+              kind: str = "measure", layers: str = "gdn_only", attn_cp: str | None = None,
+              layout: str = "contiguous") -> str:
     """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
-    every grid dimension, so no two points collide. `repeat` is given only when the sweep
-    repeats its points (repeats > 1), and plan trials start with `plan/`, so keys of sweeps
-    that have neither stay as they were."""
+    every grid dimension, so no two points collide. A dimension added after keys were first
+    stored is named only when it differs from what every trial ran before it existed: plan
+    trials start with `plan/`, and `/layers=hybrid`, `/attn_cp=…` (hybrid trials with
+    attention CP), `/layout=zigzag` and `/repeat=r` (repeats > 1) follow the step settings —
+    so keys of sweeps that have none of them stay as they were, and resume finds them.
+    The omitted values are fixed (gdn_only, no attn_cp, contiguous), so keys stay distinct."""
     key = (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
     key = key if kind == "measure" else f"{kind}/{key}"
+    if layers != "gdn_only":
+        key += f"/layers={layers}"
+    if attn_cp is not None:
+        key += f"/attn_cp={attn_cp}"
+    if layout != "contiguous":
+        key += f"/layout={layout}"
     return key if repeat is None else f"{key}/repeat={repeat}"
 
 
@@ -287,6 +342,13 @@ class TrialSpec(BaseModel):
     dtype: DType
     param_sharding: ParamSharding = "replicated"
     remat: Remat = "none"
+    layers: Layers = "gdn_only"
+    """The decoder: gdn_only (every layer GDN) or hybrid (GDN + gated full attention)."""
+    attn_cp: AttnCPMode | None = None
+    """The attention layers' CP mode (hybrid, chips > 1); None: no attention layers, or the
+    one-chip baseline (run as ONE_CHIP_ATTN_CP)."""
+    layout: Layout = "contiguous"
+    """Which tokens each chip holds (gdn_core.cp_layout)."""
     steps: int
     warmup_steps: int
     accelerator_kind: AcceleratorKind
@@ -311,6 +373,12 @@ class TrialSpec(BaseModel):
             raise ValueError(f"repeat={self.repeat} must be below repeats={self.repeats}")
         if self.kind == "plan" and self.framework != "jax":
             raise ValueError(f"kind='plan' compiles the JAX step; framework={self.framework!r}")
+        if self.attn_cp is not None and self.layers != "hybrid":
+            raise ValueError(f"attn_cp={self.attn_cp!r} needs layers='hybrid' (attention "
+                             f"layers to split), got layers={self.layers!r}")
+        if self.mode == "none" and (self.attn_cp is not None or self.layout != "contiguous"):
+            raise ValueError(f"mode='none' (one chip, no context parallelism) takes no attn_cp "
+                             f"or layout, got attn_cp={self.attn_cp!r}, layout={self.layout!r}")
         return self
 
     @property
@@ -319,20 +387,33 @@ class TrialSpec(BaseModel):
         return trial_key(framework=self.framework, mode=self.mode, chips=self.chips,
                          seq_len=self.seq_len, dtype=self.dtype,
                          param_sharding=self.param_sharding, remat=self.remat,
-                         repeat=self.repeat if self.repeats > 1 else None, kind=self.kind)
+                         repeat=self.repeat if self.repeats > 1 else None, kind=self.kind,
+                         layers=self.layers, attn_cp=self.attn_cp, layout=self.layout)
 
     @property
     def cp_mode(self) -> CPMode:
         """The CP mode gdn_core runs this trial with (mode "none" → ONE_CHIP_CP_MODE)."""
         return ONE_CHIP_CP_MODE if self.mode == "none" else self.mode
 
+    @property
+    def cp_attn_cp(self) -> AttnCPMode:
+        """The attention CP mode gdn_core runs (None → ONE_CHIP_ATTN_CP; unused by gdn_only)."""
+        return ONE_CHIP_ATTN_CP if self.attn_cp is None else self.attn_cp
+
+    def step_kwargs(self) -> dict:
+        """The CP keywords of a training step beyond `mode`: the attention layers' CP mode and
+        the layout (gdn_core's defaults for a gdn_only contiguous trial, as before either
+        existed)."""
+        return {"attn_cp": self.cp_attn_cp, "layout": self.layout}
+
     def as_cp_trial(self) -> "TrialSpec":
         """This trial as the workers and gdn_core run it: mode a CP mode (see cp_mode)."""
         return self if self.mode != "none" else self.model_copy(update={"mode": self.cp_mode})
 
     def to_model_config(self) -> ModelConfig:
-        """The model this trial trains (its preset, depth and vocabulary)."""
-        return get_preset(self.preset, num_layers=self.num_layers, vocab_size=self.vocab_size)
+        """The model this trial trains (its preset, depth, vocabulary and decoder `layers`)."""
+        return get_preset(self.preset, num_layers=self.num_layers, vocab_size=self.vocab_size,
+                          layers=self.layers)
 
     def to_train_config(self) -> TrainConfig:
         """The training-step settings this trial runs with."""
@@ -346,37 +427,44 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
 
     Repeats are the outer loop (every point once, then every point again, …), so a noisy
     spell of the machine spreads over different points rather than all runs of one. With the
-    baseline, a chips=1 point appears once, as mode "none", where its first mode had it."""
-    model_cfg = get_preset(spec.model.preset, num_layers=spec.model.num_layers,
-                           vocab_size=spec.model.vocab_size)
+    baseline, a chips=1 point appears once, as mode "none" (no attn_cp, contiguous), where its
+    first mode had it."""
+    model_cfgs = {layers: get_preset(spec.model.preset, num_layers=spec.model.num_layers,
+                                     vocab_size=spec.model.vocab_size, layers=layers)
+                  for layers in spec.layers}
     skip_reasons: dict[tuple, str | None] = {}  # per point, shared by its repeats
     trials = []
     for repeat, kind in itertools.product(range(spec.repeats), spec.kinds):
         if kind == "plan" and repeat > 0:
             continue  # a compile says the same every time
         seen_baselines = set()
-        for framework, mode, chips, seq_len, dtype, param_sharding, remat in spec.grid(kind):
+        for (framework, layers, mode, attn_cp, layout, chips, seq_len, dtype, param_sharding,
+             remat) in spec.grid(kind):
             settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
-                            param_sharding=param_sharding, remat=remat)
+                            param_sharding=param_sharding, remat=remat, layers=layers)
             if chips == 1 and spec.has_baseline:
                 if tuple(settings.values()) in seen_baselines:
                     continue
                 seen_baselines.add(tuple(settings.values()))
-                mode = "none"
+                mode, attn_cp, layout = "none", None, "contiguous"
             baseline_key = None
             if chips > 1 and 1 in spec.chips and kind == "measure":
-                baseline_key = trial_key(
-                    mode="none" if spec.has_baseline else mode, chips=1, **settings,
-                    repeat=repeat if spec.repeats > 1 else None)
-            point = (kind, mode, chips, *settings.values())
+                one_chip = (dict(mode="none") if spec.has_baseline
+                            else dict(mode=mode, attn_cp=attn_cp, layout=layout))
+                baseline_key = trial_key(**one_chip, chips=1, **settings,
+                                         repeat=repeat if spec.repeats > 1 else None)
+            point = (kind, mode, attn_cp, layout, chips, *settings.values())
+            model_cfg = model_cfgs[layers]
             if point not in skip_reasons:
                 skip_reasons[point] = _skip_reason(spec, model_cfg, kind=kind, mode=mode,
-                                                   chips=chips, **settings)
+                                                   attn_cp=attn_cp, layout=layout, chips=chips,
+                                                   **settings)
             trials.append(TrialSpec(
                 kind=kind, framework=framework, mode=mode, chips=chips, seq_len=seq_len,
                 batch_size=spec.batch_size, preset=model_cfg.name,
                 num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
-                param_sharding=param_sharding, remat=remat, steps=spec.steps,
+                param_sharding=param_sharding, remat=remat, layers=layers, attn_cp=attn_cp,
+                layout=layout, steps=spec.steps,
                 warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
                 accelerator_type=spec.accelerator.type,
                 verify=spec.verify and chips > 1 and kind == "measure",  # 1 chip: own reference
@@ -413,19 +501,45 @@ def _gib(n: int) -> str:
     return f"{n / hardware.GIB:.1f} GiB"
 
 
-def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framework: str,
-                 mode: str, chips: int, seq_len: int, dtype: str, param_sharding: str,
-                 remat: str) -> str | None:
-    """Why the point cannot run: a shape its CP mode cannot split, or (unless
-    spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —
-    a plan allocates nothing, so any size may be planned."""
+def cp_shape_problem(model_cfg: ModelConfig, *, mode: str, attn_cp: str | None, layout: str,
+                     chips: int, seq_len: int) -> str | None:
+    """Why the GDN `mode`, the attention layers' `attn_cp` (hybrid) or the `layout` cannot
+    split seq_len tokens of this model over chips (None: they can). Zigzag cuts the sequence
+    into 2·chips segments, each of which needs the conv halo of tokens before it; ulysses
+    attention needs query heads divisible by chips."""
     gdn = model_cfg.gdn
-    cp_mode = ONE_CHIP_CP_MODE if mode == "none" else mode
     try:
-        check_cp_shape(mode=cp_mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
+        check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
                        num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+        check_layout(layout, chips=chips, seq_len=seq_len)
+        halo = gdn.conv_kernel_size - 1
+        if layout == "zigzag" and chips > 1 and seq_len // (2 * chips) < halo:
+            raise ValueError(f"layout='zigzag' segment of {seq_len // (2 * chips)} tokens "
+                             f"(seq_len={seq_len} / (2 × chips={chips})) is shorter than the conv "
+                             f"halo of {halo} tokens; use fewer chips or a longer sequence")
+        if attn_cp is not None:
+            check_attention_cp_shape(attn_cp=attn_cp, chips=chips,
+                                     num_heads=model_cfg.attention.num_heads)
     except ValueError as err:
         return str(err)
+    return None
+
+
+def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framework: str,
+                 mode: str, attn_cp: str | None, layout: str, chips: int, seq_len: int,
+                 dtype: str, param_sharding: str, remat: str, layers: str) -> str | None:
+    """Why the point cannot run: a shape its CP modes or layout cannot split, a plan of what
+    the JAX planner does not compile (only the gdn_only contiguous step), or (unless
+    spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —
+    a plan allocates nothing, so any size may be planned."""
+    cp_mode = ONE_CHIP_CP_MODE if mode == "none" else mode
+    problem = cp_shape_problem(model_cfg, mode=cp_mode, attn_cp=attn_cp, layout=layout,
+                               chips=chips, seq_len=seq_len)
+    if problem is not None:
+        return problem
+    if kind == "plan" and (layers != "gdn_only" or layout != "contiguous"):
+        return (f"plan trials compile the gdn_only contiguous JAX step (gdn_core.jax_gdn.plan); "
+                f"layers={layers!r}, layout={layout!r} is not planned; use kinds: [measure]")
     if spec.admit_over_memory or kind == "plan":
         return None
     available, what = chip_memory_bytes(spec.accelerator, chips)
@@ -435,7 +549,9 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framewor
                             param_sharding=param_sharding, remat=remat)
     # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).
     predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp_mode, chips=chips,
-                                    framework=framework).total
+                                    framework=framework,
+                                    attn_cp=ONE_CHIP_ATTN_CP if attn_cp is None else attn_cp,
+                                    layout=layout).total
     if predicted <= available:
         return None
     return (f"predicted memory {_gib(predicted)} per chip ({predicted} bytes, "
@@ -443,7 +559,8 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framewor
             "admit_over_memory: true to run it anyway")
 
 
-__all__ = ["AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "MAX_CHIPS", "MAX_SEQ_LEN", "ModelSpec",
-           "ONE_CHIP_CP_MODE", "PlainText", "SweepSpec", "TRIAL_KINDS", "TRIAL_MODES", "TrialKind",
-           "TrialMode", "TrialSpec",
-           "check_plain_text", "chip_memory_bytes", "expand_trials", "known_preset", "trial_key"]
+__all__ = ["ATTN_CP_MODES", "AcceleratorSpec", "CP_MODES", "FRAMEWORKS", "LAYERS", "LAYOUTS",
+           "MAX_CHIPS", "MAX_SEQ_LEN", "ModelSpec", "ONE_CHIP_ATTN_CP", "ONE_CHIP_CP_MODE",
+           "PlainText", "SweepSpec", "TRIAL_KINDS", "TRIAL_MODES", "TrialKind", "TrialMode",
+           "TrialSpec", "check_plain_text", "chip_memory_bytes", "cp_shape_problem",
+           "expand_trials", "known_preset", "trial_key"]

@@ -101,7 +101,8 @@ class TorchRankActor:
                     process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
                 report = run_cp_training(model_cfg, train_cfg, group=self.group, mode=trial.cp_mode,
                                          steps=trial.steps, warmup_steps=trial.warmup_steps,
-                                         device=self.device, verify=trial.verify)
+                                         device=self.device, verify=trial.verify,
+                                         **trial.step_kwargs())
         except Exception as exc:
             if not looks_like_oom(exc):
                 raise

@@ -2,6 +2,9 @@
 
     python -m gdn_core.bench cp [--preset qwen3.5-0.8b] [--local-tokens 4096]
                                 [--chips 1 2 4 8] [--modes ...] [--time-steps 0]
+                                [--layers hybrid [--attn-cps ...]]
+
+--layers hybrid prints the hybrid decoder's table instead (analytic: see cp_hybrid.py).
 
 The measured program is one GDN layer's training step (forward + backward w.r.t. its input and
 parameters) with the preset's geometry, the sequence split over D virtual CPU chips inside one
@@ -32,7 +35,7 @@ CHIPS = (1, 2, 4, 8)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cp_modes import CP_MODES
+    from ..cp_modes import ATTN_CP_MODES, CP_MODES
 
     p = argparse.ArgumentParser(prog="python -m gdn_core.bench cp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--time-steps", type=int, default=0,
                    help="also run each compiled step this many times and report the median")
+    p.add_argument("--layers", choices=("gdn_only", "hybrid"), default="gdn_only",
+                   help="gdn_only: one GDN layer compiled per mode (the table above); hybrid: "
+                        "the whole hybrid decoder per (mode, attn_cp), analytic (cp_hybrid.py)")
+    p.add_argument("--attn-cps", nargs="+", default=list(ATTN_CP_MODES), choices=ATTN_CP_MODES,
+                   help="attention CP modes of the hybrid (--layers hybrid)")
     return p
 
 
@@ -108,6 +116,14 @@ def _measure(cfg, mode, chips, args, dtype):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.layers == "hybrid":  # analytic: nothing to compile, no virtual chips
+        from ..presets import get_preset
+        from .cp_hybrid import report
+
+        report(get_preset(args.preset, layers="hybrid"), modes=args.modes,
+               attn_cps=args.attn_cps, chips_list=args.chips, local_tokens=args.local_tokens,
+               batch=args.batch, dtype=args.dtype)
+        return 0
     # Virtual chips are CPU devices; on a GPU host the compiled CPU programs still give the
     # per-chip memory/flops/comm structure (time it on real chips through the sweep instead).
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -9,8 +9,15 @@ Activation recomputation (`remat`, TrainConfig.remat) is a jax.checkpoint policy
 decoder layer. The loss never holds [tokens, vocab] logits: it scans over token chunks, each
 chunk's logits recomputed in backward.
 
+The hybrid decoder (params.is_hf_tree: transformers' names, ModelConfig.layers "hybrid") runs
+the same way, each layer's mixer a GDN layer ("linear_attn") or gated attention ("self_attn",
+attention.py) as its tree says, with zero-centred norms (1 + weight); the block positions of
+params["block"] are the layer pattern's period, so GDN and attention layers stack separately.
+
 Hooks, so a context-parallel run reuses this model unchanged: `gdn_layer_fn` replaces the GDN
-layer; `fetch(name, tree, dtype)` turns stored weights into compute weights — by default a
+layer; `attend_fn` the attention layers' token mixing (q, k, v → o), and `positions` gives the
+tokens' global positions for the rotary embedding (a sequence shard's, cp_layout);
+`fetch(name, tree, dtype)` turns stored weights into compute weights — by default a
 cast, under FSDP a per-layer all-gather (named GATHERED_WEIGHTS, so no policy saves them:
 backward gathers again). Names: "embed_tokens", "norm", "lm_head", "block.{p}" (one layer of
 block position p, its stacking axis already sliced off).
@@ -28,10 +35,17 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ..config import ModelConfig
 from ..train_config import REMATS
+from .attention import (
+    causal_attention,
+    gated_attention,
+    rotary_cos_sin,
+    zero_centered_rms_norm,
+)
 from .layer import GDN_OUTPUT, GDN_PROJECTIONS, gdn_layer, linear
-from .params import Params, cast_floating
+from .params import Params, cast_floating, is_hf_tree
 
 GDNLayerFn = Callable[..., jax.Array]  # (params, x_BTD, cfg, *, dtype) -> [B, T, D]
+AttendFn = Callable[..., jax.Array]  # (q_BTHE, k_BTGE, v_BTGE) -> o_BTHE
 Fetch = Callable[[str, Params, jnp.dtype], Params]
 
 LOSS_CHUNK_TOKENS = 1024
@@ -105,19 +119,56 @@ def decoder_layer(layer: Params, x_BTD, model_cfg: ModelConfig, *, dtype,
     return x_BTD + mlp(layer["mlp"], rms_norm(layer["mlp_norm"]["weight"], x_BTD, eps))
 
 
+def hybrid_decoder_layer(layer: Params, x_BTD, model_cfg: ModelConfig, *, dtype, cos_TR, sin_TR,
+                         gdn_layer_fn: GDNLayerFn | None = None,
+                         attend_fn: AttendFn | None = None):
+    """One hybrid decoder layer (compute-dtype weights, HF names): x + mixer(norm x), then
+    + mlp(norm x); the mixer is GDN or gated attention as the layer's tree says."""
+    gdn_layer_fn = gdn_layer if gdn_layer_fn is None else gdn_layer_fn
+    eps = model_cfg.gdn.rms_norm_eps
+    normed_BTD = _zero_centered_norm(layer["input_layernorm"]["weight"], x_BTD, eps)
+    if "linear_attn" in layer:
+        x_BTD = x_BTD + gdn_layer_fn(layer["linear_attn"], normed_BTD, model_cfg.gdn,
+                                     dtype=dtype)
+    else:
+        x_BTD = x_BTD + gated_attention(
+            layer["self_attn"], normed_BTD, model_cfg.attention, eps=eps, cos_TR=cos_TR,
+            sin_TR=sin_TR, attend=causal_attention if attend_fn is None else attend_fn)
+    return x_BTD + mlp(layer["mlp"],
+                       _zero_centered_norm(layer["post_attention_layernorm"]["weight"], x_BTD, eps))
+
+
+def _zero_centered_norm(weight_D, x_BTD, eps: float):
+    return checkpoint_name(zero_centered_rms_norm(weight_D, x_BTD, eps), DECODER_NORM)
+
+
 def hidden_states(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jnp.float32,
                   gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
-                  remat: str = "none"):
-    """Token ids [B, T] -> final normed hidden states [B, T, D] in dtype (the LM head's input)."""
+                  remat: str = "none", attend_fn: AttendFn | None = None, positions=None):
+    """Token ids [B, T] -> final normed hidden states [B, T, D] in dtype (the LM head's input).
+
+    positions: the tokens' positions in the sequence [T] (default 0 … T−1), for the rotary
+    embedding of attention layers; attend_fn: their token mixing (default causal_attention).
+    """
     policy = remat_policy(remat)
+    hybrid = is_hf_tree(params)
     # Rows are taken from the float32 table, so the embedding's gradient accumulates in float32.
     embed_VD = fetch("embed_tokens", params["embed_tokens"], jnp.float32)["weight"]
     x_BTD = jnp.take(embed_VD, tokens_BT, axis=0).astype(dtype)
+    if hybrid and model_cfg.attention is not None:
+        positions = jnp.arange(tokens_BT.shape[1]) if positions is None else positions
+        cos_TR, sin_TR = rotary_cos_sin(positions, model_cfg.attention)
+    else:
+        cos_TR = sin_TR = None
 
     def layer_at(p):
         def run(stored_layer, x_BTD):
-            return decoder_layer(fetch(f"block.{p}", stored_layer, dtype), x_BTD, model_cfg,
-                                 dtype=dtype, gdn_layer_fn=gdn_layer_fn)
+            layer = fetch(f"block.{p}", stored_layer, dtype)
+            if hybrid:
+                return hybrid_decoder_layer(layer, x_BTD, model_cfg, dtype=dtype, cos_TR=cos_TR,
+                                            sin_TR=sin_TR, gdn_layer_fn=gdn_layer_fn,
+                                            attend_fn=attend_fn)
+            return decoder_layer(layer, x_BTD, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn)
         return jax.checkpoint(run, policy=policy, prevent_cse=False)
 
     layers = [layer_at(p) for p in range(len(params["block"]))]
@@ -129,17 +180,24 @@ def hidden_states(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jn
 
     x_BTD, _ = lax.scan(one_block, x_BTD, params["block"])
     norm = fetch("norm", params["norm"], dtype)["weight"]
+    if hybrid:
+        return _zero_centered_norm(norm, x_BTD, model_cfg.gdn.rms_norm_eps)
     return rms_norm(norm, x_BTD, model_cfg.gdn.rms_norm_eps)
+
+
+def lm_head_weight(params: Params, fetch: Fetch, dtype):
+    """The LM head [V, D] (tied embeddings, no "lm_head" in the tree: the embedding)."""
+    name = "lm_head" if "lm_head" in params else "embed_tokens"
+    return fetch(name, params[name], dtype)["weight"]
 
 
 def model_forward(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jnp.float32,
                   gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
-                  remat: str = "none"):
+                  remat: str = "none", attend_fn: AttendFn | None = None, positions=None):
     """Token ids [B, T] (int) -> logits [B, T, V] float32 (bf16 matmul inputs under bf16)."""
     x_BTD = hidden_states(params, tokens_BT, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn,
-                          fetch=fetch, remat=remat)
-    head_VD = fetch("lm_head", params["lm_head"], dtype)["weight"]
-    return linear(x_BTD, head_VD, jnp.float32)
+                          fetch=fetch, remat=remat, attend_fn=attend_fn, positions=positions)
+    return linear(x_BTD, lm_head_weight(params, fetch, dtype), jnp.float32)
 
 
 def token_losses(logits_BTV, targets_BT):
@@ -188,14 +246,15 @@ def chunked_token_loss_sum(x_BTD, head_VD, targets_BT, *, chunk_tokens: int = LO
 def model_loss(params: Params, inputs_BT, targets_BT, model_cfg: ModelConfig, *,
                global_tokens: int, dtype=jnp.float32, gdn_layer_fn: GDNLayerFn | None = None,
                fetch: Fetch = cast_fetch, remat: str = "none",
-               loss_chunk_tokens: int = LOSS_CHUNK_TOKENS):
+               loss_chunk_tokens: int = LOSS_CHUNK_TOKENS, attend_fn: AttendFn | None = None,
+               positions=None):
     """Token loss sum / global_tokens: the mean loss, and on a CP shard its share of it.
 
     global_tokens: B × T of the whole (unsharded) batch, so shards' losses sum to the mean.
     The loss is chunked_token_loss_sum (no [tokens, vocab] buffer).
     """
     x_BTD = hidden_states(params, inputs_BT, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn,
-                          fetch=fetch, remat=remat)
-    head_VD = fetch("lm_head", params["lm_head"], jnp.float32)["weight"]
+                          fetch=fetch, remat=remat, attend_fn=attend_fn, positions=positions)
+    head_VD = lm_head_weight(params, fetch, jnp.float32)
     return chunked_token_loss_sum(x_BTD, head_VD, targets_BT,
                                   chunk_tokens=loss_chunk_tokens) / global_tokens

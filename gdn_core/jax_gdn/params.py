@@ -16,6 +16,13 @@ Layer tree:  in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj  -> {"weight
 Model tree:  embed_tokens {"weight": [V, D]},
              block [ {gdn_norm, gdn, mlp_norm, mlp {gate_proj, up_proj, down_proj}}, stacked [L/P, …] ],
              norm {"weight": [D]}, lm_head {"weight": [V, D]}
+
+The hybrid decoder (torch_gdn.HybridLanguageModel, transformers' Qwen3_5ForCausalLM) has the
+same tree in HF's names: its "model." prefix is dropped on the way in and restored on the way
+out, and each layer is {input_layernorm, linear_attn (a GDN layer) | self_attn (attention.py),
+post_attention_layernorm, mlp}; its norms are zero-centred (scale 1 + weight). With tied
+embeddings the tree has no lm_head (the head is embed_tokens); to_state_dict writes
+lm_head.weight back as the embedding, as torch's state_dict lists it.
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import GDNConfig, ModelConfig
+from ..config import FULL_ATTENTION, GDNConfig, ModelConfig
 
 INIT_STD = 0.02  # transformers' initializer_range: Linear and Embedding weights
 A_INIT_RANGE = (1.0, 16.0)  # A = exp(A_log) ~ U(1, 16)
 
 Params = dict[str, Any]
+HF_DECODER = "model"
+"""transformers' prefix of the decoder's names (model.embed_tokens, model.layers.{i}, model.norm)."""
 
 
 def _to_float32(value) -> jax.Array:
@@ -76,6 +85,12 @@ def unstack_layers(block: list[Params]) -> list[Params]:
             for r in range(repeats) for p in range(len(block))]
 
 
+def is_hf_tree(params: Params) -> bool:
+    """Whether a model tree uses transformers' hybrid-decoder names (zero-centred norms)."""
+    layers = params["block"] if "block" in params else params.get("layers", [])
+    return any("input_layernorm" in layer for layer in layers)
+
+
 def num_decoder_layers(params: Params) -> int:
     """L of a model tree: block positions × repeats."""
     return len(params["block"]) * jax.tree.leaves(params["block"][0])[0].shape[0]
@@ -99,6 +114,12 @@ def from_state_dict(state_dict: Mapping[str, Any]) -> Params:
             raise ValueError(f"state_dict name {name!r} collides with another entry")
         node[leaf] = _to_float32(value)
     root = _listify(root)
+    if isinstance(root.get(HF_DECODER), dict):  # HF naming: model.{embed_tokens,layers,norm}
+        decoder = root.pop(HF_DECODER)
+        if set(decoder) & set(root):
+            raise ValueError(f"state_dict names {sorted(set(decoder) & set(root))} appear both "
+                             f"with and without the {HF_DECODER!r} prefix")
+        root |= decoder
     if isinstance(root.get("layers"), list):
         root["block"] = stack_layers(root.pop("layers"))
     return root
@@ -109,6 +130,11 @@ def to_state_dict(params: Params) -> dict[str, np.ndarray]:
     if "block" in params:
         params = {k: v for k, v in params.items() if k != "block"} | {
             "layers": unstack_layers(params["block"])}
+    if is_hf_tree(params):
+        if "lm_head" not in params:  # tied: torch's state_dict lists the shared weight twice
+            params = params | {"lm_head": params["embed_tokens"]}
+        params = {HF_DECODER: {k: params[k] for k in ("embed_tokens", "layers", "norm")},
+                  "lm_head": params["lm_head"]}
     flat: dict[str, np.ndarray] = {}
 
     def walk(node, prefix):
@@ -155,8 +181,40 @@ def init_layer_params(cfg: GDNConfig, key: jax.Array) -> Params:
     }
 
 
+def _init_mlp(k_layer, D, F):
+    k_gate, k_up, k_down = jax.random.split(k_layer, 3)
+    return {"gate_proj": {"weight": _normal(k_gate, (F, D))},
+            "up_proj": {"weight": _normal(k_up, (F, D))},
+            "down_proj": {"weight": _normal(k_down, (D, F))}}
+
+
+def init_hybrid_params(model_cfg: ModelConfig, key: jax.Array) -> Params:
+    """Fresh float32 parameters of the hybrid decoder (HF names, model_cfg.layer_pattern):
+    zero-centred norms 0, linears and embedding N(0, 0.02), GDN layers as init_layer_params."""
+    from .attention import init_attention_params  # attention imports this module
+
+    D, F, V = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
+    k_embed, k_head, *k_layers = jax.random.split(key, 2 + model_cfg.num_layers)
+    zeros = {"weight": jnp.zeros((D,), jnp.float32)}
+    layers = []
+    for kind, k_layer in zip(model_cfg.layer_pattern, k_layers):
+        k_mixer, k_mlp = jax.random.split(k_layer)
+        mixer = {"self_attn": init_attention_params(model_cfg.attention, D, k_mixer)} \
+            if kind == FULL_ATTENTION else {"linear_attn": init_layer_params(model_cfg.gdn, k_mixer)}
+        layers.append({"input_layernorm": zeros, **mixer, "post_attention_layernorm": zeros,
+                       "mlp": _init_mlp(k_mlp, D, F)})
+    params = {"embed_tokens": {"weight": _normal(k_embed, (V, D))}, "block": stack_layers(layers),
+              "norm": zeros}
+    if not model_cfg.tie_word_embeddings:
+        params["lm_head"] = {"weight": _normal(k_head, (V, D))}
+    return params
+
+
 def init_model_params(model_cfg: ModelConfig, key: jax.Array) -> Params:
-    """Fresh float32 language-model parameters, the layers stacked in params["block"]."""
+    """Fresh float32 language-model parameters, the layers stacked in params["block"]
+    (model_cfg.layers "hybrid": the hybrid decoder's tree, init_hybrid_params)."""
+    if model_cfg.layers == "hybrid":
+        return init_hybrid_params(model_cfg, key)
     D, F, V = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
     k_embed, k_head, *k_layers = jax.random.split(key, 2 + model_cfg.num_layers)
     layers = []

@@ -21,7 +21,14 @@ from .. import device_memory
 from ..config import ModelConfig
 from ..data import synthetic_tokens
 from ..train_config import TrainConfig, TrainReport
-from .model import LOSS_CHUNK_TOKENS, Fetch, GDNLayerFn, cast_fetch, model_loss
+from .model import (
+    LOSS_CHUNK_TOKENS,
+    AttendFn,
+    Fetch,
+    GDNLayerFn,
+    cast_fetch,
+    model_loss,
+)
 from .params import Params, init_model_params
 
 GradTransform = Callable[[Params], Params]
@@ -52,13 +59,17 @@ def build_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_toke
                   grad_transform: GradTransform | None = None,
                   gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
                   apply_update: ApplyUpdate | None = None,
-                  loss_chunk_tokens: int = LOSS_CHUNK_TOKENS) -> StepFn:
+                  loss_chunk_tokens: int = LOSS_CHUNK_TOKENS,
+                  attend_fn: AttendFn | None = None,
+                  positions_fn: Callable[[], jax.Array] | None = None) -> StepFn:
     """Return the un-jitted step; see make_train_step for its signature.
 
     Un-jitted so CP can wrap it in shard_map before jit. grad_transform runs on the float32
     gradients before the update (CP: sum over shards); the returned loss is this shard's
     loss_sum / global_tokens (single chip: the mean loss). fetch and apply_update are the
-    hooks a sharded step replaces (model.Fetch; default: cast, and AdamW on whole trees).
+    hooks a sharded step replaces (model.Fetch; default: cast, and AdamW on whole trees);
+    attend_fn and positions_fn (called inside the step: this shard's token positions) are the
+    attention layers' hooks (model.hidden_states).
     """
     dtype = jnp.dtype(train_cfg.dtype)
     apply_update = adamw_update(make_optimizer(train_cfg)) if apply_update is None \
@@ -67,7 +78,9 @@ def build_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_toke
     def loss_fn(params, inputs_BT, targets_BT):
         return model_loss(params, inputs_BT, targets_BT, model_cfg, global_tokens=global_tokens,
                           dtype=dtype, gdn_layer_fn=gdn_layer_fn, fetch=fetch,
-                          remat=train_cfg.remat, loss_chunk_tokens=loss_chunk_tokens)
+                          remat=train_cfg.remat, loss_chunk_tokens=loss_chunk_tokens,
+                          attend_fn=attend_fn,
+                          positions=None if positions_fn is None else positions_fn())
 
     def step(params, opt_state, inputs_BT, targets_BT):
         loss, grads = jax.value_and_grad(loss_fn)(params, inputs_BT, targets_BT)

@@ -58,7 +58,20 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
 
 
-class GDNBlock(nn.Module):
+class DecoderBlock(nn.Module):
+    """One decoder layer (a token mixer and an MLP): the unit of remat 'full' (set_remat) and
+    of FSDP2's sharding (cp.sharding). Subclasses define _residual_pair."""
+
+    remat: Remat = "none"
+
+    def forward(self, x_BTD: torch.Tensor, *args) -> torch.Tensor:
+        """Map the residual stream [B, T, D] to [B, T, D] (args: the mixer's extra inputs)."""
+        if self.remat == "full":
+            return recomputed(self._residual_pair, x_BTD, *args)
+        return self._residual_pair(x_BTD, *args)
+
+
+class GDNBlock(DecoderBlock):
     """Pre-norm residual pair: x + gdn(gdn_norm(x)), then + mlp(mlp_norm(·))."""
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -68,13 +81,6 @@ class GDNBlock(nn.Module):
         self.gdn = GatedDeltaNet(cfg.gdn)
         self.mlp_norm = RMSNorm(cfg.hidden_size, eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.remat: Remat = "none"
-
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        """Map the residual stream [B, T, D] to [B, T, D]."""
-        if self.remat == "full":
-            return recomputed(self._residual_pair, x_BTD)
-        return self._residual_pair(x_BTD)
 
     def _residual_pair(self, x_BTD: torch.Tensor) -> torch.Tensor:
         x_BTD = x_BTD + self.gdn(self.gdn_norm(x_BTD))
@@ -82,11 +88,12 @@ class GDNBlock(nn.Module):
 
 
 def set_remat(model: nn.Module, remat: Remat) -> nn.Module:
-    """Set every GDNBlock of `model` to recompute `remat` (REMATS) in backward; returns model."""
+    """Set every DecoderBlock of `model` (GDN-only or hybrid) to recompute `remat` (REMATS) in
+    backward; returns model."""
     if remat not in REMATS:
         raise ValueError(f"remat={remat!r} is not one of: {', '.join(REMATS)}")
     for module in model.modules():
-        if isinstance(module, GDNBlock):
+        if isinstance(module, DecoderBlock):
             module.remat = remat
         elif isinstance(module, GatedDeltaNet):  # plain or context-parallel
             module.recompute_core = remat == "gdn"

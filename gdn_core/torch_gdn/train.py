@@ -1,4 +1,5 @@
-"""PyTorch training step for the GDN language model: AdamW, fp32 master weights, optional bf16.
+"""PyTorch training step for the language model (GDN-only, or the hybrid decoder when
+ModelConfig.layers is 'hybrid'): AdamW, fp32 master weights, optional bf16.
 
 The loss is written as (sum of this process's token losses) / (global token count), so the
 losses of context-parallel ranks, each holding a sequence shard, sum to the global mean; their
@@ -22,6 +23,7 @@ from .. import device_memory
 from ..config import ModelConfig
 from ..data import synthetic_tokens
 from ..train_config import COMPUTE_DTYPES, TrainConfig, TrainReport
+from .hybrid import HybridLanguageModel
 from .model import GDNLanguageModel, set_remat
 
 GradSync = Callable[[nn.Module], None]
@@ -64,10 +66,19 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
     return loss.item()
 
 
+def language_model(model_cfg: ModelConfig, *, seed: int = 0) -> nn.Module:
+    """The decoder model_cfg describes: HybridLanguageModel when model_cfg.layers is 'hybrid'
+    (GDN and gated full-attention layers), else the GDN-only GDNLanguageModel."""
+    if model_cfg.layers == "hybrid":
+        return HybridLanguageModel(model_cfg, seed=seed)
+    return GDNLanguageModel(model_cfg, seed=seed)
+
+
 def build_model(model_cfg: ModelConfig, train_cfg: TrainConfig,
-                device: str | torch.device = "cpu") -> GDNLanguageModel:
-    """Return the model: fp32 weights seeded by train_cfg.seed, on `device`, train_cfg.remat set."""
-    model = GDNLanguageModel(model_cfg, seed=train_cfg.seed).to(device)
+                device: str | torch.device = "cpu") -> nn.Module:
+    """Return the model (language_model): fp32 weights seeded by train_cfg.seed, on `device`,
+    train_cfg.remat set."""
+    model = language_model(model_cfg, seed=train_cfg.seed).to(device)
     return set_remat(model, train_cfg.remat)
 
 

@@ -2,8 +2,16 @@
 
 from fastapi import APIRouter
 
-from service.api.routes import capacity, health, options, results, sweeps, trials
+from service.api.routes import (
+    capacity,
+    health,
+    options,
+    results,
+    schedules,
+    sweeps,
+    trials,
+)
 
 api_router = APIRouter(prefix="/api")
-for module in (sweeps, trials, results, capacity, health, options):
+for module in (sweeps, trials, results, capacity, health, options, schedules):
     api_router.include_router(module.router)

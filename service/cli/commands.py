@@ -97,11 +97,11 @@ def _stop_process(process: subprocess.Popen, timeout_s: float) -> None:
 
 def scheduler(*, database_url: str | None = None, ray_address: str | None = None,
               log_level: str | None = None) -> int:
-    """Run the scheduler alone, no HTTP, until SIGTERM or Ctrl-C: it stops the running sweep
-    for a resume, stops a local Ray completely and exits 0."""
+    """Run the scheduler alone, no HTTP, until SIGTERM or Ctrl-C (it fires due schedules
+    too): it stops the running sweep for a resume, stops a local Ray completely and exits 0."""
     from service.core.logging import configure_logging
     from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.main import build_scheduler
+    from service.main import build_schedule_loop, build_scheduler
 
     settings = cli_settings(database_url=database_url, ray_address=ray_address,
                          log_level=log_level)
@@ -118,8 +118,11 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
     if settings.upgrade_on_start:
         log.info("database at revision %s", upgrade_database(settings.database_url))
     engine = make_engine(settings.database_url)
-    runner = build_scheduler(make_session_factory(engine), settings)
+    session_factory = make_session_factory(engine)
+    runner = build_scheduler(session_factory, settings)
+    schedules = build_schedule_loop(session_factory, settings, runner)
     runner.start()
+    schedules.start()
     log.info("scheduler started", extra={"runner": runner.runner_id,
                                          "database": _shown(settings.database_url)})
     try:
@@ -128,6 +131,7 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
                 log.error("the scheduler thread ended on its own")
                 return 1
     finally:
+        schedules.stop()
         if not runner.stop(SCHEDULER_STOP_TIMEOUT_S - 30):
             log.error("the scheduler did not stop in time")
         log.info("scheduler stopped")

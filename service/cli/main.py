@@ -6,6 +6,7 @@
     gdn-sweep bench sweep [SWEEP.yaml] [options]      a sweep's wall time: compile, steps, rest
     gdn-sweep bench api [options]                     REST latency over 100,000 result rows
     gdn-sweep run sweep.yaml [--db URL|--jsonl F]     run a sweep on Ray (local or a cluster)
+    gdn-sweep import FILE... [--db URL]               JSON-lines results into the database
     gdn-sweep serve [--workers N]                     API + dashboard + scheduler
     gdn-sweep scheduler                               the scheduler alone (no HTTP)
     gdn-sweep results [filters] [--csv]               succeeded trials from the database
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from gdn_core.train_config import COMPUTE_DTYPES, REMATS
 
@@ -56,22 +58,48 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    """`run`: into the database (--db, the service's path: sweep row, progress bar, cancel
-    from the API, resume) or a JSON-lines file. Both check the file as POST /api/sweeps does
-    (exit 2, nothing written) and exit 0 only when every trial succeeded or was skipped, 1
-    otherwise, 130 on Ctrl-C (the stopped trials stay pending for a resume)."""
+    """`run`, and `deploy/run_sweep.py` (args.cluster): into the database (--db, the service's
+    path: sweep row, progress bar, cancel from the API, resume) or a JSON-lines file. Both
+    check the file as POST /api/sweeps does (exit 2, nothing written), then the sink, then Ray,
+    and exit 0 only when every trial succeeded or was skipped, 1 otherwise, 130 on Ctrl-C (the
+    stopped trials stay pending for a resume); see service/runs/foreground.py."""
+    from pydantic import ValidationError
+
+    from service.cli.commands import cli_settings
+    from service.runs.admission import validation_text
+    from service.runs.foreground import EXIT_BAD_INPUT, run_sweep_into_db, run_sweep_into_jsonl
     from workers.options import DriverOptions
 
+    parser = args.parser
+    if (args.sweep is None) == (args.resume is None):
+        parser.error("give a sweep YAML file, or --resume (a sweep id with --db, a results "
+                     "file otherwise)")
+    if args.cluster and not (args.db or args.jsonl or args.resume is not None):
+        parser.error("give the sink: --db URL or --jsonl FILE|DIR/ (or --resume FILE)")
+    if args.resume is not None and args.jsonl is not None:
+        parser.error("--resume FILE continues the sweep in FILE; leave out --jsonl")
+    if args.resume is not None and args.new and not args.cluster:
+        parser.error("--new starts a new sweep; leave out --resume")
+    resume_sweep_id = None
+    if args.resume is not None and args.db:
+        try:
+            resume_sweep_id = int(args.resume)
+        except ValueError:
+            parser.error(f"--resume with --db takes a sweep id (an integer), not {args.resume!r}")
+    address = ray_address(args.address, cluster=args.cluster)
     options = DriverOptions(placement_timeout_s=args.placement_timeout_s,
                             worker_start_timeout_s=args.worker_start_timeout_s,
                             max_trial_retries=args.max_trial_retries,
                             reuse_workers=not args.no_reuse_workers)
-    if (args.sweep is None) == (args.resume is None):
-        args.parser.error("give a sweep YAML file or --resume SWEEP_ID (with --db)")
-    if args.db or args.resume is not None:
-        if not args.db:
-            args.parser.error("--resume needs --db URL")
-        from service.cli.commands import run_with_db
+    try:
+        settings = cli_settings(database_url=args.db, ray_address=address,
+                                max_concurrent_trials=args.max_concurrent_trials,
+                                cpu_chips=args.cpu_chips)
+    except ValidationError as err:
+        print(validation_text(err).replace("\n", "; "), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    new = args.new or args.cluster
+    if args.db:
         from service.core.config import Settings
         from service.core.logging import configure_logging
 
@@ -79,103 +107,115 @@ def _run_sweep(args: argparse.Namespace) -> int:
         # unless asked for more
         configure_logging(args.log_level or os.environ.get("GDN_SWEEP_LOG_LEVEL") or "warning",
                           Settings().log_format)
-        return run_with_db(args.sweep, database_url=args.db, ray_address=args.address,
-                           max_concurrent_trials=args.max_concurrent_trials,
-                           cpu_chips=args.cpu_chips, resume_sweep_id=args.resume,
-                           progress=not args.no_progress, driver_options=options)
-    return _run_into_jsonl(args, options)
+        return run_sweep_into_db(args.sweep, settings=settings, resume_sweep_id=resume_sweep_id,
+                                 new=new and resume_sweep_id is None,
+                                 progress=not args.no_progress, driver_options=options)
+    return run_sweep_into_jsonl(args.sweep, settings=settings, target=args.jsonl,
+                                resume_file=args.resume, new=new and args.resume is None,
+                                progress=not args.no_progress, driver_options=options)
 
 
-def _run_into_jsonl(args: argparse.Namespace, options) -> int:
-    from service.core.config import Settings
-    from service.runs.foreground import (
-        EXIT_BAD_INPUT,
-        EXIT_INTERRUPTED,
-        SweepFileError,
-        load_spec,
-        needs_ray,
-    )
-    from workers.cluster import connect_ray, shutdown_ray
-    from workers.driver import run_sweep
-    from workers.progress import format_event
-    from workers.sink import JsonLinesSink
-
-    settings = Settings()
-    try:
-        spec = load_spec(args.sweep, grid_cap=settings.grid_cap)
-    except SweepFileError as err:
-        print(err, file=sys.stderr)
-        return EXIT_BAD_INPUT
-    sink = JsonLinesSink(args.jsonl or f"{spec.name}.jsonl")
-
-    def show(event) -> None:
-        line = format_event(event)
-        if line:
-            print(line, flush=True)
-
-    try:
-        if needs_ray(spec):
-            connect_ray(args.address, cpu_chips=args.cpu_chips,
-                        dashboard_port=settings.ray_dashboard_port,
-                        include_dashboard=settings.ray_include_dashboard)
-        run_sweep(spec, sink, max_concurrent_trials=args.max_concurrent_trials,
-                  on_event=show, options=options)
-    except KeyboardInterrupt:
-        _, pending = _jsonl_outcome(sink.path, spec)
-        print(f"\nstopped: {pending} trial(s) stay pending for a resume; run the same command "
-              f"again to finish them (results so far in {sink.path})", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    finally:
-        shutdown_ray()
-    ok, _ = _jsonl_outcome(sink.path, spec)
-    return 0 if ok else 1
+def ray_address(given: str | None, *, cluster: bool) -> str:
+    """The Ray address a run uses: the one given, else $RAY_ADDRESS (`ray job submit` sets
+    it), else "" (a local Ray) for `gdn-sweep run` and "auto" for the cluster script: on a
+    head started by `ray up`/`ray start` nothing sets RAY_ADDRESS, and the script must find
+    that cluster, never start a Ray of its own."""
+    if given is not None:
+        return given
+    return os.environ.get("RAY_ADDRESS") or ("auto" if cluster else "")
 
 
-def _jsonl_outcome(path, spec) -> tuple[bool, int]:
-    """(every trial of `spec` succeeded or was skipped, trials without an outcome) from the
-    JSON-lines file, whatever run of it wrote them."""
-    import json
-
-    from service.runs.foreground import SUCCESSFUL
-    from workers.spec import expand_trials
-
-    statuses = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if record.get("event") == "finished":
-                statuses[record["key"]] = record["status"]
-    keys = [trial.key for trial in expand_trials(spec)]
-    ok = all(statuses.get(key) in SUCCESSFUL for key in keys)
-    return ok, sum(statuses.get(key, "cancelled") == "cancelled" for key in keys)
-
-
-def _add_run_parser(sub) -> None:
-    run = sub.add_parser("run", help="run a sweep YAML on Ray (resumes from its sink)")
+def add_run_arguments(run: argparse.ArgumentParser, *, cluster: bool) -> None:
+    """The options of `gdn-sweep run` (cluster=False) and of deploy/run_sweep.py (cluster=True:
+    the sink is required, every run is a new sweep, the Ray address defaults to auto)."""
     run.add_argument("sweep", nargs="?",
                      help="sweep YAML (the SweepSpec schema of the REST API)")
-    run.add_argument("--jsonl", default=None,
-                     help="JSON-lines results file, also read to resume (default <name>.jsonl)")
-    run.add_argument("--db", default=None, help="database URL (the service's sink)")
-    run.add_argument("--resume", type=int, metavar="SWEEP_ID",
-                     help="with --db: finish a recorded sweep instead of reading a file")
-    run.add_argument("--no-progress", action="store_true", help="with --db: no progress bar")
+    sink = run.add_mutually_exclusive_group()
+    sink.add_argument("--db", default=None,
+                      help="database URL (the service's sink), e.g. "
+                           "postgresql://user@host:5432/gdn_sweep")
+    sink.add_argument("--jsonl", default=None, metavar="FILE|DIR/",
+                      help="JSON-lines results: a folder (DIR/) gets a new file per run, "
+                           "<name>-<UTC time>.jsonl; a file is made"
+                           + (" (one that exists is refused: one file, one sweep)" if cluster
+                              else ", or resumed when it holds this same sweep (default "
+                                   "<name>.jsonl)")
+                           + "; load it into a database with `gdn-sweep import`")
+    run.add_argument("--resume", metavar="SWEEP_ID|FILE",
+                     help="finish an interrupted sweep instead of starting one: with --db its "
+                          "sweep id, else the results file it was writing")
+    if not cluster:
+        run.add_argument("--new", action="store_true",
+                         help="always a new sweep (default: the same file again resumes an "
+                              "unfinished identical sweep)")
+    run.add_argument("--no-progress", action="store_true",
+                     help="no progress bar (--db) or progress lines (--jsonl)")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                      help="with --db: the log's level (default $GDN_SWEEP_LOG_LEVEL, else "
                           "warning: info adds one line per trial event)")
     run.add_argument("--address", default=None,
-                     help="Ray address (default $RAY_ADDRESS, as under `ray job submit`; "
-                          "empty: start a local Ray)")
+                     help="Ray address (default $RAY_ADDRESS, as under `ray job submit`, else "
+                          + ("auto: the cluster this machine is a node of; never a Ray of its "
+                             "own" if cluster else "a local Ray; empty: a local Ray") + ")")
     run.add_argument("--cpu-chips", type=int, default=None,
-                     help="virtual CPU chips of a local Ray (default "
-                          "$GDN_SWEEP_CPU_CHIPS, else one per usable core)")
+                     help="virtual CPU chips of a local Ray (only a local Ray: "
+                          + ("--address ''" if cluster else "no address") +
+                          "; default $GDN_SWEEP_CPU_CHIPS, else one per usable core)")
     run.add_argument("--max-concurrent-trials", type=int, default=1)
     run.add_argument("--placement-timeout-s", type=float, default=300.0)
     run.add_argument("--worker-start-timeout-s", type=float, default=180.0)
     run.add_argument("--max-trial-retries", type=int, default=2)
     run.add_argument("--no-reuse-workers", action="store_true",
                      help="fresh actors for every trial (no warm pool)")
-    run.set_defaults(run=_run_sweep, parser=run)
+    run.set_defaults(run=_run_sweep, parser=run, cluster=cluster, new=cluster)
+
+
+def cluster_main(argv: list[str] | None = None) -> int:
+    """deploy/run_sweep.py: `gdn-sweep run` for a cluster head (see that script)."""
+    parser = argparse.ArgumentParser(
+        prog="run_sweep.py", description=CLUSTER_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser, cluster=True)
+    args = parser.parse_args(argv)
+    if args.sweep is not None:
+        args.sweep = str(_sweep_file(Path(args.sweep)))
+    return args.run(args)
+
+
+def _sweep_file(path: Path) -> Path:
+    """A relative sweep path from the working directory, else from the checkout this package
+    runs from: `ray submit` runs the script from the head's home directory, with the checkout
+    where the cluster config's file_mounts put it (`pip install -e` from there)."""
+    if path.is_absolute() or path.exists():
+        return path
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout / path if (checkout / path).is_file() else path
+
+
+CLUSTER_DESCRIPTION = """\
+Run a sweep on the Ray cluster this runs on (`ray submit` / `ray job submit`): a new sweep
+each run (its own id and date) unless --resume, into the shared database (--db) or a
+JSON-lines file (--jsonl, for `gdn-sweep import`). A relative sweep path is read from
+the working directory, else from the checkout the package runs from (under `ray submit`,
+the one the cluster's file_mounts copied). The sweep's id and a summary table are printed
+at the end. Exit codes: 0 every trial succeeded or was skipped, 1 otherwise or
+when the database or Ray cannot be reached, 2 bad input, 130 interrupted."""
+
+
+def _import(args: argparse.Namespace) -> int:
+    from service.runs.jsonl_import import import_command
+
+    return import_command(args.files, database_url=args.db)
+
+
+def _add_import_parser(sub) -> None:
+    p = sub.add_parser("import", help="load JSON-lines results (gdn-sweep run --jsonl, "
+                       "deploy/run_sweep.py --jsonl) into the database; importing a file "
+                       "again adds only what it gained")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--db", default=None,
+                   help="database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)")
+    p.set_defaults(run=_import)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,14 +241,33 @@ def build_parser() -> argparse.ArgumentParser:
                            "gdn_core.bench), scheduling (Ray's per-trial overhead)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda args: _bench(args.bench_args))
-    _add_run_parser(sub)
+    add_run_arguments(sub.add_parser("run", help="run a sweep YAML on Ray into the database "
+                                     "or a JSON-lines file"), cluster=False)
+    _add_import_parser(sub)
     from service.cli.commands import add_service_commands
 
     add_service_commands(sub)
     return parser
 
 
+BENCH_USAGE = """\
+usage: gdn-sweep bench <name> [options]   (gdn-sweep bench <name> --help for its options)
+benchmarks:
+{gdn_core}
+  scheduling  Ray's per-trial overhead (workers.bench_scheduling)
+  sweep       a sweep's wall time: compile, steps, the rest (service.bench.sweep)
+  api         REST latency over 100,000 result rows (service.bench.api)
+"""
+
+
 def _bench(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        from gdn_core.bench import BENCHMARKS
+
+        print(BENCH_USAGE.format(gdn_core="\n".join(
+            f"  {name:<11} {target.split(':')[0]}" for name, target in BENCHMARKS.items())),
+            end="")
+        return 0
     if argv[:1] == ["scheduling"]:
         from workers.bench_scheduling import main as scheduling_main
 
@@ -227,7 +286,14 @@ def _bench(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # `bench` hands everything after it to the benchmark; argparse's REMAINDER cannot take an
+    # option (`bench --help`) as its first word, so those come back unrecognised
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "command", None) != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        args.bench_args = unknown + args.bench_args
     return args.run(args)
 
 

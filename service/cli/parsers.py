@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 
 from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
+from gdn_core.config import LAYERS
+from gdn_core.cp_layout import LAYOUTS
+from gdn_core.cp_modes import ATTN_CP_MODES
 from workers.spec import FRAMEWORKS, TRIAL_KINDS, TRIAL_MODES
 
 DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
@@ -53,6 +56,11 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.add_argument("--dtype", action="append", choices=COMPUTE_DTYPES)
     p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
     p.add_argument("--remat", action="append", choices=REMATS)
+    p.add_argument("--layers", action="append", choices=LAYERS,
+                   help="the decoder: gdn_only or hybrid")
+    p.add_argument("--attn-cp", action="append", choices=ATTN_CP_MODES,
+                   help="the hybrid's attention CP mode")
+    p.add_argument("--layout", action="append", choices=LAYOUTS)
     p.add_argument("--repeat", action="append", type=int,
                    help="run of a repeated grid point (0, 1, …)")
     p.add_argument("--sweep-id", type=int)
@@ -65,7 +73,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
         database_url=a.database_url, csv=a.csv, kind=a.kind, preset=a.preset,
         framework=a.framework, mode=a.mode, chips=a.chips, seq_len_min=a.seq_len_min,
         seq_len_max=a.seq_len_max, accelerator=a.accelerator, dtype=a.dtype,
-        param_sharding=a.param_sharding, remat=a.remat, repeat=a.repeat, sweep_id=a.sweep_id,
+        param_sharding=a.param_sharding, remat=a.remat, layers=a.layers, attn_cp=a.attn_cp,
+        layout=a.layout, repeat=a.repeat, sweep_id=a.sweep_id,
         sort=a.sort, limit=a.limit if a.limit is not None or a.csv else 50))
 
     p = sub.add_parser("db", help="database maintenance")
@@ -76,8 +85,10 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     up.set_defaults(run=lambda a: db_upgrade(database_url=a.database_url, revision=a.revision))
 
     from service.cli.plan import add_plan_parser
+    from service.cli.schedule import add_schedule_parser
 
     add_plan_parser(sub, DB_HELP)
+    add_schedule_parser(sub, DB_HELP)
 
 
 def _positive(text: str) -> int:

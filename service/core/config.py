@@ -6,7 +6,9 @@
     GDN_SWEEP_MAX_CONCURRENT_TRIALS   trials a sweep runs at once (default 2)
     GDN_SWEEP_GRID_CAP                largest grid a POST /api/sweeps may ask for (default 512)
     GDN_SWEEP_API_TOKEN               bearer token required on mutating calls (empty: none)
-    GDN_SWEEP_RUN_SCHEDULER           run sweeps in this process (default true)
+    GDN_SWEEP_RUN_SCHEDULER           run sweeps in this process (default true), and fire
+                                      the schedules that are due
+    GDN_SWEEP_SCHEDULE_POLL_S         how often due schedules are looked for (default 5 s)
     GDN_SWEEP_UPGRADE_ON_START        alembic upgrade head when the app starts (default true)
     GDN_SWEEP_MAX_REQUEST_BYTES       largest request body accepted (default 1048576; 413 above)
     GDN_SWEEP_ALLOWED_HOSTS           Host names served (default 127.0.0.1,localhost,::1; plus
@@ -71,6 +73,9 @@ class Settings(BaseSettings):
     (the runner died); runners renew every scheduler_poll_s."""
     scheduler_poll_s: float = Field(default=2.0, gt=0)
     """How often an idle scheduler looks for sweeps queued by other processes."""
+    schedule_poll_s: float = Field(default=5.0, gt=0, le=3600)
+    """How often a process that runs a scheduler fires the schedules that are due (a tick
+    fires at most this late)."""
     ray_dashboard_port: int | None = Field(default=None, ge=1, le=65535)
     """Port of the dashboard of a local Ray (None: Ray's 8265, or the next free one). A local
     Ray listens on 127.0.0.1 only, dashboard included."""

@@ -36,6 +36,11 @@ def sweep_page(sweep_id: int) -> FileResponse:
     return _page("sweep.html")
 
 
+@router.get("/schedules")
+def schedules_page() -> FileResponse:
+    return _page("schedules.html")
+
+
 @router.get("/results")
 def results_page() -> FileResponse:
     return _page("results.html")

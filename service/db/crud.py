@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
 import json
 from collections.abc import Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import Select, and_, func, select, update
+from sqlalchemy import Select, and_, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, object_session
 
@@ -16,6 +17,8 @@ from service.db.models import (
     FACT_COLUMNS,
     IdempotencyKey,
     Result,
+    Schedule,
+    ScheduleRun,
     Sweep,
     Trial,
     TrialAttempt,
@@ -23,8 +26,16 @@ from service.db.models import (
     trial_row,
     utcnow,
 )
-from service.db.schemas import SweepPublic, TrialPublic, trials_from_mappings
+from service.db.schemas import (
+    ScheduleCreate,
+    SchedulePublic,
+    ScheduleUpdate,
+    SweepPublic,
+    TrialPublic,
+    trials_from_mappings,
+)
 from workers.result import FINAL_STATUSES, TRIAL_STATUSES
+from service.core.cron import next_due
 from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
 
 
@@ -32,14 +43,27 @@ def create_sweep(*, session: Session, sweep_create: SweepSpec,
                  idempotency_key: str | None = None) -> Sweep:
     """Insert the sweep and one row per grid point in one transaction (skipped ones final),
     with its `idempotency_key` if given (IntegrityError: another sweep committed that key)."""
+    sweep = add_sweep(session=session, sweep_create=sweep_create)
+    if idempotency_key is not None:
+        session.add(IdempotencyKey(key=idempotency_key, request_hash=spec_hash(sweep_create),
+                                   sweep_id=sweep.id, created_at=sweep.created_at))
+    session.commit()
+    return sweep
+
+
+def add_sweep(*, session: Session, sweep_create: SweepSpec,
+              schedule_id: int | None = None) -> Sweep:
+    """Add the queued sweep, its trial rows and the results of its skipped points to the
+    session's transaction (flushed, not committed); ValueError for a model the presets cannot
+    build."""
     trials = expand_trials(sweep_create)
     skipped = sum(t.skip_reason is not None for t in trials)
+    now = utcnow()
     sweep = Sweep(name=sweep_create.name, status="queued",
                   spec=sweep_create.model_dump(mode="json"), trials_total=len(trials),
-                  trials_skipped=skipped, created_at=utcnow())
+                  trials_skipped=skipped, created_at=now, schedule_id=schedule_id)
     session.add(sweep)
     session.flush()
-    now = utcnow()
     rows = [trial_row(sweep_id=sweep.id, spec=spec, created_at=now,
                       status="pending" if spec.skip_reason is None else "skipped")
             for spec in trials]
@@ -47,10 +71,7 @@ def create_sweep(*, session: Session, sweep_create: SweepSpec,
     session.flush()
     session.add_all(result_for(row, status="skipped", error=row.skip_reason, finished_at=now)
                     for row in rows if row.skip_reason is not None)
-    if idempotency_key is not None:
-        session.add(IdempotencyKey(key=idempotency_key, request_hash=spec_hash(sweep_create),
-                                   sweep_id=sweep.id, created_at=now))
-    session.commit()
+    session.flush()
     return sweep
 
 
@@ -58,10 +79,14 @@ def get_sweep(*, session: Session, sweep_id: int) -> Sweep | None:
     return session.get(Sweep, sweep_id)
 
 
-def list_sweeps(*, session: Session, offset: int, limit: int) -> tuple[Sequence[Sweep], int]:
-    """Sweeps newest first, and how many there are in all."""
-    count = session.scalar(select(func.count()).select_from(Sweep)) or 0
-    rows = session.scalars(select(Sweep).order_by(Sweep.id.desc()).offset(offset).limit(limit))
+def list_sweeps(*, session: Session, offset: int, limit: int,
+                schedule_id: int | None = None) -> tuple[Sequence[Sweep], int]:
+    """Sweeps newest first (only those `schedule_id` created, if given), and how many there
+    are in all."""
+    where = [] if schedule_id is None else [Sweep.schedule_id == schedule_id]
+    count = session.scalar(select(func.count()).select_from(Sweep).where(*where)) or 0
+    rows = session.scalars(select(Sweep).where(*where).order_by(Sweep.id.desc())
+                           .offset(offset).limit(limit))
     return rows.all(), count
 
 
@@ -109,7 +134,8 @@ def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
         trials_total=sweep.trials_total, trials_skipped=sweep.trials_skipped,
         trials_done=sum(n for s, n in counts.items() if s in FINAL_STATUSES), counts=counts,
         spec=spec, chip_memory_bytes=memory, chip_memory_label=label,
-        queue_position=queue_position(session=object_session(sweep), sweep=sweep))
+        queue_position=queue_position(session=object_session(sweep), sweep=sweep),
+        schedule_id=sweep.schedule_id)
 
 
 _BaselineTrial, _BaselineResult = aliased(Trial), aliased(Result)
@@ -221,3 +247,94 @@ def spec_hash(spec: SweepSpec) -> str:
 def get_idempotency_key(*, session: Session, key: str) -> IdempotencyKey | None:
     """The stored Idempotency-Key `key` (with its sweep), None if no sweep was created with it."""
     return session.get(IdempotencyKey, key)
+
+
+SCHEDULE_RUNS_SHOWN = 20
+"""Latest ticks listed with each schedule."""
+
+
+def create_schedule(*, session: Session, schedule_create: ScheduleCreate,
+                    now: dt.datetime | None = None) -> Schedule:
+    """Insert a schedule (its spec already checked as POST /api/sweeps checks one); its next
+    due time is the first after `now`, none while paused."""
+    now = now or utcnow()
+    c = schedule_create
+    schedule = Schedule(name=c.name, cron=c.cron, timezone=c.timezone,
+                        spec=c.spec.model_dump(mode="json"), paused=c.paused,
+                        allow_overlap=c.allow_overlap, created_at=now, updated_at=now,
+                        next_run_at=None if c.paused else next_due(c.cron, c.timezone, now))
+    session.add(schedule)
+    session.commit()
+    return schedule
+
+
+def get_schedule(*, session: Session, schedule_id: int) -> Schedule | None:
+    return session.get(Schedule, schedule_id)
+
+
+def list_schedules(*, session: Session, offset: int = 0,
+                   limit: int | None = None) -> tuple[Sequence[Schedule], int]:
+    """Schedules newest first, and how many there are in all."""
+    count = session.scalar(select(func.count()).select_from(Schedule)) or 0
+    rows = session.scalars(select(Schedule).order_by(Schedule.id.desc())
+                           .offset(offset).limit(limit))
+    return rows.all(), count
+
+
+def update_schedule(*, session: Session, schedule: Schedule, schedule_update: ScheduleUpdate,
+                    now: dt.datetime | None = None) -> Schedule:
+    """Change the fields `schedule_update` gives. A change of cron, time zone or paused sets
+    the next due time from `now`: ticks missed while paused are not fired on resume."""
+    now = now or utcnow()
+    changes = {k: v for k, v in schedule_update.model_dump(exclude_unset=True).items()
+               if v is not None}
+    if "spec" in changes:
+        changes["spec"] = schedule_update.spec.model_dump(mode="json")
+    retime = any(k in changes and changes[k] != getattr(schedule, k)
+                 for k in ("cron", "timezone", "paused"))
+    for field, value in changes.items():
+        setattr(schedule, field, value)
+    if retime:
+        schedule.next_run_at = (None if schedule.paused else
+                                next_due(schedule.cron, schedule.timezone, now))
+    schedule.updated_at = now
+    session.commit()
+    return schedule
+
+
+def delete_schedule(*, session: Session, schedule: Schedule) -> None:
+    """Delete the schedule and its run records; the sweeps it created stay, unlinked."""
+    session.execute(update(Sweep).where(Sweep.schedule_id == schedule.id)
+                    .values(schedule_id=None))
+    session.execute(delete(ScheduleRun).where(ScheduleRun.schedule_id == schedule.id))
+    session.delete(schedule)
+    session.commit()
+
+
+def schedules_public(*, session: Session, schedules: Sequence[Schedule]) -> list[SchedulePublic]:
+    """SchedulePublic of each schedule with its latest runs and its sweep count (two queries
+    for the whole page)."""
+    ids = [s.id for s in schedules]
+    runs: dict[int, list] = {i: [] for i in ids}
+    created: dict[int, int] = dict.fromkeys(ids, 0)
+    if ids:
+        rank = func.row_number().over(partition_by=ScheduleRun.schedule_id,
+                                      order_by=ScheduleRun.due_at.desc()).label("rank")
+        ranked = select(ScheduleRun, rank).where(ScheduleRun.schedule_id.in_(ids)).subquery()
+        latest = aliased(ScheduleRun, ranked)
+        for run in session.scalars(select(latest).where(ranked.c.rank <= SCHEDULE_RUNS_SHOWN)
+                                   .order_by(ranked.c.schedule_id, ranked.c.due_at.desc())):
+            runs[run.schedule_id].append(run)
+        for schedule_id, n in session.execute(
+                select(ScheduleRun.schedule_id, func.count())
+                .where(ScheduleRun.schedule_id.in_(ids), ScheduleRun.outcome == "created")
+                .group_by(ScheduleRun.schedule_id)):
+            created[schedule_id] = n
+    return [SchedulePublic(
+        id=s.id, name=s.name, cron=s.cron, timezone=s.timezone, spec=stored_spec(s.spec),
+        paused=s.paused, allow_overlap=s.allow_overlap, next_run_at=s.next_run_at,
+        last_run_at=s.last_run_at, created_at=s.created_at, updated_at=s.updated_at,
+        sweeps_created=created[s.id],
+        runs=[{"due_at": r.due_at, "sweep_id": r.sweep_id, "outcome": r.outcome,
+               "error": r.error, "created_at": r.created_at} for r in runs[s.id]])
+        for s in schedules]

@@ -62,6 +62,11 @@ class Sweep(Base):
     """Who runs it: the service's scheduler id, or cli:<host>:<pid> for `gdn-sweep run`."""
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     """Renewed by the runner while it runs; a stale one lets another runner take over."""
+    schedule_id: Mapped[int | None] = mapped_column(
+        ForeignKey("schedules.id", ondelete="SET NULL", name="fk_sweeps_schedule_id"),
+        index=True)
+    """The schedule that created this sweep (None for sweeps submitted by hand, and once the
+    schedule is deleted)."""
 
     trials: Mapped[list[Trial]] = relationship(back_populates="sweep", passive_deletes=True)
 
@@ -92,6 +97,13 @@ class Trial(Base):
     dtype: Mapped[str] = mapped_column(String(16))
     param_sharding: Mapped[str] = mapped_column(String(16), default="replicated")
     remat: Mapped[str] = mapped_column(String(8), default="none")
+    layers: Mapped[str] = mapped_column(String(16), default="gdn_only",
+                                        server_default=text("'gdn_only'"))
+    """The decoder it trains: gdn_only (every layer GDN) or hybrid (GDN + gated attention)."""
+    attn_cp: Mapped[str | None] = mapped_column(String(16))
+    """The attention layers' CP mode (hybrid, chips > 1); NULL: no attention CP."""
+    layout: Mapped[str] = mapped_column(String(16), default="contiguous",
+                                        server_default=text("'contiguous'"))
     steps: Mapped[int] = mapped_column(Integer)
     warmup_steps: Mapped[int] = mapped_column(Integer)
     accelerator_kind: Mapped[str] = mapped_column(String(8))
@@ -152,6 +164,11 @@ class Result(Base):
     dtype: Mapped[str] = mapped_column(String(16))
     param_sharding: Mapped[str] = mapped_column(String(16), default="replicated")
     remat: Mapped[str] = mapped_column(String(8), default="none")
+    layers: Mapped[str] = mapped_column(String(16), default="gdn_only",
+                                        server_default=text("'gdn_only'"))
+    attn_cp: Mapped[str | None] = mapped_column(String(16))
+    layout: Mapped[str] = mapped_column(String(16), default="contiguous",
+                                        server_default=text("'contiguous'"))
     accelerator_kind: Mapped[str] = mapped_column(String(8))
     accelerator_type: Mapped[str] = mapped_column(String(32))
     repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
@@ -233,6 +250,47 @@ class IdempotencyKey(Base):
     sweep: Mapped[Sweep] = relationship()
 
 
+class Schedule(Base):
+    """A saved sweep definition run on a cron expression in an IANA time zone
+    (service/runs/schedules.py fires it). `next_run_at` is the next due time (UTC), None while
+    paused; `last_run_at` the due time of the latest tick it fired, whatever its outcome."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    allow_overlap: Mapped[bool] = mapped_column(Boolean, default=False)
+    """False: a tick while the schedule's previous sweep is queued or running is skipped."""
+    next_run_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    last_run_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+SCHEDULE_RUN_OUTCOMES: tuple[str, ...] = ("created", "skipped_overlap", "failed")
+"""created: a sweep was queued; skipped_overlap: the previous sweep was still queued or
+running; failed: the stored spec could not make a sweep any more (the error says why)."""
+
+
+class ScheduleRun(Base):
+    """One due time of a schedule, claimed once: the primary key (schedule_id, due_at) lets
+    exactly one process fire it, in the same transaction as the sweep it creates."""
+
+    __tablename__ = "schedule_runs"
+
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"),
+                                             primary_key=True, autoincrement=False)
+    due_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))
+    outcome: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class CacheVersion(Base):
     """A counter per cached read that a trigger (migration 0005) bumps in the transaction that
     changes what the read shows: `results` with every write of a succeeded result. A response
@@ -259,7 +317,8 @@ METRIC_COLUMNS: tuple[str, ...] = (
 
 FACT_COLUMNS: tuple[str, ...] = (
     "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size", "preset", "num_layers",
-    "dtype", "param_sharding", "remat", "accelerator_kind", "accelerator_type", "repeat")
+    "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout", "accelerator_kind",
+    "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats"})

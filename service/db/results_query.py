@@ -20,6 +20,9 @@ from pydantic import (
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gdn_core.config import Layers
+from gdn_core.cp_layout import Layout
+from gdn_core.cp_modes import AttnCPMode
 from gdn_core.train_config import ParamSharding, Remat
 from service.db.bounds import DB_INT_MAX, DbInt
 from service.db.crud import public_trials
@@ -40,6 +43,7 @@ SORT_FIELDS = {
     "grad_sync_bytes_per_step_per_chip": Result.grad_sync_bytes_per_step_per_chip,
     "finished_at": Result.finished_at, "seq_len": Result.seq_len, "chips": Result.chips,
     "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
+    "layers": Result.layers, "attn_cp": Result.attn_cp, "layout": Result.layout,
     "sweep_id": Result.sweep_id, "repeat": Result.repeat, "id": Result.trial_id,
 }
 """Accepted `sort` keys (comma-separated; a leading '-' sorts descending)."""
@@ -68,6 +72,10 @@ class ResultFilters(BaseModel):
     dtype: list[DType] = []
     param_sharding: list[ParamSharding] = []
     remat: list[Remat] = []
+    layers: list[Layers] = Field(default=[], description="the decoder: gdn_only or hybrid")
+    attn_cp: list[AttnCPMode] = Field(default=[], description="the hybrid's attention CP mode "
+                                      "(GDN-only rows and one-chip baselines have none)")
+    layout: list[Layout] = Field(default=[], description="contiguous or zigzag")
     repeat: list[DbInt] = Field(default=[], description="run of a repeated grid point (0, 1, …)")
     device_name: list[FilterText] = Field(default=[],
                                           description="the chip as its runtime names it")
@@ -107,6 +115,8 @@ def _where(filters: ResultFilters) -> list:
                            (filters.dtype, Result.dtype),
                            (filters.param_sharding, Result.param_sharding),
                            (filters.remat, Result.remat), (filters.repeat, Result.repeat),
+                           (filters.layers, Result.layers), (filters.attn_cp, Result.attn_cp),
+                           (filters.layout, Result.layout),
                            (filters.device_name, Result.device_name),
                            (filters.memory_source, Result.memory_source)):
         if values:
@@ -172,6 +182,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "trial"), ("sweep_id", "sweep"), ("kind", "kind"), ("preset", "preset"), ("framework", "framework"),
     ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
     ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
+    ("layers", "layers"), ("attn_cp", "attn_cp"), ("layout", "layout"),
     ("accelerator", "accel"), ("repeat", "rep"), ("tokens_per_s_per_chip", "tok/s/chip"),
     ("scaling_efficiency", "vs_1chip"), ("step_time_s", "step_s"), ("step_time_min_s", "min_s"),
     ("step_time_max_s", "max_s"), ("measured_steps", "n"), ("mfu", "mfu"),

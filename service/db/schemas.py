@@ -5,9 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, TypeAdapter
 
-from workers.spec import SweepSpec
+from gdn_core.config import LAYERS
+from gdn_core.cp_layout import LAYOUTS
+from gdn_core.cp_modes import ATTN_CP_MODES
+from service.core.cron import check_cron, check_timezone
+from workers.spec import Name, PlainText, SweepSpec
 
 
 def _as_utc(value: dt.datetime) -> dt.datetime:
@@ -53,6 +57,8 @@ class SweepPublic(BaseModel):
     queue_position: int | None = None
     """A queued sweep's place in the queue, 1 = the next the scheduler takes (oldest first);
     None unless queued."""
+    schedule_id: int | None = None
+    """The schedule that created it (None: submitted by hand, or its schedule was deleted)."""
 
 
 class SweepsPublic(BaseModel):
@@ -99,6 +105,12 @@ class TrialPublic(BaseModel):
     dtype: str
     param_sharding: str
     remat: str
+    layers: str = "gdn_only"
+    """The decoder it trained: gdn_only (every layer GDN) or hybrid (GDN + gated attention)."""
+    attn_cp: str | None = None
+    """The hybrid's attention CP mode; None: no attention layers, or one chip."""
+    layout: str = "contiguous"
+    """Which tokens each chip held: contiguous or zigzag."""
     steps: int
     warmup_steps: int
     accelerator: str
@@ -222,9 +234,88 @@ class OptionsPublic(BaseModel):
     dtypes: list[str]
     param_shardings: list[str]
     remats: list[str]
+    layers: list[str] = list(LAYERS)
+    """Decoders: gdn_only (every layer GDN), hybrid (GDN + gated full attention)."""
+    attn_cps: list[str] = list(ATTN_CP_MODES)
+    """CP modes of the hybrid's attention layers."""
+    layouts: list[str] = list(LAYOUTS)
+    """Sequence layouts over the chips."""
     accelerator_kinds: list[str]
     accelerator_types: list[str]
     trial_statuses: list[str]
     result_sort_fields: list[str]
     grid_cap: int
     auth_required: bool
+
+
+CronText = Annotated[PlainText, Field(min_length=1, max_length=200,
+                                      description="five-field cron expression (croniter), e.g. "
+                                                  "'0 2 * * *'"),
+                     AfterValidator(check_cron)]
+TimezoneText = Annotated[PlainText, Field(min_length=1, max_length=64,
+                                          description="IANA time zone name, e.g. Europe/Berlin"),
+                         AfterValidator(check_timezone)]
+
+
+class ScheduleCreate(BaseModel):
+    """Body of POST /api/schedules: a sweep (the body of POST /api/sweeps) run on a cron
+    expression in a time zone."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Name
+    cron: CronText
+    timezone: TimezoneText = "UTC"
+    spec: SweepSpec
+    paused: StrictBool = False
+    allow_overlap: StrictBool = False
+    """False: a tick while this schedule's previous sweep is queued, running or cancelling is
+    recorded skipped_overlap and creates no sweep."""
+
+
+class ScheduleUpdate(BaseModel):
+    """Body of PATCH /api/schedules/{id}: the fields to change (absent or null: unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Name | None = None
+    cron: CronText | None = None
+    timezone: TimezoneText | None = None
+    spec: SweepSpec | None = None
+    paused: StrictBool | None = None
+    allow_overlap: StrictBool | None = None
+
+
+class ScheduleRunPublic(BaseModel):
+    """One due time a schedule fired."""
+
+    due_at: UTCDatetime
+    sweep_id: int | None
+    """The sweep it created (None when skipped or failed, or once that sweep is gone)."""
+    outcome: Literal["created", "skipped_overlap", "failed"]
+    error: str | None = None
+    """outcome failed: why the stored spec made no sweep."""
+    created_at: UTCDatetime
+
+
+class SchedulePublic(BaseModel):
+    id: int
+    name: str
+    cron: str
+    timezone: str
+    spec: SweepSpec
+    paused: bool
+    allow_overlap: bool
+    next_run_at: UTCDatetime | None
+    """The next due time (UTC); None while paused."""
+    last_run_at: UTCDatetime | None
+    """Due time of the latest tick fired (any outcome); None if never."""
+    created_at: UTCDatetime
+    updated_at: UTCDatetime
+    sweeps_created: int = 0
+    """Sweeps this schedule has created in all."""
+    runs: list[ScheduleRunPublic]
+    """The latest ticks fired, newest first (at most 20)."""
+
+
+class SchedulesPublic(BaseModel):
+    data: list[SchedulePublic]
+    count: int

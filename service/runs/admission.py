@@ -23,16 +23,30 @@ def _breakdown(s: SweepSpec) -> str:
     parts = []
     for kind in s.kinds:
         repeats = s.repeats if kind == "measure" else 1
+        per_layers = " + ".join(
+            f"{layers}: modes {len(s.modes)}"
+            + (f" × attn_cps {len(s.attn_cps_of(layers))}" if layers == "hybrid" else "")
+            + f" × layouts {len(s.layouts)} × chip counts {len(s.chips) - s.has_baseline}"
+            + (" + the one-chip baseline" if s.has_baseline else "")
+            for layers in s.layers)
         parts.append(
             f"{kind}: repeats {repeats} × frameworks {len(s.frameworks_of(kind))} × seq_lens "
             f"{len(s.seq_lens)} × dtypes {len(s.dtypes)} × param_shardings "
-            f"{len(s.param_shardings)} × remats {len(s.remats)} × (modes {len(s.modes)} × chip "
-            f"counts {len(s.chips) - s.has_baseline}"
-            f"{' + the one-chip baseline' if s.has_baseline else ''})")
+            f"{len(s.param_shardings)} × remats {len(s.remats)} × ({per_layers})")
     return "; ".join(parts)
 
 
 def validation_text(err) -> str:
-    """A pydantic ValidationError as `field: message` lines."""
-    return "\n".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
-                     for e in err.errors())
+    """A pydantic ValidationError as `field: message (got value)` lines; the value cut to 60
+    characters, left out where pydantic has none (a missing field)."""
+    def line(e) -> str:
+        where = ".".join(str(p) for p in e["loc"]) or "input"
+        got = "" if e["type"] == "missing" or "input" not in e else \
+            f" (got {_short(repr(e['input']))})"
+        return f"{where}: {e['msg']}{got}"
+
+    return "\n".join(line(e) for e in err.errors())
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -1,4 +1,5 @@
-"""`gdn-sweep run sweep.yaml --db URL`: one sweep in the foreground, into the database.
+"""`gdn-sweep run` and `deploy/run_sweep.py`: one sweep in the foreground, into the database
+(`run_sweep_into_db`) or a JSON-lines file (`run_sweep_into_jsonl`), then a summary table.
 
 The sweep is recorded like one submitted to the API (the dashboard shows it live) and is
 claimed by this process (`cli@<host>:<pid>:<start>`), so a service scheduler on the same
@@ -9,11 +10,20 @@ anything is written; a bad one is one message and exit code 2. Exit codes: 0 whe
 succeeded or was skipped, 1 otherwise, 2 bad input, 130 Ctrl-C. Ctrl-C stops the running
 trials and puts the sweep back in the queue (`queued`, no runner; the stopped trials
 `pending`): running the same file again, `--resume ID`, or a service on the database
-resumes it at once.
+resumes it at once. `new=True` (a nightly run) always makes a new sweep.
+
+Before anything runs, in this order: the file, the sink (the database is reached and
+migrated; a JSON-lines file's folder exists), then Ray (an address that nothing answers is
+refused in seconds, not after Ray's minutes of retries). Each failure is one line, no
+traceback: exit 2 for bad input (the file, a bad database URL, a results file that holds
+another sweep), 1 when the database or Ray cannot be reached.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -30,9 +40,10 @@ from service.db.models import FINAL_SWEEP_STATUSES, Sweep, Trial
 from service.runs import sweep_run
 from service.runs.admission import grid_cap_error, validation_text
 from service.runs.ray_setup import RayConnection
-from service.runs.sink import DatabaseSink
+from service.runs.sink import DatabaseSink, clean_error, is_transient
 from workers.events import TrialFinished
-from workers.result import FINAL_STATUSES
+from workers.result import FINAL_STATUSES, TrialResult
+from workers.sink import JsonLinesError, JsonLinesSink, read_jsonl
 from workers.spec import SweepSpec, expand_trials
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -119,10 +130,13 @@ class ProgressBar:
 
 
 def run_sweep_into_db(spec_path: str | Path | None, *, settings: Settings,
-                      resume_sweep_id: int | None = None, progress: bool = True,
-                      out: TextIO = sys.stderr, driver_options=None) -> int:
+                      resume_sweep_id: int | None = None, new: bool = False,
+                      progress: bool = True, out: TextIO | None = None,
+                      summary_out: TextIO | None = None, driver_options=None) -> int:
     """Run a sweep file (or resume a recorded sweep) to the end; exit code 0, 1, 2 or 130
-    (see the module); the log gets one line per trial event."""
+    (see the module); the log gets one line per trial event. The sweep's id and a summary
+    table go to `summary_out` (default stdout) at the end; the rest to `out` (stderr)."""
+    out, summary_out = out or sys.stderr, summary_out or sys.stdout
     spec = None
     if resume_sweep_id is None:
         try:  # before the database is touched: a bad file writes nothing
@@ -131,12 +145,17 @@ def run_sweep_into_db(spec_path: str | Path | None, *, settings: Settings,
             print(err, file=sys.stderr)
             return EXIT_BAD_INPUT
     runner_id = sweep_run.runner_identity("cli")
-    upgrade_database(settings.database_url)
+    failed = database_error(settings.database_url)
+    if failed is not None:
+        print(failed[1], file=sys.stderr)
+        return failed[0]
     engine = make_engine(settings.database_url)
     session_factory = make_session_factory(engine)
     try:
         with session_factory() as session:
-            if spec is not None:
+            if spec is not None and new:
+                sweep_id = crud.create_sweep(session=session, sweep_create=spec).id
+            elif spec is not None:
                 sweep_id = _sweep_for(session, spec, runner_id, settings.lease_s)
             else:
                 sweep = crud.get_sweep(session=session, sweep_id=resume_sweep_id)
@@ -145,6 +164,8 @@ def run_sweep_into_db(spec_path: str | Path | None, *, settings: Settings,
                     return EXIT_BAD_INPUT
                 if sweep.status in FINAL_SWEEP_STATUSES:
                     print(f"sweep {resume_sweep_id} is already {sweep.status}", file=out)
+                    _print_summary(summary_out, sweep.id, sweep.name, sweep.status,
+                                   _db_rows(session, sweep.id))
                     return _outcome(session, sweep.id)
                 sweep_id, spec = sweep.id, SweepSpec.model_validate(sweep.spec)
             claimed = sweep_run.claim(session=session, sweep_id=sweep_id, runner_id=runner_id,
@@ -156,15 +177,19 @@ def run_sweep_into_db(spec_path: str | Path | None, *, settings: Settings,
               f"{engine.url.render_as_string(hide_password=True)}", file=out)
         ray = RayConnection.from_settings(settings)
         try:
-            if claimed == "running" and needs_ray(spec) and not ray.ensure():
-                error = f"cannot reach Ray: {ray.error}"
+            needed = claimed == "running" and needs_ray(spec)
+            unreachable = ray_address_error(settings.ray_address) if needed else None
+            if needed and unreachable is None and not ray.ensure():
+                unreachable = _first_line(ray.error)
+            if unreachable is not None:
+                error = f"cannot reach Ray: {unreachable}"
                 with session_factory() as session:
                     sweep_run.finish(session=session, sweep_id=sweep_id, status="failed",
                                      error=error)
                 print(error, file=sys.stderr)
                 return EXIT_TRIALS_FAILED
             return _drive(session_factory, sweep_id, spec, settings, runner_id, claimed,
-                          ProgressBar(out, enabled=progress), out, driver_options)
+                          ProgressBar(out, enabled=progress), out, driver_options, summary_out)
         finally:
             ray.shutdown()
     finally:
@@ -172,7 +197,7 @@ def run_sweep_into_db(spec_path: str | Path | None, *, settings: Settings,
 
 
 def _drive(session_factory, sweep_id, spec, settings, runner_id, claimed, bar, out,
-           driver_options) -> int:
+           driver_options, summary_out) -> int:
     cancel_event, error = threading.Event(), None
     if claimed == "running":
         log_event = sweep_event_logger(lambda: sweep_id)
@@ -204,8 +229,10 @@ def _drive(session_factory, sweep_id, spec, settings, runner_id, claimed, bar, o
                          error=None if error is None else f"sweep driver failed: {error}")
         counts = crud.status_counts(session=session, sweep_ids=[sweep_id])[sweep_id]
         code = _outcome(session, sweep_id)
+        rows = _db_rows(session, sweep_id)
     shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k in FINAL_STATUSES)
     print(f"sweep {sweep_id}: {status} ({shown})", file=out)
+    _print_summary(summary_out, sweep_id, spec.name, status, rows)
     return code
 
 
@@ -247,3 +274,303 @@ def _sweep_for(session, spec: SweepSpec, runner_id: str, lease_s: float) -> int:
                 session=session, sweep_id=sweep.id, runner_id=runner_id, lease_s=lease_s):
             return sweep.id
     return crud.create_sweep(session=session, sweep_create=spec).id
+
+
+# -- checks made before anything runs ------------------------------------------------------
+
+def database_error(url: str) -> tuple[int, str] | None:
+    """None when the database at `url` answers and is migrated (this migrates it), else (exit
+    code, one-line reason): 2 for a URL that names no database SQLAlchemy knows, 1 for one
+    that cannot be reached. Failing fast here, before Ray: a nightly run must not wait."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        shown = make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return EXIT_BAD_INPUT, (f"{url!r} is not a database URL (e.g. sqlite:///gdn_sweep.db, "
+                                f"postgresql://user@host:5432/db)")
+    try:
+        upgrade_database(url)
+    except NoSuchModuleError as err:
+        return EXIT_BAD_INPUT, f"database {shown}: {_first_line(str(err))}"
+    except Exception as err:  # noqa: BLE001 - one line, whatever the driver raised
+        what = "cannot reach the database" if is_transient(err) else "database error:"
+        return EXIT_TRIALS_FAILED, f"{what} {shown}: {_first_line(clean_error(err))}"
+    return None
+
+
+RAY_CONNECT_CHECK_S = 5.0
+"""How long the address of a Ray cluster may take to accept a connection."""
+
+
+def ray_address_error(address: str, *, timeout_s: float = RAY_CONNECT_CHECK_S) -> str | None:
+    """None when something listens at the Ray `address` (or it is empty: a local Ray is
+    started), else why not, in one line. `auto` finds the cluster this machine is part of, as
+    `ray.init` does. Asked before ray.init, which retries an address nothing answers for
+    minutes."""
+    if not address:
+        return None
+    if address.startswith(("http://", "https://")):
+        return (f"{address} is a dashboard address (what `ray job submit` takes); the sweep "
+                f"connects to the cluster itself: HEAD:6379, ray://HEAD:10001 or auto")
+    target = address.removeprefix("ray://")
+    if address == "auto":
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+        from ray._private.services import canonicalize_bootstrap_address
+
+        # as ray.init("auto") does: a token on this machine turns token auth on (a `ray up`
+        # head has ~/.ray/auth_token but no RAY_AUTH_MODE in a `ray submit` shell)
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        try:
+            target = canonicalize_bootstrap_address("auto")
+        except Exception as err:  # noqa: BLE001 - Ray's reason, in one line
+            return f"no Ray cluster found on this machine (address auto): {_first_line(str(err))}"
+        if target is None:
+            return ("no Ray cluster found on this machine (address auto): start one with "
+                    "`ray start --head` or `ray up`, or give --address / $RAY_ADDRESS")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return f"{address!r} is not a Ray address (HOST:PORT, ray://HOST:PORT or auto)"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        return f"nothing answers at {target} ({err.strerror or type(err).__name__})"
+    if address.startswith("ray://"):
+        return None  # a Ray Client server, not the GCS: ray.init says what is wrong
+    return _gcs_error(target, timeout_s)
+
+
+def _gcs_error(target: str, timeout_s: float) -> str | None:
+    """Ask the GCS at `target` one question: a token it refuses is said at once here, where
+    ray.init would retry for ten minutes."""
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        GcsClient(address=target).internal_kv_get(b"gdn-sweep", None, timeout=timeout_s)
+    except AuthenticationError as err:
+        said = str(err).split(". ")[0]
+        return (f"the Ray cluster at {target} refused this process's token ({said}): set "
+                f"RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token> (or "
+                f"RAY_AUTH_TOKEN_PATH=<file>; `ray get-auth-token` on the head prints it)")
+    except Exception as err:  # noqa: BLE001 - one line, whatever Ray raised
+        return f"the Ray cluster at {target} does not answer: {_first_line(str(err))}"
+    return None
+
+
+def _first_line(text: str | None) -> str:
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+# -- the summary table at the end ------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SummaryRow:
+    framework: str
+    mode: str
+    chips: int
+    seq_len: int
+    settings: str
+    """What else tells trials of one (framework, mode, chips, seq_len) apart."""
+    status: str
+    tokens_per_s_per_chip: float | None
+    mfu: float | None
+    peak_memory_bytes_per_chip: int | None
+
+
+def _settings_text(kind, dtype, param_sharding, remat, repeat) -> str:
+    parts = [dtype, param_sharding, remat] + ([f"repeat {repeat}"] if repeat else []) \
+        + (["plan"] if kind == "plan" else [])
+    return " ".join(parts)
+
+
+def _db_rows(session, sweep_id: int) -> list[SummaryRow]:
+    from service.db.models import Result
+
+    found = session.execute(
+        select(Trial.framework, Trial.mode, Trial.chips, Trial.seq_len, Trial.kind, Trial.dtype,
+               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.status,
+               Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip)
+        .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
+    return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len,
+                       _settings_text(r.kind, r.dtype, r.param_sharding, r.remat, r.repeat),
+                       r.status, r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
+            for r in found]
+
+
+def _result_rows(spec: SweepSpec, results: dict[str, TrialResult]) -> list[SummaryRow]:
+    rows = []
+    for trial in expand_trials(spec):
+        result = results.get(trial.key)
+        metrics = result.metrics if result is not None else None
+        rows.append(SummaryRow(
+            trial.framework, trial.mode, trial.chips, trial.seq_len,
+            _settings_text(trial.kind, trial.dtype, trial.param_sharding, trial.remat,
+                           trial.repeat),
+            result.status if result is not None else "pending",
+            metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
+            metrics and metrics.peak_memory_bytes_per_chip))
+    return rows
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for scale, unit in ((2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} B"
+
+
+def summary_table(rows: list[SummaryRow]) -> str:
+    """One line per trial, sorted by framework, mode, chips, seq_len: status, tokens/s/chip,
+    MFU, peak memory per chip. A settings column only when the sweep varies dtype, sharding,
+    remat, repeats or kind (it then tells rows of one grid point apart)."""
+    rows = sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len, r.settings))
+    with_settings = len({r.settings for r in rows}) > 1
+    header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),
+              "status", "tok/s/chip", "MFU", "mem/chip"]
+    table = [header] + [
+        [r.framework, r.mode, str(r.chips), str(r.seq_len),
+         *([r.settings] if with_settings else []), r.status,
+         "-" if r.tokens_per_s_per_chip is None else f"{r.tokens_per_s_per_chip:.4g}",
+         "-" if r.mfu is None else f"{r.mfu:.2%}", _bytes(r.peak_memory_bytes_per_chip)]
+        for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    numeric = {"chips", "seq_len", "tok/s/chip", "MFU", "mem/chip"}
+    return "\n".join("  ".join(cell.rjust(w) if name in numeric else cell.ljust(w)
+                               for cell, w, name in zip(line, widths, header)).rstrip()
+                     for line in table) + "\n"
+
+
+def _print_summary(out: TextIO, sweep: int | str, name: str, status: str,
+                   rows: list[SummaryRow]) -> None:
+    print(f"sweep {sweep} {name!r}: {status}", file=out)
+    out.write(summary_table(rows))
+    out.flush()
+
+
+# -- into a JSON-lines file ------------------------------------------------------------------
+
+class ResultsFileError(ValueError):
+    """A results file or folder that cannot take this sweep; str() is the one-line reason."""
+
+
+def jsonl_target(spec: SweepSpec, target: str | None, *, new: bool,
+                 now: dt.datetime | None = None) -> tuple[Path, bool]:
+    """(the file this run writes, whether it is a new file) for `--jsonl target`:
+
+    - a folder (one that exists, or a path ending in /): a new file per run,
+      `<folder>/<name>-<UTC time>.jsonl` (a scheduled run gets its own file and sweep);
+    - a file: a new one is made; an existing one holding this very sweep is resumed, unless
+      `new` (then refused: one file holds one sweep); one holding another sweep is refused;
+    - None: `<name>.jsonl` here, as a file.
+    The folder must exist: ResultsFileError otherwise, before anything runs."""
+    path = Path(target if target is not None else f"{spec.name}.jsonl")
+    if target is not None and (target.endswith(("/", "\\")) or path.is_dir()):
+        if not path.is_dir():
+            raise ResultsFileError(f"--jsonl {target}: no such folder")
+        stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
+        candidate, n = path / f"{spec.name}-{stamp}.jsonl", 1
+        while candidate.exists():
+            n += 1
+            candidate = path / f"{spec.name}-{stamp}-{n}.jsonl"
+        return candidate, True
+    if not path.parent.is_dir():
+        raise ResultsFileError(f"--jsonl {path}: the folder {path.parent} does not exist")
+    if not path.exists():
+        return path, True
+    try:
+        held = read_jsonl(path)
+    except JsonLinesError as err:
+        raise ResultsFileError(str(err)) from None
+    if held.header is None:
+        raise ResultsFileError(f"{path}: holds results without a sweep header (written by an "
+                               f"older gdn-sweep); give another file or a folder")
+    if new:
+        raise ResultsFileError(f"{path} already holds sweep {held.header['uid']} "
+                               f"({held.header['name']!r}); continue it with --resume {path}, "
+                               f"or give a folder (--jsonl DIR/) for a new file per run")
+    if held.spec.model_dump(mode="json") != spec.model_dump(mode="json"):
+        raise ResultsFileError(f"{path} holds another sweep ({held.header['name']!r}, another "
+                               f"spec); give another file, or a folder for a new file per run")
+    return path, False
+
+
+def run_sweep_into_jsonl(spec_path: str | Path | None, *, settings: Settings,
+                         target: str | None = None, resume_file: str | Path | None = None,
+                         new: bool = False, progress: bool = True, out: TextIO | None = None,
+                         summary_out: TextIO | None = None, driver_options=None) -> int:
+    """Run a sweep file into a JSON-lines file (see `jsonl_target`), or continue the sweep a
+    file holds (`resume_file`: its header gives the spec); exit codes as run_sweep_into_db.
+    The file is made only once Ray is reached: a sweep that could not run leaves no file."""
+    from workers.cluster import connect_ray, shutdown_ray
+    from workers.driver import run_sweep
+    from workers.progress import format_event
+
+    out, summary_out = out or sys.stdout, summary_out or sys.stdout
+    try:
+        if resume_file is not None:
+            held = read_jsonl(resume_file)
+            if held.header is None:
+                raise ResultsFileError(f"{resume_file}: no sweep header (first line); it cannot "
+                                       f"be resumed")
+            spec, path, fresh = held.spec, Path(resume_file), False
+        else:
+            spec = load_spec(spec_path, grid_cap=settings.grid_cap)
+            path, fresh = jsonl_target(spec, target, new=new)
+    except (SweepFileError, ResultsFileError, JsonLinesError) as err:
+        print(err, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    unreachable = ray_address_error(settings.ray_address) if needs_ray(spec) else None
+    if unreachable is not None:
+        print(f"cannot reach Ray: {unreachable}", file=sys.stderr)
+        return EXIT_TRIALS_FAILED
+
+    def show(event) -> None:
+        line = format_event(event) if progress else None
+        if line:
+            print(line, file=out, flush=True)
+
+    try:
+        if needs_ray(spec):
+            try:
+                connect_ray(settings.ray_address, cpu_chips=settings.cpu_chips,
+                            dashboard_port=settings.ray_dashboard_port,
+                            include_dashboard=settings.ray_include_dashboard)
+            except Exception as err:  # noqa: BLE001 - one line: auth, version, ...
+                print(f"cannot reach Ray: {type(err).__name__}: {_first_line(str(err))}",
+                      file=sys.stderr)
+                return EXIT_TRIALS_FAILED
+        sink = JsonLinesSink.create(path, spec) if fresh else JsonLinesSink(path)
+        uid = read_jsonl(path).header["uid"]
+        print(f"sweep {uid} {spec.name!r}: {spec.grid_size} trial(s) into {path}", file=out,
+              flush=True)
+        run_sweep(spec, sink, max_concurrent_trials=settings.max_concurrent_trials,
+                  on_event=show, options=driver_options)
+    except KeyboardInterrupt:
+        pending = sum(r.status in ("pending", "cancelled") for r in _file_rows(path, spec))
+        print(f"\nstopped: {pending} trial(s) stay pending for a resume; continue with "
+              f"--resume {path} (results so far in {path})", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        shutdown_ray()
+    rows = _file_rows(path, spec)
+    ok = all(r.status in SUCCESSFUL for r in rows)
+    _print_summary(summary_out, uid, spec.name, "finished" if ok else "finished with failures",
+                   rows)
+    print(f"results in {path}; load them with `gdn-sweep import {path} --db URL`",
+          file=summary_out)
+    return EXIT_OK if ok else EXIT_TRIALS_FAILED
+
+
+def _file_rows(path: Path, spec: SweepSpec) -> list[SummaryRow]:
+    """The summary of what the file holds: the last outcome of each trial (a resumed run
+    retries cancelled ones), `pending` for trials without one."""
+    if not path.exists():
+        return _result_rows(spec, {})
+    return _result_rows(spec, {r.trial.key: r for _, r in read_jsonl(path).results})

@@ -321,3 +321,124 @@ def test_frameworks_differ_by_exactly_the_solve_term(mode, chips, remat):
     assert torch_run.solve.total == blocks * per_block.total
     with pytest.raises(ValueError, match="framework='tf' is not one of: jax, torch"):
         F.hardware_flops_per_step(cfg, framework="tf", **shape)
+
+
+# ---------------------------------------------------------------- hybrid attention (issue 13)
+
+import dataclasses  # noqa: E402
+
+from gdn_core import attention_flops as A  # noqa: E402
+from gdn_core.config import AttentionConfig  # noqa: E402
+from gdn_core.cp_layout import local_positions  # noqa: E402
+
+
+def tiny_hybrid() -> ModelConfig:
+    # 4 layers, every 2nd full attention: GDN, attn, GDN, attn; attention H=4, G=2, hd=8
+    gdn = GDNConfig(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=4,
+                    conv_kernel_size=4, chunk_size=16)
+    attention = AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=8,
+                                partial_rotary_factor=0.5, full_attention_interval=2)
+    return ModelConfig(name="custom", gdn=gdn, num_layers=4, intermediate_size=48,
+                       vocab_size=100, attention=attention, layers="hybrid")
+
+
+def test_attention_layer_hand_count():
+    # B=2, T=10, E=32, H=4, G=2, hd=8: 20 tokens; causal pairs 10·11/2 = 55 per row and head
+    got = A.attention_layer_flops(batch=2, seq_len=10, hidden_size=32, num_heads=4,
+                                  num_kv_heads=2, head_dim=8)
+    assert got.q_proj == 2 * 20 * 32 * 64          # queries and gate: 2·H·hd = 64 outputs
+    assert got.kv_proj == 2 * 20 * 32 * 32         # k and v: 2·G·hd = 32 outputs
+    assert got.o_proj == 2 * 20 * 32 * 32          # H·hd = 32 inputs
+    assert got.scores == got.weighted_values == 2 * 2 * 4 * 8 * 55
+    # the causal pairs, counted one by one
+    assert A.causal_pairs(10) == sum(1 for q in range(10) for k in range(10) if k <= q) == 55
+
+
+def test_hybrid_model_counts_attention_in_its_attention_layers_only():
+    cfg, B, T = tiny_hybrid(), 2, 40
+    gdn_only = F.model_forward_flops(dataclasses.replace(cfg, layers="gdn_only"), batch=B,
+                                     seq_len=T)
+    hybrid = F.model_forward_flops(cfg, batch=B, seq_len=T)
+    pairs = T * (T + 1) // 2
+    attention_layer = (2 * B * T * 32 * (64 + 32) + 2 * B * T * 32 * 32    # q, k, v, o_proj
+                       + 2 * 2 * B * 4 * 8 * pairs)                          # QKᵀ, AV
+    assert hybrid.attention_projections == 2 * (2 * B * T * 32 * (64 + 32) + 2 * B * T * 32 * 32)
+    assert hybrid.attention_core == 2 * 2 * 2 * B * 4 * 8 * pairs
+    assert hybrid.mlp == gdn_only.mlp and hybrid.lm_head == gdn_only.lm_head
+    gdn_layer = (gdn_only.gdn_rule + gdn_only.gdn_projections + gdn_only.conv) // 4
+    assert hybrid.total == gdn_only.total - 2 * gdn_layer + 2 * attention_layer
+    assert F.model_flops_per_step(cfg, batch=B, seq_len=T).total == 3 * hybrid.total
+
+
+def test_maxtext_hybrid_reproduces_their_qwen3_next_branch():
+    # calculate_tflops_training_per_device, QWEN3_NEXT: num_full = L // interval, qkv without
+    # the gate, causal attention = 4·B·T²·H·hd / 2, GDN parts in the other layers, all × 3
+    cfg, B, T = tiny_hybrid(), 2, 40
+    E, I, V, H, G, hd = 32, 48, 100, 4, 2, 8
+    gdn = F.maxtext_gdn_flops(batch=B, seq_len=T, hidden_size=E, num_k_heads=2, num_v_heads=4,
+                              head_k_dim=8, head_v_dim=4, conv_kernel_size=4)
+    full, linear = 4 // 2, 4 - 4 // 2
+    qkv = 2 * B * T * E * (H + 2 * G) * hd
+    projection = 2 * B * T * E * H * hd
+    causal = 4 * B * T ** 2 * H * hd / 2
+    ffn = 2 * B * T * I * E * 2 + 2 * B * T * I * E
+    weights = ffn * 4 + 2 * B * T * E * V + (qkv + projection) * full + gdn.weight * linear
+    attention = causal * full + gdn.attention * linear
+    got = F.maxtext_model_flops_per_step(cfg, batch=B, seq_len=T)
+    assert got.learnable_weight == 3 * weights and got.attention == 3 * attention
+    # ours counts the gate's half of q_proj, and T(T+1)/2 pairs where MaxText counts T²/2
+    ours = F.model_flops_per_step(cfg, batch=B, seq_len=T)
+    assert ours.attention_projections - 3 * (qkv + projection) * full == \
+        3 * full * 2 * B * T * E * H * hd
+    assert ours.attention_core - 3 * causal * full == 3 * full * 2 * B * H * hd * T
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("chips", [2, 4])
+def test_rank_causal_pairs_sum_positions_and_balance_under_zigzag(layout, chips):
+    T = 64
+    per_rank = [A.rank_causal_pairs(chip=r, chips=chips, seq_len=T, layout=layout)
+                for r in range(chips)]
+    brute = [int((local_positions(chip=r, chips=chips, seq_len=T, layout=layout) + 1).sum())
+             for r in range(chips)]
+    assert per_rank == brute and sum(per_rank) == A.causal_pairs(T)
+    imbalance = A.attention_imbalance(chips=chips, seq_len=T, layout=layout)
+    if layout == "zigzag":
+        assert imbalance == 1.0
+    else:  # t = T/D: last rank t·(D−1)·t + t(t+1)/2 over the first's t(t+1)/2
+        t = T // chips
+        assert imbalance == pytest.approx(((chips - 1) * t * t + t * (t + 1) / 2)
+                                          / (t * (t + 1) / 2))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_attention_cp_extra_work_hand_count(layout):
+    B, T, H, hd, D, L = 1, 64, 4, 8, 4, 2
+    n = D * (2 if layout == "zigzag" else 1)
+    s = T // n
+    # ring computes every segment pair whose keys do not all follow its queries, whole
+    ring_pairs = sum(s * s for i in range(n) for j in range(n) if j <= i)
+    assert A.computed_pairs("ring", chips=D, seq_len=T, layout=layout) == ring_pairs
+    assert A.computed_pairs("all_gather_kv", chips=D, seq_len=T, layout=layout) == T * T
+    assert A.computed_pairs("ulysses", chips=D, seq_len=T, layout=layout) == T * (T + 1) // 2
+    per_pair = 3 * 2 * 2 * B * H * hd  # fwd + bwd, QKᵀ and AV, 2 FLOPs per MAC
+    for attn_cp, pairs in (("ring", ring_pairs), ("all_gather_kv", T * T)):
+        assert A.attention_cp_extra_flops(attn_cp, chips=D, batch=B, seq_len=T, num_heads=H,
+                                          head_dim=hd, num_layers=L, layout=layout) == \
+            per_pair * L * (pairs - T * (T + 1) // 2)
+    cfg = tiny_hybrid()
+    hw = F.hardware_flops_per_step(cfg, mode="p2p", chips=D, batch=B, seq_len=T,
+                                   framework="torch", attn_cp="ring", layout=layout)
+    assert hw.attention_cp == per_pair * 2 * (ring_pairs - T * (T + 1) // 2)
+    one_chip = F.hardware_flops_per_step(cfg, mode="p2p", chips=1, batch=B, seq_len=T,
+                                         framework="torch")
+    assert one_chip.attention_cp == 0
+
+
+def test_hybrid_hardware_flops_refuse_what_attention_cp_cannot_split():
+    with pytest.raises(ValueError, match="query heads \\(4\\) divisible by chips=8"):
+        F.hardware_flops_per_step(tiny_hybrid(), mode="p2p", chips=8, batch=1, seq_len=256,
+                                  framework="jax", attn_cp="ulysses")
+    with pytest.raises(ValueError, match="not divisible by 8"):
+        F.hardware_flops_per_step(tiny_hybrid(), mode="p2p", chips=4, batch=1, seq_len=36,
+                                  framework="jax", layout="zigzag")

@@ -195,3 +195,30 @@ def test_retried_trials_appear_once_with_every_attempt_in_order(client, session_
     assert len(csv_rows) == 2
     assert [a["hosts"] for a in json.loads(csv_rows[0]["attempt_history"])] == [
         ["h1"], ["h2"], ["h3"]]
+
+
+def test_hybrid_dimensions_are_filters_columns_and_csv_fields(client, session_factory):
+    seed_sweep(session_factory, name="hy", frameworks=["torch"], modes=["p2p"],
+               layers=["gdn_only", "hybrid"], attn_cps=["ring", "all_gather_kv"],
+               layouts=["contiguous", "zigzag"], chips=[1, 2], seq_lens=[64])
+    every = client.get("/api/results", params={"limit": 100}).json()
+    # gdn_only: baseline + 2 layouts; hybrid: baseline + 2 attn_cps × 2 layouts
+    assert every["count"] == 3 + 5
+    ring = client.get("/api/results", params={"attn_cp": "ring", "layout": "zigzag"}).json()
+    (row,) = ring["data"]
+    assert (row["layers"], row["attn_cp"], row["layout"], row["chips"]) == (
+        "hybrid", "ring", "zigzag", 2)
+    assert row["key"].endswith("/layers=hybrid/attn_cp=ring/layout=zigzag")
+    gdn = client.get("/api/results", params={"layers": "gdn_only"}).json()
+    assert gdn["count"] == 3 and {t["attn_cp"] for t in gdn["data"]} == {None}
+    hybrid = client.get("/api/results", params={"layers": "hybrid", "sort": "attn_cp,layout",
+                                                "chips": 2}).json()
+    assert [(t["attn_cp"], t["layout"]) for t in hybrid["data"]] == [
+        ("all_gather_kv", "contiguous"), ("all_gather_kv", "zigzag"), ("ring", "contiguous"),
+        ("ring", "zigzag")]
+    rows = list(csv.DictReader(io.StringIO(client.get(
+        "/api/results", params={"format": "csv", "layers": "hybrid", "chips": 1}).text)))
+    assert [(r["layers"], r["attn_cp"], r["layout"], r["mode"]) for r in rows] == [
+        ("hybrid", "", "contiguous", "none")]
+    bad = client.get("/api/results", params={"attn_cp": "striped"})
+    assert bad.status_code == 422 and "attn_cp" in bad.text and "ring" in bad.text

@@ -9,6 +9,7 @@ pending, and leaves the sweep queued: running the same file again finishes it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,6 +114,7 @@ def test_an_invalid_sweep_exits_2_naming_the_field(tmp_path, migrated_db, path):
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert "sweep.yaml: not a valid sweep:" in done.stderr and "modes" in done.stderr
+    assert "(got 'sideways')" in done.stderr  # the bad value, beside what is accepted
     assert wrote_nothing(tmp_path, path, migrated_db)
 
 
@@ -181,3 +183,265 @@ def test_ctrl_c_exits_130_leaves_trials_pending_and_the_same_command_finishes_th
         if first.poll() is None:
             first.kill()
         engine.dispose()
+
+
+# -- bench --help, --new, --resume, --no-progress ---------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [["bench", "--help"], ["bench"]], ids=["help", "no-args"])
+def test_bench_help_lists_every_benchmark_and_exits_0(args):
+    done = subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: gdn-sweep bench <name>")
+    for name in ("kernel", "cp", "memory", "scheduling", "sweep", "api"):
+        assert re.search(rf"^  {name} ", done.stdout, re.M), name
+
+
+SKIPPED_ONLY = {**TINY_SWEEP, "chips": [3]}
+"""seq_len 64 is not divisible by 3 chips: one trial, recorded skipped; runs without Ray."""
+
+
+def in_process_run(*args: str) -> int:
+    from service.cli.main import main
+
+    return main(["run", *args])
+
+
+@pytest.mark.timeout(60)
+def test_new_always_makes_a_sweep_and_without_it_the_same_file_resumes_the_unfinished_one(
+        tmp_path, migrated_db, capsys):
+    from service.db import crud
+    from workers.spec import SweepSpec
+
+    sweep = write_sweep(tmp_path, SKIPPED_ONLY)
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    with migrated_db() as s:  # an unfinished sweep of this very file (a run was stopped)
+        unfinished = crud.create_sweep(session=s, sweep_create=SweepSpec(**SKIPPED_ONLY)).id
+    assert in_process_run(str(sweep), "--db", url, "--new") == 0
+    with migrated_db() as s:
+        rows = {row.id: row.status for row in s.scalars(select(Sweep))}
+    assert len(rows) == 2 and rows[unfinished] == "queued"
+    new_id = max(rows)
+    assert re.search(rf"^sweep {new_id} 'tiny': finished\n", capsys.readouterr().out, re.M)
+
+    assert in_process_run(str(sweep), "--db", url) == 0
+    with migrated_db() as s:
+        assert {row.id: row.status for row in s.scalars(select(Sweep))} == {
+            unfinished: "finished", new_id: "finished"}
+    assert f"sweep {unfinished} 'tiny': finished" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_resume_finishes_a_recorded_sweep_by_id_and_refuses_a_non_id(tmp_path, migrated_db,
+                                                                      capsys):
+    from service.db import crud
+    from workers.spec import SweepSpec
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    with migrated_db() as s:
+        queued = crud.create_sweep(session=s, sweep_create=SweepSpec(**SKIPPED_ONLY)).id
+    assert in_process_run("--resume", str(queued), "--db", url, "--no-progress") == 0
+    with migrated_db() as s:
+        assert [(row.id, row.status) for row in s.scalars(select(Sweep))] == [
+            (queued, "finished")]
+    out = capsys.readouterr().out
+    assert re.search(r"^torch +all_gather +3 +64 +skipped +- +- +-$", out, re.M), out
+    with pytest.raises(SystemExit) as exited:
+        in_process_run("--resume", "latest", "--db", url)
+    assert exited.value.code == 2
+    assert "--resume with --db takes a sweep id (an integer), not 'latest'" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_no_progress_silences_the_progress_lines(tmp_path, capsys):
+    sweep = write_sweep(tmp_path, SKIPPED_ONLY)
+    for quiet in (False, True):
+        flags = ["--no-progress"] if quiet else []
+        target = tmp_path / f"quiet-{quiet}.jsonl"
+        assert in_process_run(str(sweep), "--jsonl", str(target), *flags) == 0
+        out = capsys.readouterr().out
+        assert ("[1/1] torch/all_gather/chips=3" in out) is not quiet, out
+        assert re.search(r"^torch +all_gather +3 +64 +skipped", out, re.M), out
+
+
+# -- gdn-sweep import: JSON-lines results into the database ---------------------------------------
+
+IMPORT_SWEEP = {**TINY_SWEEP, "chips": [1, 2, 3]}
+"""Three trials: the one-chip baseline, all_gather on 2 chips, and 3 chips (skipped)."""
+
+
+def made_up_results(spec) -> list:
+    """A result per runnable trial, with a retried attempt: what a cluster run hands a sink."""
+    import datetime as dt
+
+    from workers.result import AttemptRecord, TrialMetrics, TrialResult
+    from workers.spec import expand_trials
+
+    at = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.UTC)
+    results = []
+    for n, trial in enumerate(t for t in expand_trials(spec) if t.skip_reason is None):
+        start, end = at + dt.timedelta(minutes=2 * n), at + dt.timedelta(minutes=2 * n + 1)
+        results.append(TrialResult(
+            trial=trial, status="succeeded", attempts=2, hosts=["node-b"],
+            versions={"torch": "2.13.0"}, started_at=start, finished_at=end,
+            metrics=TrialMetrics(step_time_s=0.25 * (n + 1), tokens_per_s_per_chip=256.0 / (n + 1),
+                                 mfu=0.01, peak_memory_bytes_per_chip=2 ** 20 * (n + 1),
+                                 memory_source="process_rss"),
+            attempt_history=[
+                AttemptRecord(attempt=1, status="failed", reason="node died", hosts=["node-a"],
+                              started_at=start, finished_at=start),
+                AttemptRecord(attempt=2, status="succeeded", hosts=["node-b"],
+                              started_at=start, finished_at=end)]))
+    return results
+
+
+def write_results_file(path: Path, spec, results) -> Path:
+    from workers.sink import JsonLinesSink
+
+    sink = JsonLinesSink.create(path, spec)
+    for result in results:
+        sink.trial_started(result.trial)
+        sink.trial_finished(result)
+    return path
+
+
+def sweep_rows(session, sweep_id: int) -> dict:
+    """A sweep's rows as plain values, ids and write times left out (the rest must match)."""
+    from service.db.models import Result, TrialAttempt
+
+    def plain(row, drop=()) -> dict:
+        return {c.key: getattr(row, c.key) for c in row.__table__.columns
+                if c.key not in {"id", "trial_id", "sweep_id", "created_at", *drop}}
+
+    sweep = session.get(Sweep, sweep_id)
+    trials = session.scalars(select(Trial).where(Trial.sweep_id == sweep_id)
+                             .order_by(Trial.key)).all()
+    # a skipped trial's row is written when the sweep is created: its times are that moment
+    skipped_times = ("started_at", "finished_at")
+    return {
+        "sweep": plain(sweep, ("started_at", "finished_at", "runner", "heartbeat_at")),
+        "trials": [plain(t, skipped_times if t.status == "skipped" else ()) for t in trials],
+        "results": [plain(session.get(Result, t.id),
+                          skipped_times if t.status == "skipped" else ()) for t in trials],
+        "attempts": [[plain(a) for a in session.scalars(
+            select(TrialAttempt).where(TrialAttempt.trial_id == t.id)
+            .order_by(TrialAttempt.attempt))] for t in trials],
+    }
+
+
+@pytest.mark.timeout(60)
+def test_import_writes_the_rows_a_db_run_writes(tmp_path, session_factory):
+    from service.db import crud
+    from service.runs import sweep_run
+    from service.runs.jsonl_import import import_files
+    from service.runs.sink import DatabaseSink
+    from workers.spec import SweepSpec
+
+    spec = SweepSpec(**IMPORT_SWEEP)
+    results = made_up_results(spec)
+    assert len(results) == 2
+    with session_factory() as s:  # what `gdn-sweep run --db` writes: the sink, then finish
+        by_run = crud.create_sweep(session=s, sweep_create=spec).id
+    sink = DatabaseSink(session_factory, by_run, spool=None)
+    for result in results:
+        sink.trial_started(result.trial)
+        sink.trial_finished(result)
+    assert sink.wait_drained(30)
+    with session_factory() as s:
+        sweep_run.finish(session=s, sweep_id=by_run, status="finished")
+
+    (done,) = import_files([write_results_file(tmp_path / "run.jsonl", spec, results)],
+                           session_factory=session_factory)
+    assert (done.created, done.added, done.trials) == (True, 2, 3)
+    with session_factory() as s:
+        imported, ran = sweep_rows(s, done.sweep_id), sweep_rows(s, by_run)
+        assert s.get(Sweep, done.sweep_id).created_at.replace(tzinfo=None) == \
+            dt_of_header(tmp_path / "run.jsonl")
+    for trial in ran["trials"]:  # the sink marks a trial started at the moment it starts
+        trial.pop("started_at", None)
+    for trial in imported["trials"]:
+        trial.pop("started_at", None)
+    assert imported == ran
+    assert sorted(len(a) for a in imported["attempts"]) == [0, 2, 2]  # skipped: none
+
+
+def dt_of_header(path: Path):
+    import datetime as dt
+    import json
+
+    header = json.loads(path.read_text().splitlines()[0])
+    return dt.datetime.fromisoformat(header["created_at"]).replace(tzinfo=None)
+
+
+@pytest.mark.timeout(60)
+def test_import_is_idempotent_and_a_grown_file_adds_only_what_it_gained(tmp_path,
+                                                                        session_factory):
+    from service.db.models import Result
+    from service.runs.jsonl_import import import_files
+    from workers.sink import JsonLinesSink
+    from workers.spec import SweepSpec
+
+    spec = SweepSpec(**IMPORT_SWEEP)
+    first, second = made_up_results(spec)
+    path = write_results_file(tmp_path / "run.jsonl", spec, [first])  # the run was stopped
+
+    def counts(s) -> tuple:
+        return (s.scalar(select(func.count()).select_from(Sweep)),
+                s.scalar(select(func.count()).select_from(Trial)),
+                s.scalar(select(func.count()).select_from(Result)))
+
+    (done,) = import_files([path], session_factory=session_factory)
+    with session_factory() as s:
+        assert counts(s) == (1, 3, 3)
+        assert s.get(Sweep, done.sweep_id).status == "cancelled"  # no scheduler runs the rest
+        assert dict(s.execute(select(Trial.key, Trial.status)).all()) == {
+            first.trial.key: "succeeded", second.trial.key: "cancelled",
+            "torch/all_gather/chips=3/seq_len=64/dtype=float32/param_sharding=replicated/"
+            "remat=none": "skipped"}
+    (again,) = import_files([path], session_factory=session_factory)
+    assert (again.sweep_id, again.created, again.added) == (done.sweep_id, False, 0)
+
+    JsonLinesSink(path).trial_finished(second)  # resumed on the cluster: the file grew
+    (grown,) = import_files([path], session_factory=session_factory)
+    assert (grown.sweep_id, grown.created, grown.added) == (done.sweep_id, False, 1)
+    with session_factory() as s:
+        assert counts(s) == (1, 3, 3)
+        assert s.get(Sweep, done.sweep_id).status == "finished"
+        assert s.scalar(select(Result.tokens_per_s_per_chip).join(
+            Trial, Trial.id == Result.trial_id).where(Trial.key == second.trial.key)) == 128.0
+
+
+@pytest.mark.timeout(60)
+def test_import_of_a_bad_file_names_file_and_line_and_writes_nothing(tmp_path, db_url,
+                                                                    session_factory, capsys):
+    from service.runs.jsonl_import import import_command
+    from workers.spec import SweepSpec
+
+    spec = SweepSpec(**IMPORT_SWEEP)
+    good = write_results_file(tmp_path / "good.jsonl", spec, made_up_results(spec))
+    bad = write_results_file(tmp_path / "bad.jsonl", spec, made_up_results(spec))
+    lines = bad.read_text().splitlines()
+    lines[3] = lines[3][:40]  # a line cut short
+    bad.write_text("\n".join(lines) + "\n")
+    assert import_command([str(good), str(bad)], database_url=db_url) == 2
+    assert re.fullmatch(rf"{re.escape(str(bad))}:4: not JSON \(.+\)",
+                        capsys.readouterr().err.strip())
+    with session_factory() as s:
+        assert s.scalar(select(func.count()).select_from(Sweep)) == 0
+
+
+@pytest.mark.timeout(60)
+def test_gdn_sweep_import_as_a_process(tmp_path):
+    from workers.spec import SweepSpec
+
+    spec = SweepSpec(**IMPORT_SWEEP)
+    path = write_results_file(tmp_path / "run.jsonl", spec, made_up_results(spec))
+    url = f"sqlite:///{tmp_path / 'imported.db'}"
+    done = subprocess.run([sys.executable, "-m", "service.cli", "import", str(path), str(path),
+                           "--db", url], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (f"{path}: new sweep 1, 2 result(s) added, 3 trial(s)\n"
+                           f"{path}: sweep 1, 0 result(s) added, 3 trial(s)\n")  # idempotent

@@ -120,3 +120,90 @@ def test_a_grid_at_the_cap_expands_quickly_at_the_largest_chip_counts():
     start = time.perf_counter()
     trials = expand_trials(spec)
     assert len(trials) == spec.grid_size and time.perf_counter() - start < 15
+
+
+# ---------------------------------------------------------------- hybrid dimensions (issue 13)
+
+def test_gdn_only_keys_stay_as_stored_and_hybrid_keys_name_attn_cp_and_layout():
+    old = expand_trials(SweepSpec(name="old", frameworks=["torch"], modes=["p2p"],
+                                  chips=[1, 2], seq_lens=[64]))
+    assert [t.key for t in old] == [
+        "torch/none/chips=1/seq_len=64/dtype=float32/param_sharding=replicated/remat=none",
+        "torch/p2p/chips=2/seq_len=64/dtype=float32/param_sharding=replicated/remat=none"]
+    assert {(t.layers, t.attn_cp, t.layout) for t in old} == {("gdn_only", None, "contiguous")}
+    spec = SweepSpec(name="hy", frameworks=["torch"], modes=["p2p"], layers=["gdn_only", "hybrid"],
+                     attn_cps=["ring", "ulysses"], layouts=["contiguous", "zigzag"],
+                     chips=[1, 2], seq_lens=[64])
+    trials = expand_trials(spec)
+    # gdn_only: 1 baseline + 2 layouts; hybrid: 1 baseline + 2 attn_cps × 2 layouts
+    assert len(trials) == spec.grid_size == 3 + 5
+    keys = {t.key for t in trials}
+    assert len(keys) == len(trials)
+    hybrid_zigzag = next(t for t in trials if t.attn_cp == "ring" and t.layout == "zigzag")
+    assert hybrid_zigzag.key.endswith("/remat=none/layers=hybrid/attn_cp=ring/layout=zigzag")
+    assert hybrid_zigzag.baseline_key == ("torch/none/chips=1/seq_len=64/dtype=float32/"
+                                          "param_sharding=replicated/remat=none/layers=hybrid")
+    assert hybrid_zigzag.baseline_key in keys
+    gdn_zigzag = next(t for t in trials if t.layers == "gdn_only" and t.layout == "zigzag")
+    assert gdn_zigzag.attn_cp is None and gdn_zigzag.key.endswith("/remat=none/layout=zigzag")
+    assert hybrid_zigzag.to_model_config().layers == "hybrid"
+    assert hybrid_zigzag.step_kwargs() == {"attn_cp": "ring", "layout": "zigzag"}
+
+
+@pytest.mark.parametrize("changes, needle", [
+    # tiny's attention has 4 query heads: ulysses on 8 chips is refused with the numbers
+    (dict(attn_cps=["ulysses"], chips=[8], seq_lens=[256]),
+     "attn_cp='ulysses' needs query heads (4) divisible by chips=8"),
+    # zigzag cuts the sequence into 2 × chips segments: 100 tokens are not 8 segments
+    (dict(layouts=["zigzag"], chips=[4], seq_lens=[100], modes=["ulysses"]),
+     "seq_len=100 is not divisible by 8 (2 × chips=4)"),
+    # 4 tokens a chip are a contiguous shard, but two zigzag segments of 2 are shorter than
+    # tiny's conv halo of 3
+    (dict(layouts=["zigzag"], chips=[4], seq_lens=[16]),
+     "layout='zigzag' segment of 2 tokens"),
+], ids=["ulysses-D-over-heads", "zigzag-indivisible", "zigzag-segment-under-halo"])
+def test_points_a_mode_or_layout_cannot_serve_are_skipped_with_the_numbers(changes, needle):
+    spec = SweepSpec(**{"name": "s", "frameworks": ["torch"], "modes": ["p2p"],
+                        "layers": "hybrid", **changes})
+    (trial,) = expand_trials(spec)
+    assert trial.skip_reason is not None and needle in trial.skip_reason
+
+
+def test_hybrid_fields_are_validated():
+    with pytest.raises(ValidationError, match="attn_cps"):
+        SweepSpec(name="s", chips=[2], seq_lens=[64], layers="hybrid", attn_cps=["rings"])
+    # a spec dumped with every field (as stored) validates again, nested or not; gdn_only
+    # points ignore attn_cps
+    spec = SweepSpec(name="s", chips=[2], seq_lens=[64], attn_cps=["ring"])
+    assert SweepSpec.model_validate(spec.model_dump()) == spec
+    assert {t.attn_cp for t in expand_trials(spec)} == {None}
+    with pytest.raises(ValidationError, match="layers"):
+        SweepSpec(name="s", chips=[2], seq_lens=[64], layers=["moe"])
+    with pytest.raises(ValidationError, match="layouts"):
+        SweepSpec(name="s", chips=[2], seq_lens=[64], layouts=["striped"])
+    # singular names and single values, as the other grid dimensions take them
+    spec = SweepSpec.model_validate({"name": "s", "chips": [2], "seq_lens": [64],
+                                     "layers": "hybrid", "attn_cp": "ring", "layout": "zigzag"})
+    assert (spec.layers, spec.attn_cps, spec.layouts) == (["hybrid"], ["ring"], ["zigzag"])
+
+
+def test_hybrid_plans_are_skipped_and_memory_admission_counts_attention():
+    spec = SweepSpec(name="p", kinds=["plan"], frameworks=["jax"], layers=["hybrid"],
+                     chips=[2], seq_lens=[64])
+    (plan,) = expand_trials(spec)
+    assert "not planned" in plan.skip_reason
+    # all_gather_kv holds the whole sequence's K/V: at a fixed local shard it grows with the
+    # chip count, ring stays flat (the prediction admission refuses by)
+    model = get_preset("qwen3.5-27b", layers="hybrid")
+
+    def predicted(attn_cp, chips):
+        train = TrainConfig(batch_size=1, seq_len=8192 * chips, dtype="bfloat16")
+        return predict_step_memory(model, train, mode="p2p", chips=chips, framework="jax",
+                                   attn_cp=attn_cp).total
+    assert predicted("ring", 8) == pytest.approx(predicted("ring", 2), rel=0.02)
+    a = model.attention
+    gathered = lambda chips: 8192 * chips * 2 * a.num_kv_heads * a.head_dim * 2  # noqa: E731
+    layers = model.layer_pattern.count("full_attention")
+    assert predicted("all_gather_kv", 8) - predicted("all_gather_kv", 2) == pytest.approx(
+        (layers + 1) * (gathered(8) - gathered(2)) + predicted("ring", 8) - predicted("ring", 2),
+        abs=1)

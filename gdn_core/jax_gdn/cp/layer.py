@@ -1,18 +1,21 @@
 """Context-parallel GDN layer: the single-chip layer's pieces around a CP exchange.
 
-`cp_gdn_layer` maps this chip's sequence shard [B, t, D] to [B, t, D] (t = T/D, chip order along
-`axis` = sequence order) inside an enclosing shard_map; `gdn_layer_cp` wraps it for global
-arrays. Two layouts, as in ARCHITECTURE.md (and torch_gdn.cp.layer):
+`cp_gdn_layer` maps this chip's sequence shard [B, t, D] to [B, t, D] (t = T/D; the tokens
+cp_layout.local_positions names under `layout`: contiguous, chip order along `axis` = sequence
+order; zigzag, segments r and 2D−1−r on chip r) inside an enclosing shard_map; `gdn_layer_cp`
+wraps it for global arrays. Two ways to split the work, as in ARCHITECTURE.md (and
+torch_gdn.cp.layer):
 
-  sequence-sharded (p2p, all_gather, log_scan): layer.gdn_layer with
-    halo_fn = conv_halo (the previous chip's last K−1 pre-conv tokens) and
-    rule = chunk_gated_delta_rule_cp_shard(mode)
+  sequence-sharded (p2p, all_gather, log_scan): the single-chip layer's pieces, each of the
+    chip's segments convolved after its own halo (halo.segment_halos: the last K−1 pre-conv
+    tokens of the segment before it, wherever it is), rule = chunk_gated_delta_rule_cp_shard
   ulysses (head-sharded rule):
     project → one all-to-all of the pre-conv q, k, v channels and a, b: [B, t, all heads] →
     [B, T, value heads of chip j and the key heads they use (cp_modes.UlyssesHeads: copies
-    when Hk < D)] → causal conv with the conv weight of those channels (no halo: the
-    chip holds the whole sequence) → split_heads with A_log, dt_bias of those heads → the
-    single-chip rule → all-to-all o back → output (z never moves)
+    when Hk < D)] → (zigzag: segments into sequence order, locally) → causal conv with the
+    conv weight of those channels (no halo: the chip holds the whole sequence) → split_heads
+    with A_log, dt_bias of those heads → the single-chip rule → (zigzag: back to shard order)
+    → all-to-all o back → output (z never moves)
 
 Parameters are replicated; under jax.grad each chip gets its own contribution to a parameter's
 gradient when the enclosing shard_map has check_vma=False (the CP train step sums them with
@@ -33,24 +36,35 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from ...config import GDNConfig
+from ...cp_layout import Layout, check_layout
 from ...cp_modes import CPMode, UlyssesHeads, check_cp_shape, check_mode
 from ..chunk import chunk_gated_delta_rule
-from ..layer import causal_conv, gdn_layer, output, project, run_rule, split_heads
+from ..layer import causal_conv, output, project, run_rule, split_heads
 from ..model import GDNLayerFn
 from ..params import Params, cast_floating
-from .common import AxisName, chip_count, chip_index, vary_like
-from .halo import conv_halo
-from .common import mesh_chip_count, place_on_mesh
+from .common import (AxisName, batch_as_segments, chip_count, chip_index, mesh_chip_count,
+                     place_on_mesh, segments_as_batch, vary_like)
+from .halo import segment_halos
 from .rule import chunk_gated_delta_rule_cp_shard
-from .ulysses import key_heads_for_chips
+from .ulysses import key_heads_for_chips, segments_in_sequence_order
 
 
-def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int) -> None:
+def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int,
+                      layout: Layout = "contiguous") -> None:
     """Raise ValueError naming the numbers when `mode` cannot split the layer's seq_len tokens
-    (global) over `chips`: check_cp_shape with the conv halo."""
+    (global) over `chips` under `layout`: check_cp_shape with the conv halo, and under zigzag
+    2D segments each at least as long as the halo."""
+    check_layout(layout)
     check_cp_shape(mode=mode, chips=chips, seq_len=seq_len,
                    num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads,
                    conv_kernel_size=cfg.conv_kernel_size)
+    check_layout(layout, chips=chips, seq_len=seq_len)
+    halo = cfg.conv_kernel_size - 1
+    if layout == "zigzag" and seq_len // (2 * chips) < halo:
+        raise ValueError(
+            f"zigzag segment of {seq_len // (2 * chips)} tokens (seq_len={seq_len} / "
+            f"(2 × chips={chips})) is shorter than the conv halo of {halo} tokens "
+            f"(conv_kernel_size={cfg.conv_kernel_size})")
 
 
 def _local_heads(params: Params, cfg: GDNConfig, me, plan: UlyssesHeads):
@@ -68,7 +82,30 @@ def _local_heads(params: Params, cfg: GDNConfig, me, plan: UlyssesHeads):
     return w_local, gates
 
 
-def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, dtype):
+def _segmented_conv(conv_weight, mixed_BtC, halos_SBKC):
+    """causal_conv of each of the chip's S segments after its own halo; [B, t, C]."""
+    S = halos_SBKC.shape[0]
+    conv_BsC = causal_conv(conv_weight, segments_as_batch(mixed_BtC, S),
+                           halos_SBKC.reshape(-1, *halos_SBKC.shape[2:]))
+    return batch_as_segments(conv_BsC, S)
+
+
+def _sequence_sharded_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
+                            mode: CPMode, layout: Layout, dtype):
+    """layer.gdn_layer's pieces with each segment's own conv halo and the CP rule."""
+    params = cast_floating(params, dtype)
+    mixed_BtC, z_BtHV, b_BtH, a_BtH = project(params, x_BtD.astype(dtype))
+    halos_SBKC = segment_halos(mixed_BtC, halo=cfg.conv_kernel_size - 1, axis=axis,
+                               layout=layout)
+    conv_BtC = _segmented_conv(params["conv1d"]["weight"], mixed_BtC, halos_SBKC)
+    q, k, v, g, beta = split_heads(params, conv_BtC, a_BtH, b_BtH, cfg)
+    o_BtHV = run_rule(q, k, v, g, beta, cfg, rule=partial(
+        chunk_gated_delta_rule_cp_shard, axis=axis, mode=mode, layout=layout))
+    return output(params, o_BtHV, z_BtHV, cfg)
+
+
+def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, layout: Layout,
+                   dtype):
     """The ulysses layout (module docstring) on this chip's shard; [B, t, D] -> [B, t, D]."""
     D, me = chip_count(axis), chip_index(axis)
     plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
@@ -87,8 +124,9 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, dty
     parts = (key_heads(mixed_BtC[..., :kd]), key_heads(mixed_BtC[..., kd:2 * kd]),
              mixed_BtC[..., 2 * kd:], b_BtH, a_BtH)
     packed_BtDP = jnp.concatenate([p.reshape(B, t, D, -1) for p in parts], axis=-1)
-    local_BTP = lax.all_to_all(packed_BtDP, axis, split_axis=2, concat_axis=1,
-                               tiled=True)[:, :, 0]
+    local_BTP = segments_in_sequence_order(
+        lax.all_to_all(packed_BtDP, axis, split_axis=2, concat_axis=1, tiled=True)[:, :, 0],
+        chips=D, layout=layout)
     conv_channels = 2 * G * Dk + Hl * cfg.head_v_dim
     w_local, gates = _local_heads(params, cfg, me, plan)
     conv_BTC = causal_conv(w_local, local_BTP[..., :conv_channels])
@@ -102,52 +140,60 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, dty
                         g[:, 0, :, None, None])
     o_BTHV = run_rule(q, k, v, g, beta, local_cfg,
                       rule=partial(chunk_gated_delta_rule, initial_state=h0_BHKV))
-    o_BtHV = lax.all_to_all(o_BTHV, axis, split_axis=1, concat_axis=2, tiled=True)
+    o_BtHV = lax.all_to_all(segments_in_sequence_order(o_BTHV, chips=D, layout=layout,
+                                                       inverse=True),
+                            axis, split_axis=1, concat_axis=2, tiled=True)
     return output(params, o_BtHV, z_BtHV, cfg)
 
 
 def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode: CPMode,
-                 dtype=jnp.float32):
+                 layout: Layout = "contiguous", dtype=jnp.float32):
     """Run one GDN layer on this chip's sequence shard; call inside a shard_map binding `axis`.
 
     Args:
         params: the layer's parameters (params.init_layer_params layout), replicated.
-        x_BtD: [B, T/D, hidden], tokens j·T/D … (j+1)·T/D − 1 on chip j (j = position along
-            `axis`, a name or a tuple flattened major-to-minor).
-        mode: ulysses, p2p, all_gather or log_scan.
+        x_BtD: [B, T/D, hidden], the tokens cp_layout.local_positions(chip=j, chips=D,
+            seq_len=T, layout=layout) on chip j (j = position along `axis`, a name or a tuple
+            flattened major-to-minor): contiguous, j·T/D … (j+1)·T/D − 1; zigzag, segments j
+            and 2D−1−j of T/(2D) tokens.
+        mode: ulysses, p2p, all_gather or log_scan. layout: contiguous or zigzag.
     Returns: [B, T/D, hidden] in dtype — this chip's shard of the single-chip gdn_layer output.
-    Raises ValueError naming the numbers: unknown mode, ulysses value heads not divisible by D,
-        a local shard shorter than the conv halo (K−1 tokens).
+    Raises ValueError naming the numbers: unknown mode or layout, ulysses value heads not
+        divisible by D, a local shard (zigzag: a segment) shorter than the conv halo (K−1
+        tokens), T not divisible by 2D under zigzag.
     """
     check_mode(mode)
     D = chip_count(axis)
-    check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BtD.shape[1] * D)
+    check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BtD.shape[1] * D, layout=layout)
     if mode == "ulysses":
-        return _ulysses_layer(params, x_BtD, cfg, axis=axis, dtype=dtype)
-    return gdn_layer(params, x_BtD, cfg, dtype=dtype,
-                     rule=partial(chunk_gated_delta_rule_cp_shard, axis=axis, mode=mode),
-                     halo_fn=partial(conv_halo, halo=cfg.conv_kernel_size - 1, axis=axis))
+        return _ulysses_layer(params, x_BtD, cfg, axis=axis, layout=layout, dtype=dtype)
+    return _sequence_sharded_layer(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
+                                   dtype=dtype)
 
 
-def cp_layer_fn(*, axis: AxisName, mode: CPMode) -> GDNLayerFn:
-    """cp_gdn_layer bound to (axis, mode): model_forward's `gdn_layer_fn` under CP."""
+def cp_layer_fn(*, axis: AxisName, mode: CPMode, layout: Layout = "contiguous") -> GDNLayerFn:
+    """cp_gdn_layer bound to (axis, mode, layout): model_forward's `gdn_layer_fn` under CP."""
     check_mode(mode)
-    return partial(cp_gdn_layer, axis=axis, mode=mode)
+    check_layout(layout)
+    return partial(cp_gdn_layer, axis=axis, mode=mode, layout=layout)
 
 
 def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName, mode: CPMode,
-                 dtype=jnp.float32):
+                 layout: Layout = "contiguous", dtype=jnp.float32):
     """cp_gdn_layer on global arrays: x [B, T, hidden] split on T (dim 1) over mesh axis `axis`.
 
+    layout="zigzag": dim 1 holds the sequence in shard order (x[:, cp_layout.shard_order(
+    chips=D, seq_len=T, layout="zigzag")]), and the output comes back in that order.
     params are replicated. Returns [B, T, hidden] in dtype, sequence-sharded over `axis`;
     jit- and grad-able (parameter gradients come back summed over the chips).
-    Raises ValueError naming the numbers (unknown mode or axis, T not divisible by D, …).
+    Raises ValueError naming the numbers (unknown mode, layout or axis, T not divisible by D
+    (2D under zigzag), …).
     """
     check_mode(mode)
     D = mesh_chip_count(mesh, axis)
     axis = axis if isinstance(axis, str) else tuple(axis)
-    check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BTD.shape[1])
+    check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BTD.shape[1], layout=layout)
     seq_spec = P(None, axis)
-    layer = partial(cp_gdn_layer, cfg=cfg, axis=axis, mode=mode, dtype=dtype)
+    layer = partial(cp_gdn_layer, cfg=cfg, axis=axis, mode=mode, layout=layout, dtype=dtype)
     return jax.shard_map(layer, mesh=mesh, in_specs=(P(), seq_spec), out_specs=seq_spec)(
         place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis))

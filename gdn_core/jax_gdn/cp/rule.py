@@ -12,6 +12,7 @@ from typing import Callable
 import jax
 from jax.sharding import PartitionSpec as P
 
+from ...cp_layout import Layout, check_layout
 from ...cp_modes import CP_MODES, check_cp_shape, check_mode
 from ...shapes import check_rule_args
 from ..chunk import initial_state_or_zeros
@@ -22,7 +23,7 @@ from .p2p import p2p_rule
 from .ulysses import ulysses_rule
 
 # mode → per-shard rule(q, k, v, g, beta, h0_BHKV, *, axis, output_final_state, use_qk_l2norm,
-# chunk_size) -> (o, final_state | None)
+# chunk_size, layout) -> (o, final_state | None)
 CP_RULES: dict[str, Callable] = {
     "ulysses": ulysses_rule,
     "p2p": p2p_rule,
@@ -36,17 +37,30 @@ def _state_shape(initial_state):
     return None if initial_state is None else initial_state.shape
 
 
+def check_cp_rule_shape(*, mode: str, layout: str, chips: int, seq_len: int, num_k_heads: int,
+                        num_v_heads: int) -> None:
+    """Raise ValueError naming the numbers when `mode` under `layout` cannot split seq_len
+    tokens (global) over `chips`."""
+    check_layout(layout)
+    check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=num_k_heads,
+                   num_v_heads=num_v_heads)
+    check_layout(layout, chips=chips, seq_len=seq_len)
+
+
 def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: str,
                                     initial_state=None, output_final_state=False,
-                                    use_qk_l2norm=False, chunk_size=64):
+                                    use_qk_l2norm=False, chunk_size=64,
+                                    layout: Layout = "contiguous"):
     """Gated delta rule on this chip's sequence shard; call inside a shard_map binding `axis`.
 
     Args:
         q, k: [B, T/D, Hk, Dk]; v: [B, T/D, Hv, Dv]; g, beta: [B, T/D, Hv] — this chip's
-            contiguous shard; chip order along `axis` (a name, or a tuple flattened
-            major-to-minor) is position order.
+            shard, the tokens cp_layout.local_positions(chip, D, T, layout) in that order
+            (contiguous: chip order along `axis`, a name or a tuple flattened major-to-minor,
+            is position order; zigzag: segments r and 2D−1−r of 2D on chip r).
         initial_state: [B, Hv, Dk, Dv] replicated, or None (zeros).
         mode: one of ulysses, p2p, all_gather, log_scan.
+        layout: contiguous or zigzag (gdn_core.cp_layout).
     Returns:
         o [B, T/D, Hv, Dv] in q's dtype, and the float32 state after the global sequence
         [B, Hv, Dk, Dv] (replicated) if asked.
@@ -55,35 +69,40 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
     B, T_local, Hk, Hv, Dk, Dv = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
                                                  _state_shape(initial_state), chunk_size)
     D = chip_count(axis)
-    check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
+    check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T_local * D,
+                        num_k_heads=Hk, num_v_heads=Hv)
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)
     return CP_RULES[mode](q, k, v, g, beta, h0_BHKV, axis=axis,
                           output_final_state=output_final_state,
-                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)
 
 
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: str,
-                              initial_state=None, output_final_state=False, use_qk_l2norm=False,
-                              chunk_size=64):
+                              layout: Layout = "contiguous", initial_state=None,
+                              output_final_state=False, use_qk_l2norm=False, chunk_size=64):
     """Gated delta rule on global arrays whose sequence (dim 1) is split over mesh axis `axis`.
 
     Args: as chunk_gated_delta_rule with global shapes (q, k [B, T, Hk, Dk], v [B, T, Hv, Dv],
         g, beta [B, T, Hv], initial_state [B, Hv, Dk, Dv] replicated), plus `mesh`, `axis` (a
-        name or a tuple of names; chip count D = product of their sizes) and `mode`.
+        name or a tuple of names; chip count D = product of their sizes), `mode` and `layout`.
+        layout="zigzag": dim 1 holds the sequence in shard order (x[:, cp_layout.shard_order(
+        chips=D, seq_len=T, layout="zigzag")]) and o comes back in that order; nothing is
+        re-sharded inside.
     Returns: o [B, T, Hv, Dv] (sequence-sharded over `axis`, q's dtype) and, if asked, the
         float32 final state [B, Hv, Dk, Dv] replicated. jit- and grad-able.
-    Raises ValueError naming the numbers: unknown mode or axis, T not divisible by D, ulysses
-        value heads not divisible by D, bad rule shapes.
+    Raises ValueError naming the numbers: unknown mode, layout or axis, T not divisible by D
+        (by 2D under zigzag), ulysses value heads not divisible by D, bad rule shapes.
     """
     check_mode(mode)
     D = mesh_chip_count(mesh, axis)
     axis = axis if isinstance(axis, str) else tuple(axis)
     _, T, Hk, Hv, _, _ = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
                                          _state_shape(initial_state), chunk_size)
-    check_cp_shape(mode=mode, chips=D, seq_len=T, num_k_heads=Hk, num_v_heads=Hv)
+    check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T, num_k_heads=Hk,
+                        num_v_heads=Hv)
     seq_spec = P(None, axis)
     kwargs = dict(axis=axis, mode=mode, output_final_state=output_final_state,
-                  use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+                  use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)
     args = [place_on_mesh(x, mesh, seq_spec, axis) for x in (q, k, v, g, beta)]
     in_specs = [seq_spec] * 5
     if initial_state is not None:

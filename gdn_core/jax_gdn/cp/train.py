@@ -1,7 +1,8 @@
 """Context-parallel JAX training: the whole model in one shard_map over the sequence axis.
 
-Every chip holds a contiguous sequence shard of the batch (tokens [B, T] split on T over
-`axis`) and the weights laid out by train_cfg.param_sharding (param_sharding.py: replicated,
+Every chip holds a sequence shard of the batch (tokens [B, T] split on T over `axis`; under
+layout="zigzag" the global arrays hold the sequence in cp_layout.shard_order, so chip r's shard
+is segments r and 2D−1−r — laid out once by whoever feeds the step, as cp_training_inputs does) and the weights laid out by train_cfg.param_sharding (param_sharding.py: replicated,
 zero1 or fsdp over the same chips). Its loss is (sum of its token losses) / (global token
 count), so the chips' losses and parameter gradients each sum to the single-chip ones: the step
 psums the loss and reduces the gradients once (WeightLayout.reduce_grads, as
@@ -10,6 +11,9 @@ train.build_step_fn's grad_transform), then applies AdamW (zero1: to its slice).
 The shard_map runs with check_vma=False: with the check on, JAX would sum each replicated
 parameter's gradient itself (the transpose of its implicit per-chip cast, one psum per use),
 and the gradient sync would be neither explicit nor separable from the CP exchanges.
+A hybrid model (params.is_hf_tree, ModelConfig.layers "hybrid") runs its GDN layers with the
+GDN `mode` and its attention layers with `attn_cp` (cp/attention.py), on the same chips, the
+rotary embedding at each token's global position.
 Legend: B batch, T global tokens, t = T/D tokens per chip.
 """
 
@@ -28,8 +32,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ... import device_memory
-from ...config import ModelConfig
-from ...cp_modes import CPMode, check_mode
+from ...config import FULL_ATTENTION, ModelConfig
+from ...cp_layout import Layout, check_layout, shard_order
+from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_mode
 from ...data import synthetic_tokens
 from ...memory_model import verify_seq_len
 from ...testing import max_verify_error
@@ -45,6 +50,7 @@ from ..train import (
     make_optimizer,
     run_timed_steps,
 )
+from .attention import attend_fn, check_attention_shape, local_token_positions
 from .common import AxisName, mesh_chip_count
 from .layer import check_layer_shape, cp_layer_fn
 from .param_sharding import WeightLayout, weight_layout
@@ -56,12 +62,28 @@ FAST = {"xla_backend_optimization_level": 0}
 """Compiler options of the reference program that is only inspected (same HLO, collectives)."""
 
 
-def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: AxisName, mode: str):
-    """Validate mode, axis and shape; return (axis as a name or tuple, chips D)."""
+def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: AxisName, mode: str,
+           attn_cp: str = "all_gather_kv", layout: str = "contiguous"):
+    """Validate mode, attn_cp, layout, axis and shape; return (axis as a name or tuple, D)."""
     check_mode(mode)
+    check_attn_cp(attn_cp)
+    check_layout(layout)
     D = mesh_chip_count(mesh, axis)
-    check_layer_shape(model_cfg.gdn, mode=mode, chips=D, seq_len=train_cfg.seq_len)
+    check_layer_shape(model_cfg.gdn, mode=mode, chips=D, seq_len=train_cfg.seq_len,
+                      layout=layout)
+    if FULL_ATTENTION in model_cfg.layer_pattern:
+        check_attention_shape(attn_cp=attn_cp, chips=D, seq_len=train_cfg.seq_len,
+                              num_heads=model_cfg.attention.num_heads,
+                              num_kv_heads=model_cfg.attention.num_kv_heads, layout=layout)
     return (axis if isinstance(axis, str) else tuple(axis)), D
+
+
+def _model_hooks(axis, D: int, seq_len: int, *, mode: str, attn_cp: str, layout: str) -> dict:
+    """The CP layers of build_step_fn / model_loss: GDN under `mode`, attention under
+    `attn_cp`, and this chip's global token positions (rotary)."""
+    return {"gdn_layer_fn": cp_layer_fn(axis=axis, mode=mode, layout=layout),
+            "attend_fn": attend_fn(axis=axis, mode=attn_cp, layout=layout),
+            "positions_fn": lambda: local_token_positions(axis, seq_len // D, layout)}
 
 
 @functools.lru_cache(maxsize=16)
@@ -82,22 +104,23 @@ def _specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis, D: int):
 
 
 def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                     mode: CPMode, sync_grads: bool = True) -> StepFn:
+                     mode: CPMode, sync_grads: bool = True, attn_cp: AttnCPMode = "all_gather_kv",
+                     layout: Layout = "contiguous") -> StepFn:
     """The un-jitted, shard_mapped step; see make_cp_train_step.
 
     sync_grads=False builds the reference that prices the weights' traffic: replicated weights
     (whatever train_cfg.param_sharding says) and no gradient reduction, each chip updating with
     its own share — only for counting bytes, never for training.
     """
-    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
+    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode, attn_cp, layout)
     if not sync_grads:
         train_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
-    layout, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, D)
+    weights, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, D)
     step = build_step_fn(
         model_cfg, train_cfg, global_tokens=train_cfg.batch_size * train_cfg.seq_len,
-        grad_transform=layout.reduce_grads if sync_grads else None,
-        gdn_layer_fn=cp_layer_fn(axis=axis, mode=mode), fetch=layout.fetch(),
-        apply_update=layout.apply_update(make_optimizer(train_cfg)))
+        grad_transform=weights.reduce_grads if sync_grads else None, fetch=weights.fetch(),
+        apply_update=weights.apply_update(make_optimizer(train_cfg)),
+        **_model_hooks(axis, D, train_cfg.seq_len, mode=mode, attn_cp=attn_cp, layout=layout))
 
     def shard_step(params, opt_state, inputs_Bt, targets_Bt):
         params, opt_state, loss_share = step(params, opt_state, inputs_Bt, targets_Bt)
@@ -109,26 +132,29 @@ def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, ax
 
 
 def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                       axis: AxisName, mode: CPMode) -> StepFn:
+                       axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
+                       layout: Layout = "contiguous") -> StepFn:
     """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
 
     params, opt_state: global arrays laid out as cp_training_inputs makes them (per
     train_cfg.param_sharding; donated: do not reuse the passed-in ones). inputs_BT,
     targets_BT: int [B, T] global, T split over mesh axis `axis` (a name or a tuple flattened
-    major-to-minor; D = the product of their sizes). loss: the global mean loss (float32,
+    major-to-minor; D = the product of their sizes), in cp_layout.shard_order(layout) (the
+    identity for contiguous). attn_cp: the attention layers' CP mode (hybrid models). loss: the global mean loss (float32,
     replicated). The update equals one chip's AdamW step on the summed gradients.
     The same arguments return the same jitted function, so `.lower(...).compile()` of equal
     shapes and shardings compiles once per process (compile_cp_train_step relies on it).
     Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D.
     """
-    axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
-    return _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True)
+    axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode, attn_cp, layout)
+    return _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True, attn_cp, layout)
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted_step(model_cfg, train_cfg, mesh, axis, mode, sync_grads):
+def _jitted_step(model_cfg, train_cfg, mesh, axis, mode, sync_grads, attn_cp="all_gather_kv",
+                 layout="contiguous"):
     step = build_cp_step_fn(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode,
-                            sync_grads=sync_grads)
+                            sync_grads=sync_grads, attn_cp=attn_cp, layout=layout)
     return jax.jit(step, donate_argnums=(0, 1) if sync_grads else ())
 
 
@@ -166,23 +192,27 @@ def _named(mesh, specs):
 
 
 def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                       axis: AxisName, params=None):
+                       axis: AxisName, params=None, layout: Layout = "contiguous"):
     """(params, opt_state, inputs_BT, targets_BT) as global arrays for make_cp_train_step.
 
     Fresh weights (seed train_cfg.seed), or the host pytree `params` given (e.g.
     params.from_state_dict of a checkpoint), and fresh AdamW state, laid out by
     train_cfg.param_sharding; the synthetic batch's inputs tokens[:, :-1] and targets
-    tokens[:, 1:] [B, T], T split over `axis`. Call on every process of a multi-process mesh
+    tokens[:, 1:] [B, T], T split over `axis` in cp_layout.shard_order(layout). Call on every
+    process of a multi-process mesh
     (each feeds only its own devices).
     """
     axis = axis if isinstance(axis, str) else tuple(axis)
-    _, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, mesh_chip_count(mesh, axis))
+    D = mesh_chip_count(mesh, axis)
+    _, param_specs, opt_specs = _specs(model_cfg, train_cfg, axis, D)
     tokens_BT1 = synthetic_batch(model_cfg, train_cfg)
+    order = shard_order(chips=D, seq_len=train_cfg.seq_len, layout=layout)
     if params is None:
         params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
     opt_state = make_optimizer(train_cfg).init(params)
     return (_global(params, _named(mesh, param_specs)), _global(opt_state, _named(mesh, opt_specs)),
-            *_global((tokens_BT1[:, :-1], tokens_BT1[:, 1:]), NamedSharding(mesh, P(None, axis))))
+            *_global((tokens_BT1[:, :-1][:, order], tokens_BT1[:, 1:][:, order]),
+                     NamedSharding(mesh, P(None, axis))))
 
 
 def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName):
@@ -220,7 +250,9 @@ class CompiledCPStep:
 
 def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                           axis: AxisName, mode: CPMode,
-                          compiler_options: dict | None = None) -> CompiledCPStep:
+                          compiler_options: dict | None = None,
+                          attn_cp: AttnCPMode = "all_gather_kv",
+                          layout: Layout = "contiguous") -> CompiledCPStep:
     """Compile the CP step without allocating anything, and read its memory and bytes.
 
     For sizing (memory, comm) without running, and for run_cp_training. Equal arguments reuse
@@ -228,13 +260,14 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     optimisation level for quick tests); they change code generation, not the collectives.
     The bytes also compile the sync_grads=False reference (at FAST).
     """
-    axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode)
+    axis, _ = _check(model_cfg, train_cfg, mesh, axis, mode, attn_cp, layout)
     start = time.perf_counter()
     shapes = cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis=axis)
-    compiled = _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True).lower(
-        *shapes).compile(compiler_options)
+    compiled = _jitted_step(model_cfg, train_cfg, mesh, axis, mode, True, attn_cp,
+                            layout).lower(*shapes).compile(compiler_options)
     reference_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
-    reference = _jitted_step(model_cfg, reference_cfg, mesh, axis, mode, False).lower(
+    reference = _jitted_step(model_cfg, reference_cfg, mesh, axis, mode, False, attn_cp,
+                             layout).lower(
         *cp_step_shapes(model_cfg, reference_cfg, mesh=mesh, axis=axis)).compile(FAST)
     compile_time_s = time.perf_counter() - start
     cp_bytes, sync_bytes = comm_bytes_per_chip(compiled, reference, mesh.devices.size)
@@ -266,7 +299,8 @@ def comm_bytes_per_chip(compiled, reference, num_chips: int):
 
 def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
                                train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                               mode: CPMode) -> float:
+                               mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
+                               layout: Layout = "contiguous") -> float:
     """Max relative error of the CP loss and summed gradients against one chip, same data.
 
     params: global arrays as cp_training_inputs lays them out; tokens_BT1: host int [B, T+1]
@@ -278,33 +312,27 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     reference gradient's norm). Every process returns the same.
     """
     return _verify(params, tokens_BT1, model_cfg, train_cfg, mesh=mesh, axis=axis,
-                   mode=mode)[0]
+                   mode=mode, attn_cp=attn_cp, layout=layout)[0]
 
 
-def _verify(params, tokens_BT1, model_cfg, train_cfg, *, mesh, axis, mode):
+def _verify(params, tokens_BT1, model_cfg, train_cfg, *, mesh, axis, mode,
+            attn_cp="all_gather_kv", layout="contiguous"):
     """verify_against_single_chip's (error, seconds spent lowering and compiling)."""
-    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
+    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode, attn_cp, layout)
     dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
     inputs_BT, targets_BT = tokens_BT1[:, :-1], tokens_BT1[:, 1:]
-    layout, param_specs, _ = _specs(model_cfg, train_cfg, axis, D)
-
-    def cp_loss_and_grads(params, inputs_Bt, targets_Bt):
-        share, grads = jax.value_and_grad(model_loss)(
-            params, inputs_Bt, targets_Bt, model_cfg, global_tokens=global_tokens, dtype=dtype,
-            gdn_layer_fn=cp_layer_fn(axis=axis, mode=mode), fetch=layout.fetch(),
-            remat=train_cfg.remat)
-        return lax.psum(share, axis), layout.reduce_grads(grads)
+    cp_loss_and_grads = cp_loss_and_grads_fn(model_cfg, train_cfg, mesh=mesh, axis=axis,
+                                             mode=mode, attn_cp=attn_cp, layout=layout)
 
     def reference_loss_and_grads(params, inputs_BT, targets_BT):
         return jax.value_and_grad(model_loss)(params, inputs_BT, targets_BT, model_cfg,
                                               global_tokens=global_tokens, dtype=dtype)
 
-    seq = P(None, axis)
-    cp_args = (params, *_global((inputs_BT, targets_BT), NamedSharding(mesh, seq)))
+    order = shard_order(chips=D, seq_len=train_cfg.seq_len, layout=layout)
+    cp_args = (params, *_global((inputs_BT[:, order], targets_BT[:, order]),
+                                NamedSharding(mesh, P(None, axis))))
     start = time.perf_counter()
-    cp_program = jax.jit(jax.shard_map(
-        cp_loss_and_grads, mesh=mesh, in_specs=(param_specs, seq, seq),
-        out_specs=(P(), layout.grad_specs()), check_vma=False)).lower(*cp_args).compile()
+    cp_program = jax.jit(cp_loss_and_grads).lower(*cp_args).compile()
     compile_time_s = time.perf_counter() - start
     cp_loss, cp_grads = _host(cp_program(*cp_args), mesh)
     del cp_args
@@ -317,6 +345,29 @@ def _verify(params, tokens_BT1, model_cfg, train_cfg, *, mesh, axis, mode):
     error = max_verify_error(ref_loss, cp_loss, jax.tree.leaves(ref_grads),
                              jax.tree.leaves(cp_grads))
     return error, compile_time_s
+
+
+def cp_loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
+                         axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
+                         layout: Layout = "contiguous"):
+    """The step's loss and reduced gradients, without the update: a shard_mapped
+    f(params, inputs_BT, targets_BT) -> (global mean loss, gradients laid out as the step's
+    reduced ones: WeightLayout.grad_specs). Arguments as make_cp_train_step's."""
+    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode, attn_cp, layout)
+    dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
+    weights, param_specs, _ = _specs(model_cfg, train_cfg, axis, D)
+    hooks = _model_hooks(axis, D, train_cfg.seq_len, mode=mode, attn_cp=attn_cp, layout=layout)
+    positions_fn = hooks.pop("positions_fn")
+
+    def loss_and_grads(params, inputs_Bt, targets_Bt):
+        share, grads = jax.value_and_grad(model_loss)(
+            params, inputs_Bt, targets_Bt, model_cfg, global_tokens=global_tokens, dtype=dtype,
+            fetch=weights.fetch(), remat=train_cfg.remat, positions=positions_fn(), **hooks)
+        return lax.psum(share, axis), weights.reduce_grads(grads)
+
+    seq = P(None, axis)
+    return jax.shard_map(loss_and_grads, mesh=mesh, in_specs=(param_specs, seq, seq),
+                         out_specs=(P(), weights.grad_specs()), check_vma=False)
 
 
 def _local_devices(mesh) -> list:
@@ -341,7 +392,9 @@ def _verify_budget(devices, budget_bytes: int | None) -> int | None:
 
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
                     mode: CPMode, steps: int, warmup_steps: int = 1, verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+                    verify_memory_budget_bytes: int | None = None,
+                    attn_cp: AttnCPMode = "all_gather_kv",
+                    layout: Layout = "contiguous") -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every process of `mesh`.
 
     Every process builds the same weights (seed train_cfg.seed) and tokens, and feeds only its
@@ -359,23 +412,27 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
             or warmup_steps < 0:
         raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
-    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode)
+    axis, D = _check(model_cfg, train_cfg, mesh, axis, mode, attn_cp, layout)
     devices = _local_devices(mesh)
     baseline = device_memory.jax_reset_peak(devices)
-    params, opt_state, inputs_BT, targets_BT = cp_training_inputs(model_cfg, train_cfg,
-                                                                  mesh=mesh, axis=axis)
+    params, opt_state, inputs_BT, targets_BT = cp_training_inputs(
+        model_cfg, train_cfg, mesh=mesh, axis=axis, layout=layout)
     max_rel_err = verified_seq_len = None
     compile_time_s = 0.0
     if verify:
         budget = _verify_budget(devices, verify_memory_budget_bytes)
         verified_seq_len = train_cfg.seq_len if budget is None else verify_seq_len(
             model_cfg, train_cfg, mode=mode, chips=D, framework="jax", budget_bytes=budget)
+        if verified_seq_len is not None and layout == "zigzag":  # 2D segments of the prefix
+            verified_seq_len = verified_seq_len - verified_seq_len % (2 * D) or None
         if verified_seq_len is not None:
             prefix_cfg = dataclasses.replace(train_cfg, seq_len=verified_seq_len)
             tokens_BT1 = synthetic_batch(model_cfg, train_cfg)[:, :verified_seq_len + 1]
             max_rel_err, compile_time_s = _verify(params, tokens_BT1, model_cfg, prefix_cfg,
-                                                  mesh=mesh, axis=axis, mode=mode)
-    program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode)
+                                                  mesh=mesh, axis=axis, mode=mode,
+                                                  attn_cp=attn_cp, layout=layout)
+    program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis=axis, mode=mode,
+                                    attn_cp=attn_cp, layout=layout)
     estimate = program.estimated_memory_bytes
 
     losses, step_times_s = run_timed_steps(program.compiled, params, opt_state, inputs_BT,

@@ -6,7 +6,9 @@ Each of those modes does the same three things around one exchange of affine pai
   2. (mode-specific, an `Exchange`) turn the pairs of ranks < r into this rank's incoming
      state h_in (and, if asked, the state after the global sequence);
   3. replay the shard's chunks from h_in, reusing the same chunk terms (no recomputation).
-Pairs travel packed as P = [A | b] along the last dim: [B, H, K, K+V].
+Pairs travel packed as P = [A | b] along the last dim: [B, H, K, K+V]. Under layout='zigzag'
+(gdn_core.cp_layout) a shard is two segments, r and 2D−1−r: each is folded into its own pair,
+the mode's `ZigzagExchange` gives each its incoming state, and each is replayed from it.
 
 Backward (`_ReplayThroughExchange`, as the JAX side's replay_through_exchange): whatever the
 exchange does with P, its outputs are compositions of pairs applied to h0, so its cotangent
@@ -19,10 +21,11 @@ plus the exchange's own small graph (pairs, independent of the shard length).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from ...cp_layout import Layout
 from ..chunk import chunk_outputs, fold_chunk_pairs, prepare_chunks, scan_chunk_states
 
 # The implementation signature every mode in the registry follows.
@@ -30,6 +33,10 @@ CPRule = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
 # exchange(P_BHKW, h0_BHKV, *, group, output_final_state) -> (h_in_BHKV, final_BHKV | None),
 # differentiable (built from comm.py's collectives); every rank calls it with its own pair.
 Exchange = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
+# The same under layout='zigzag': ((P_first, P_second), h0) -> ((h_in_first, h_in_second),
+# final | None); rank r's segments are r and 2D−1−r, replayed in the sequence order
+# 0, 1, …, D−1 (first segments), then D−1, …, 0 (second segments).
+ZigzagExchange = Callable[..., tuple[tuple[torch.Tensor, torch.Tensor], "torch.Tensor | None"]]
 
 
 def apply_pair(P_BHKW: torch.Tensor, h_BHKV: torch.Tensor) -> torch.Tensor:
@@ -70,77 +77,97 @@ def _keep(x: torch.Tensor) -> torch.Tensor:
 
 
 class _ReplayThroughExchange(torch.autograd.Function):
-    """(A_n [N,B,H,K,K], b_n [N,B,H,K,V], h0 [B,H,K,V]) → (S_n entering each chunk, final).
+    """(exchange, h0 [B,H,K,V], A_n, b_n of each segment…) → (S_n entering each chunk of each
+    segment [N,B,H,K,V]…, final).
 
-    Forward: fold, `exchange` (its differentiable graph kept on ctx: pairs, not chunks), replay.
-    Backward: ḡ = ∂L/∂h_in through this shard's outputs; the exchange's graph backward from
-    (ḡ, ∂L/∂final) gives ∂L/∂h0 and λ = ∂L/∂b_fold; then one reverse scan with λ as the final
-    state's cotangent gives ∂A_n, ∂b_n. No double backward.
+    Forward: fold each segment, `exchange` (its differentiable graph kept on ctx: pairs, not
+    chunks), replay each segment from its incoming state. Backward: ḡ_i = ∂L/∂h_in_i through
+    segment i's outputs; the exchange's graph backward from (ḡ, ∂L/∂final) gives ∂L/∂h0 and
+    λ_i = ∂L/∂b_fold_i; then one reverse scan per segment with λ_i as its final state's
+    cotangent gives ∂A_n, ∂b_n. No double backward.
     """
 
     @staticmethod
-    def forward(ctx, A_NBHKK, b_NBHKV, h0_BHKV, exchange):
-        A_BHKK, b_BHKV = fold_chunk_pairs(A_NBHKK, b_NBHKV)
-        P_BHKW = torch.cat([A_BHKK, b_BHKV], dim=-1).requires_grad_()
+    def forward(ctx, exchange, h0_BHKV, *chunk_pairs):
+        As, bs = chunk_pairs[0::2], chunk_pairs[1::2]
+        Ps = [torch.cat(fold_chunk_pairs(A, b), dim=-1).requires_grad_() for A, b in zip(As, bs)]
         h0_leaf = h0_BHKV.detach().requires_grad_()
         # Identity saved-tensor hooks: under activation checkpointing the kept exchange graph
         # must hold its own (pair-sized) tensors, or backward's autograd.grad on it (a new
         # graph task) would re-run the whole checkpointed region, exchanges included, again.
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
-            h_in_BHKV, final_BHKV = exchange(P_BHKW, h0_leaf)
-        states_NBHKV, _ = scan_chunk_states(A_NBHKK, b_NBHKV, h_in_BHKV.detach())
-        ctx.save_for_backward(A_NBHKK, states_NBHKV)
-        ctx.graph = (P_BHKW, h0_leaf, h_in_BHKV, final_BHKV)
-        return states_NBHKV, None if final_BHKV is None else final_BHKV.detach()
+            h_ins, final_BHKV = exchange(Ps, h0_leaf)
+        states = [scan_chunk_states(A, b, h_in.detach())[0] for A, b, h_in in zip(As, bs, h_ins)]
+        ctx.save_for_backward(*As, *states)
+        ctx.graph = (Ps, h0_leaf, h_ins, final_BHKV)
+        return (*states, None if final_BHKV is None else final_BHKV.detach())
 
     @staticmethod
-    def backward(ctx, d_states_NBHKV, d_final_BHKV):
-        A_NBHKK, states_NBHKV = ctx.saved_tensors
-        P_BHKW, h0_leaf, h_in_BHKV, final_BHKV = ctx.graph
+    def backward(ctx, *grads):
+        Ps, h0_leaf, h_ins, final_BHKV = ctx.graph
         del ctx.graph  # free the exchange's graph with this backward
-        zeros_BHKV = torch.zeros_like(h_in_BHKV)
-        g_BHKV, _ = reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV, zeros_BHKV,
-                                       with_pairs=False)
-        outputs, cotangents = [h_in_BHKV], [g_BHKV]
+        n, saved = len(Ps), ctx.saved_tensors  # unpack once (checkpointing allows no more)
+        As, states = saved[:n], saved[n:]
+        d_states, d_final_BHKV = grads[:n], grads[n]
+        zeros_BHKV = torch.zeros_like(h_ins[0])
+        outputs, cotangents = list(h_ins), []
+        for A, S, dS in zip(As, states, d_states):
+            cotangents.append(reverse_state_scan(A, S, dS, zeros_BHKV, with_pairs=False)[0])
         if final_BHKV is not None:  # every rank backpropagates it: its collectives wait on all
             outputs.append(final_BHKV)
             cotangents.append(zeros_BHKV if d_final_BHKV is None else d_final_BHKV)
-        dP_BHKW, dh0_BHKV = torch.autograd.grad(outputs, (P_BHKW, h0_leaf), cotangents,
-                                                allow_unused=True)
-        K = A_NBHKK.shape[-1]
-        lam_BHKV = zeros_BHKV if dP_BHKW is None else dP_BHKW[..., K:]
-        _, (dA_NBHKK, db_NBHKV) = reverse_state_scan(A_NBHKK, states_NBHKV, d_states_NBHKV,
-                                                     lam_BHKV, with_pairs=True)
-        return dA_NBHKK, db_NBHKV, dh0_BHKV, None
+        *dPs, dh0_BHKV = torch.autograd.grad(outputs, (*Ps, h0_leaf), cotangents,
+                                             allow_unused=True)
+        K = As[0].shape[-1]
+        d_pairs = []
+        for A, S, dS, dP in zip(As, states, d_states, dPs):
+            lam_BHKV = zeros_BHKV if dP is None else dP[..., K:]
+            d_pairs.extend(reverse_state_scan(A, S, dS, lam_BHKV, with_pairs=True)[1])
+        return (None, dh0_BHKV, *d_pairs)
 
 
-def replay_through_exchange(exchange: Exchange, A_NBHKK, b_NBHKV, h0_BHKV):
-    """The shard's chunk-entry states [N,B,H,K,V] and the final state (or None), h_in from
-    `exchange(P_BHKW, h0_BHKV)`; differentiable in A_n, b_n and h0 (see the module doc)."""
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (A_NBHKK, b_NBHKV, h0_BHKV)):
-        return _ReplayThroughExchange.apply(A_NBHKK, b_NBHKV, h0_BHKV, exchange)
-    A_BHKK, b_BHKV = fold_chunk_pairs(A_NBHKK, b_NBHKV)
-    h_in_BHKV, final_BHKV = exchange(torch.cat([A_BHKK, b_BHKV], dim=-1), h0_BHKV)
-    return scan_chunk_states(A_NBHKK, b_NBHKV, h_in_BHKV)[0], final_BHKV
+def replay_through_exchange(exchange: Exchange, segments, h0_BHKV):
+    """Chunk-entry states [N,B,H,K,V] of each segment and the final state (or None), the
+    segments' incoming states from `exchange([P_BHKW per segment], h0_BHKV)`; `segments` is a
+    list of (A_n, b_n); differentiable in every A_n, b_n and h0 (see the module doc)."""
+    flat = [x for pair in segments for x in pair]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (*flat, h0_BHKV)):
+        *states, final_BHKV = _ReplayThroughExchange.apply(exchange, h0_BHKV, *flat)
+        return states, final_BHKV
+    Ps = [torch.cat(fold_chunk_pairs(A, b), dim=-1) for A, b in segments]
+    h_ins, final_BHKV = exchange(Ps, h0_BHKV)
+    return [scan_chunk_states(A, b, h)[0] for (A, b), h in zip(segments, h_ins)], final_BHKV
 
 
-def sequence_sharded(exchange: Exchange) -> CPRule:
-    """Make a mode's rule (the CP registry's entries) from its Exchange."""
+def sequence_sharded(contiguous: Exchange, zigzag: ZigzagExchange) -> CPRule:
+    """Make a mode's rule (the CP registry's entries) from its two Exchanges (one per layout).
+
+    Under layout='zigzag' the shard is two segments (cp_layout): each gets its own chunk terms
+    and pair, and is replayed from its own incoming state.
+    """
 
     def rule(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor, output_final_state: bool,
-             use_qk_l2norm: bool, chunk_size: int):
-        terms = prepare_chunks(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
-                               chunk_size=chunk_size)
+             use_qk_l2norm: bool, chunk_size: int, layout: Layout = "contiguous"):
+        parts = 2 if layout == "zigzag" else 1
+        pieces = zip(*(x.chunk(parts, dim=1) for x in (q, k, v, g, beta)))
+        terms = [prepare_chunks(*xs, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+                 for xs in pieces]
 
-        def bound(P_BHKW, h0):
-            return exchange(P_BHKW, h0, group=group, output_final_state=output_final_state)
+        def bound(Ps, h0):
+            if layout == "zigzag":
+                h_ins, final = zigzag(tuple(Ps), h0, group=group,
+                                      output_final_state=output_final_state)
+                return list(h_ins), final
+            h_in, final = contiguous(Ps[0], h0, group=group, output_final_state=output_final_state)
+            return [h_in], final
 
-        states_NBHKV, final_BHKV = replay_through_exchange(bound, terms.A_NBHKK, terms.b_NBHKV,
-                                                           h0_BHKV)
-        return chunk_outputs(terms, states_NBHKV), final_BHKV
+        states, final_BHKV = replay_through_exchange(
+            bound, [(t.A_NBHKK, t.b_NBHKV) for t in terms], h0_BHKV)
+        o = [chunk_outputs(t, S) for t, S in zip(terms, states)]
+        return (o[0] if parts == 1 else torch.cat(o, dim=1)), final_BHKV
 
-    name = exchange.__name__.removesuffix("_exchange")
+    name = contiguous.__name__.removesuffix("_exchange")
     rule.__name__ = rule.__qualname__ = f"chunk_gated_delta_rule_{name}"
     rule.__doc__ = (f"This rank's shard of o (float32 [B, T/D, Hv, Dv]) and the global final "
-                    f"state (or None), h_in from the {name} exchange.")
+                    f"state (or None), incoming states from the {name} exchange.")
     return rule

@@ -2,16 +2,19 @@
 
 `context_parallel(module, *, group, mode)` turns a GatedDeltaNet (or every GatedDeltaNet inside
 a model) into a layer whose forward maps this rank's sequence shard [B, t, D] to [B, t, D]
-(t = T/D, rank order = sequence order). Two layouts, as in ARCHITECTURE.md:
+(t = T/D; `layout` as in gdn_core.cp_layout: contiguous, rank order = sequence order, or
+zigzag, segments r and 2D−1−r of 2D). Two ways of running the rule, as in ARCHITECTURE.md:
 
   sequence-sharded (p2p, all_gather, log_scan):
-    project → halo (previous rank's last K−1 pre-conv tokens) → causal_conv(halo) → split_heads
-    → chunk_gated_delta_rule_cp(mode) → output
+    project → halo (the K−1 pre-conv tokens before each segment, from whichever rank holds
+    them: halo.py) → causal_conv(halo) per segment → split_heads
+    → chunk_gated_delta_rule_cp(mode, layout) → output
   ulysses (head-sharded rule):
     project → all-to-all q, k, v channels (pre-conv) and a, b: [B, t, all heads] → [B, T, value
-    heads of rank j and the key heads they use (cp_modes.UlyssesHeads: copies when Hk < D)] →
-    causal conv with the conv weight of those channels → gates (A_log, dt_bias of those heads)
-    → single-chip rule → all-to-all o back → output (z never moves)
+    heads of rank j and the key heads they use (cp_modes.UlyssesHeads: copies when Hk < D)],
+    put in sequence order (zigzag: a local permutation) → causal conv with the conv weight of
+    those channels → gates (A_log, dt_bias of those heads) → single-chip rule → all-to-all o
+    back → output (z never moves)
 
 Parameters are the original layer's objects (no copies) under the same names, so optimizers,
 state_dicts and checkpoints written for the plain model apply unchanged. Parameter gradients
@@ -24,10 +27,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...cp_modes import CPMode, UlyssesHeads, check_cp_shape, check_mode
+from ...cp_layout import Layout, check_layout
+from ...cp_modes import (
+    AttnCPMode,
+    CPMode,
+    UlyssesHeads,
+    check_attn_cp,
+    check_cp_shape,
+    check_mode,
+)
+from ..attention import GatedAttention
+from ..hybrid import HybridDecoder
 from ..layer import GatedDeltaNet, causal_conv1d
 from .comm import rank_size
-from .halo import exchange_conv_halo
+from .halo import exchange_conv_halo, exchange_conv_halo_zigzag
+from .hybrid import ContextParallelGatedAttention, shard_positions
 from .rule import chunk_gated_delta_rule_cp
 from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
@@ -40,8 +54,10 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
     the original weights; only forward changes.
     """
 
-    def __init__(self, layer: GatedDeltaNet, *, group, mode: CPMode) -> None:
+    def __init__(self, layer: GatedDeltaNet, *, group, mode: CPMode,
+                 layout: Layout = "contiguous") -> None:
         check_mode(mode)
+        check_layout(layout)
         if isinstance(layer, ContextParallelGatedDeltaNet):
             # The right type in the wrong state: ValueError, as context_parallel documents.
             raise ValueError(  # noqa: TRY004
@@ -55,19 +71,27 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
             self.register_parameter(name, param)
         self.train(layer.training)
         self.recompute_core = layer.recompute_core
-        self.group, self.mode = group, mode
+        self.group, self.mode, self.layout = group, mode, layout
 
     def extra_repr(self) -> str:
-        return f"mode={self.mode!r}, chips={rank_size(self.group)[1]}"
+        return (f"mode={self.mode!r}, layout={self.layout!r}, "
+                f"chips={rank_size(self.group)[1]}")
 
     def check_shape(self, t: int) -> None:
         """Raise ValueError naming the numbers when this mode cannot split t·D tokens."""
         cfg, (_, D) = self.cfg, rank_size(self.group)
         check_cp_shape(mode=self.mode, chips=D, seq_len=t * D, num_k_heads=cfg.num_k_heads,
                        num_v_heads=cfg.num_v_heads, conv_kernel_size=cfg.conv_kernel_size)
+        check_layout(self.layout, chips=D, seq_len=t * D)
+        halo = cfg.conv_kernel_size - 1
+        if self.layout == "zigzag" and self.mode != "ulysses" and D > 1 and t // 2 < halo:
+            raise ValueError(
+                f"zigzag segment of {t // 2} tokens (seq_len={t * D} / (2 × chips={D})) is "
+                f"shorter than the conv halo of {halo} tokens "
+                f"(conv_kernel_size={cfg.conv_kernel_size})")
 
     def forward(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
-        """Map this rank's shard [B, t, D] (tokens r·t … (r+1)·t−1) to [B, t, D].
+        """Map this rank's shard [B, t, D] (cp_layout.local_positions of this rank) to [B, t, D].
 
         Every rank of the group must call it (it exchanges), with the same B and t.
         """
@@ -80,15 +104,20 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         """GatedDeltaNet.core on this rank's shard, exchanges included: o [B, t, H, V]."""
         if self.mode == "ulysses":
             return self._core_ulysses(mixed_qkv_BtC, a_BtH, b_BtH)
-        halo_BKC = exchange_conv_halo(mixed_qkv_BtC, halo=self.cfg.conv_kernel_size - 1,
-                                      group=self.group)
-        conv_BtC = self.causal_conv(mixed_qkv_BtC, halo_BKC)
+        halo = self.cfg.conv_kernel_size - 1
+        if self.layout == "zigzag":
+            halos = exchange_conv_halo_zigzag(mixed_qkv_BtC, halo=halo, group=self.group)
+            conv_BtC = torch.cat([self.causal_conv(segment, halo_BKC) for segment, halo_BKC
+                                  in zip(mixed_qkv_BtC.chunk(2, dim=1), halos)], dim=1)
+        else:
+            halo_BKC = exchange_conv_halo(mixed_qkv_BtC, halo=halo, group=self.group)
+            conv_BtC = self.causal_conv(mixed_qkv_BtC, halo_BKC)
         q, k, v, g, beta = self.split_heads(conv_BtC, a_BtH, b_BtH)
         # As GatedDeltaNet.core: the rule accumulates in fp32 even under autocast.
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             o_BtHV, _ = chunk_gated_delta_rule_cp(
-                q, k, v, g, beta, group=self.group, mode=self.mode, use_qk_l2norm=True,
-                chunk_size=self.cfg.chunk_size)
+                q, k, v, g, beta, group=self.group, mode=self.mode, layout=self.layout,
+                use_qk_l2norm=True, chunk_size=self.cfg.chunk_size)
         return o_BtHV
 
     def _core_ulysses(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
@@ -105,7 +134,8 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         q_BTGK, k_BTGK, v_BTHV, b_BTH1, a_BTH1 = seq_to_heads(
             [key_heads_for_chips(q_pre.reshape(B, t, Hk, Dk), plan),
              key_heads_for_chips(k_pre.reshape(B, t, Hk, Dk), plan),
-             v_pre.reshape(B, t, Hv, Dv), b_BtH[..., None], a_BtH[..., None]], group=self.group)
+             v_pre.reshape(B, t, Hv, Dv), b_BtH[..., None], a_BtH[..., None]], group=self.group,
+            layout=self.layout)
         B, T, G, _ = q_BTGK.shape
         k_heads, v_heads = plan.key_heads(rank), plan.value_heads(rank)
         mixed_local_BTC = torch.cat([q_BTGK.reshape(B, T, -1), k_BTGK.reshape(B, T, -1),
@@ -117,33 +147,52 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             o_BTHV, _ = self.rule(q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk),
                                   v.reshape(B, T, -1, Dv), g, beta)
-        return heads_to_seq(o_BTHV, group=self.group)
+        return heads_to_seq(o_BTHV, group=self.group, layout=self.layout)
 
 
-def context_parallel(module: nn.Module, *, group, mode: CPMode) -> nn.Module:
-    """Make `module` run on this rank's sequence shard under CP `mode` over `group`.
+def context_parallel(module: nn.Module, *, group, mode: CPMode,
+                     attn_cp: AttnCPMode = "all_gather_kv",
+                     layout: Layout = "contiguous") -> nn.Module:
+    """Make `module` run on this rank's sequence shard (in `layout`) over `group`: GDN layers
+    under CP `mode`, gated full-attention layers under `attn_cp` (cp.attention).
 
-    A GatedDeltaNet: returns a new ContextParallelGatedDeltaNet sharing its Parameters (the
-    argument itself is left unchanged). Any other module (e.g. GDNLanguageModel): IN PLACE,
-    every GatedDeltaNet inside is replaced by its CP version (same parameter names, same
-    Parameter objects, so an optimizer built before or after the call is the same); returns
-    `module`. Per-token modules around it (norms, MLP, embeddings, LM head) run unchanged on
-    the shard. Raises ValueError for an unknown mode, a module without GatedDeltaNet layers,
-    or one already made context-parallel. Shapes are checked at each forward (the sequence
-    length is known only then).
+    A GatedDeltaNet or GatedAttention: returns a new context-parallel layer sharing its
+    Parameters (the argument itself is left unchanged). Any other module (GDNLanguageModel,
+    HybridLanguageModel): IN PLACE, every GatedDeltaNet and GatedAttention inside is replaced
+    by its CP version (same parameter names, same Parameter objects, so an optimizer built
+    before or after the call is the same), and a hybrid decoder takes its rotary at the tokens'
+    global positions (HybridDecoder.sequence_positions); returns `module`. Per-token modules
+    (norms, MLP, embeddings, LM head) run unchanged on the shard. Raises ValueError for an
+    unknown mode, attn_cp or layout, a module without such layers, or one already made
+    context-parallel. Shapes are checked at each forward (the sequence length is known only
+    then).
     """
     check_mode(mode)
-    if isinstance(module, GatedDeltaNet):
-        return ContextParallelGatedDeltaNet(module, group=group, mode=mode)
+    check_attn_cp(attn_cp)
+    check_layout(layout)
+
+    def parallel(layer: nn.Module) -> nn.Module:
+        if isinstance(layer, GatedAttention):
+            return ContextParallelGatedAttention(layer, group=group, attn_cp=attn_cp,
+                                                 layout=layout)
+        return ContextParallelGatedDeltaNet(layer, group=group, mode=mode, layout=layout)
+
+    if isinstance(module, (GatedDeltaNet, GatedAttention)):
+        return parallel(module)
+    mixers = (GatedDeltaNet, GatedAttention)
     swaps = [(parent, name, child) for parent in module.modules()
-             for name, child in parent.named_children() if isinstance(child, GatedDeltaNet)]
+             for name, child in parent.named_children() if isinstance(child, mixers)]
     if not swaps:
-        raise ValueError(f"{type(module).__name__} contains no GatedDeltaNet layer to make "
-                         "context-parallel")
-    done = [name for _, name, child in swaps if isinstance(child, ContextParallelGatedDeltaNet)]
+        raise ValueError(f"{type(module).__name__} contains no GatedDeltaNet (or GatedAttention) "
+                         "layer to make context-parallel")
+    done = [name for _, name, child in swaps
+            if isinstance(child, (ContextParallelGatedDeltaNet, ContextParallelGatedAttention))]
     if done:  # checked before swapping anything, so a failed call leaves the model unchanged
         raise ValueError(f"{type(module).__name__} has {len(done)} layer(s) already "
                          f"context-parallel (e.g. {done[0]!r}); call context_parallel once")
     for parent, name, child in swaps:
-        setattr(parent, name, ContextParallelGatedDeltaNet(child, group=group, mode=mode))
+        setattr(parent, name, parallel(child))
+    for decoder in module.modules():
+        if isinstance(decoder, HybridDecoder):
+            decoder.sequence_positions = shard_positions(group=group, layout=layout)
     return module

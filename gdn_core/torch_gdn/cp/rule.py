@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...cp_layout import Layout, check_layout
 from ...cp_modes import CPMode, check_cp_shape, check_mode
 from ...shapes import check_rule_args
 from ..chunk import initial_state_or_zeros
@@ -20,7 +21,8 @@ CP_RULES: dict[str, CPRule] = {
 }
 
 
-def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode, initial_state=None,
+def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
+                              layout: Layout = "contiguous", initial_state=None,
                               output_final_state=False, use_qk_l2norm=False, chunk_size=64):
     """Gated delta rule over a sequence split across the ranks of `group` (context parallel).
 
@@ -29,27 +31,33 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode, initial_
             beta [B, T/D, Hv]. Rank r of `group` holds tokens [r·T/D, (r+1)·T/D).
         group: the CP process group (gloo or NCCL); None means the default group.
         mode: one of CP_MODES ('ulysses', 'p2p', 'all_gather', 'log_scan').
+        layout: 'contiguous' (above) or 'zigzag' (gdn_core.cp_layout): the shard is then
+            segments r and 2D−1−r of 2D, in that order ([B, 2s, …], s = T/(2D)); o comes back
+            in the same local order. Every mode serves both, with no re-shard.
         initial_state: [B, Hv, Dk, Dv], the same on every rank: the state before token 0.
         use_qk_l2norm, chunk_size: as in chunk_gated_delta_rule.
     Returns:
         o: this rank's shard [B, T/D, Hv, Dv] in q's dtype, and, if asked, the float32 state
         after the whole global sequence [B, Hv, Dk, Dv], identical on every rank.
     Raises:
-        ValueError naming the numbers: unknown mode, bad shapes, ulysses with value heads
-        not divisible by D (fewer key heads than ranks is fine: they are copied).
+        ValueError naming the numbers: unknown mode or layout, bad shapes, a global sequence
+        not divisible by 2D under zigzag, ulysses with value heads not divisible by D (fewer
+        key heads than ranks is fine: they are copied).
 
     Backward exchanges too (the forward's exchange in reverse). Every rank must backpropagate
     through o, and through final_state on all ranks or on none: a rank whose loss skips it
     would skip a collective its peers wait for.
     """
     check_mode(mode)
+    check_layout(layout)
     B, T_local, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape,
         None if initial_state is None else initial_state.shape, chunk_size)
     _, D = rank_size(group)
     check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
+    check_layout(layout, chips=D, seq_len=T_local * D)
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)
     o, final_BHKV = CP_RULES[mode](
         q, k, v, g, beta, group=group, h0_BHKV=h0_BHKV, output_final_state=output_final_state,
-        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)
     return o.to(q.dtype), final_BHKV

@@ -31,7 +31,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
 from ...train_config import PARAM_SHARDINGS, TrainConfig
-from ..model import GDNBlock
+from ..model import DecoderBlock
 from ..train import build_optimizer
 from .comm import rank_size
 
@@ -63,7 +63,7 @@ def shard_parameters(model: nn.Module, train_cfg: TrainConfig, *, group) -> nn.M
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
                                   reduce_dtype=torch.float32 if bf16 else None)
     for block in model.modules():
-        if isinstance(block, GDNBlock):
+        if isinstance(block, DecoderBlock):
             fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     for unit in model.modules():
@@ -116,7 +116,7 @@ def weight_sync_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, train_
         return 0
     gather_bytes = 2 if train_cfg.dtype == "bfloat16" else 4
     reduce_bytes = 4
-    blocks = [m for m in model.modules() if isinstance(m, GDNBlock)]
+    blocks = [m for m in model.modules() if isinstance(m, DecoderBlock)]
     in_blocks = {id(p) for block in blocks for p in block.parameters()}
     block_numel = sum(_padded_shard_numel(p, D) for p in model.parameters() if id(p) in in_blocks)
     root_numel = sum(_padded_shard_numel(p, D) for p in model.parameters()

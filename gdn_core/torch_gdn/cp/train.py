@@ -1,7 +1,8 @@
 """Context-parallel training: the gradient sum over the CP group and a per-rank runner.
 
-Every rank of the CP group holds a contiguous sequence shard of the batch and the model in the
-layout of TrainConfig.param_sharding (cp.sharding: replicated, zero1 or fsdp over the group).
+Every rank of the CP group holds a sequence shard of the batch (cp_layout: contiguous, or the
+zigzag segments r and 2D−1−r) and the model (GDN-only, or the hybrid decoder whose attention
+layers run under `attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding: replicated, zero1 or fsdp over the group).
 Its loss is (sum of its token losses) / (global token count) (train_step's global_tokens), so
 the ranks' losses and parameter gradients each sum to the single-chip ones: `sum_gradients`
 all-reduces the gradients (SUM; gloo has no AVG) before the optimizer step (fsdp: FSDP2's
@@ -22,13 +23,14 @@ from torch import nn
 
 from ... import device_memory
 from ...config import ModelConfig
-from ...cp_modes import CPMode, check_cp_shape
+from ...cp_layout import Layout, check_layout, local_positions
+from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_cp_shape
 from ...data import synthetic_tokens
 from ...memory_model import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
-from ..model import GDNLanguageModel
-from ..train import build_model, train_step
+from ..train import build_model, language_model, train_step
+from .attention import check_attention_shape
 from .comm import count_comm, nbytes, rank_size, record
 from .layer import context_parallel
 from .sharding import (
@@ -79,12 +81,15 @@ def gradient_sync(param_sharding: str, *, group):
 
 
 def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
-                      device: str | torch.device = "cpu"):
+                      device: str | torch.device = "cpu", attn_cp: AttnCPMode = "all_gather_kv",
+                      layout: Layout = "contiguous"):
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
-    made context-parallel, train_cfg.remat set, laid out per train_cfg.param_sharding."""
+    made context-parallel (GDN layers `mode`, attention layers `attn_cp`, shards in `layout`),
+    train_cfg.remat set, laid out per train_cfg.param_sharding."""
     model = build_model(model_cfg, train_cfg, device)
     check_same_weights(model, group=group)
-    context_parallel(model, group=group, mode=mode)  # in place, before FSDP2 wraps the blocks
+    # In place, before FSDP2 wraps the blocks.
+    context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout)
     shard_parameters(model, train_cfg, group=group)
     return model, build_sharded_optimizer(model, train_cfg, group=group)
 
@@ -103,12 +108,18 @@ def check_same_weights(model: nn.Module, *, group) -> None:
                            f"to {high!r}; build the model with the same seed on every rank")
 
 
-def shard_batch(tokens_BT1: torch.Tensor, *, rank: int, chips: int):
-    """This rank's (inputs, targets) [B, t] of tokens [B, T+1]: tokens r·t … (r+1)·t−1."""
+def shard_batch(tokens_BT1: torch.Tensor, *, rank: int, chips: int,
+                layout: Layout = "contiguous"):
+    """This rank's (inputs, targets) [B, t] of tokens [B, T+1]: the positions
+    cp_layout.local_positions gives it (contiguous: r·t … (r+1)·t−1), in local order."""
     T = tokens_BT1.shape[1] - 1
-    t = T // chips
-    seq = slice(rank * t, (rank + 1) * t)
-    return tokens_BT1[:, :-1][:, seq], tokens_BT1[:, 1:][:, seq]
+    if layout == "contiguous":
+        t = T // chips
+        seq = slice(rank * t, (rank + 1) * t)
+        return tokens_BT1[:, :-1][:, seq], tokens_BT1[:, 1:][:, seq]
+    positions = torch.from_numpy(local_positions(chip=rank, chips=chips, seq_len=T,
+                                                 layout=layout)).to(tokens_BT1.device)
+    return tokens_BT1[:, :-1][:, positions], tokens_BT1[:, 1:][:, positions]
 
 
 class _GradientsOnly(torch.optim.Optimizer):
@@ -156,7 +167,7 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     weights = {name: p.detach() for name, p in zip(names, full_tensors(list(params)))}
     err = torch.zeros(1, dtype=torch.float64, device=device)
     if rank == 0:
-        ref = GDNLanguageModel(model_cfg).to(device)
+        ref = language_model(model_cfg).to(device)
         ref.load_state_dict(weights)
         ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
                               tokens_BT1[:, 1:], global_tokens=global_tokens,
@@ -187,15 +198,36 @@ def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     return int(length.item()) or None
 
 
+def check_cp_training_shape(model_cfg: ModelConfig, *, chips: int, seq_len: int, mode: CPMode,
+                            attn_cp: AttnCPMode = "all_gather_kv",
+                            layout: Layout = "contiguous") -> None:
+    """Raise ValueError naming the numbers when the GDN `mode`, the attention layers' `attn_cp`
+    (hybrid decoder only) or `layout` cannot split seq_len tokens of this model over chips."""
+    gdn = model_cfg.gdn
+    check_attn_cp(attn_cp)
+    check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
+                   num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+    check_layout(layout, chips=chips, seq_len=seq_len)  # zigzag: seq_len divisible by 2D
+    if model_cfg.layers == "hybrid":
+        attention = model_cfg.attention
+        check_attention_shape(mode=attn_cp, chips=chips, seq_len=seq_len, layout=layout,
+                              num_heads=attention.num_heads,
+                              num_kv_heads=attention.num_kv_heads)
+
+
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                     steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
                     verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+                    verify_memory_budget_bytes: int | None = None,
+                    attn_cp: AttnCPMode = "all_gather_kv",
+                    layout: Layout = "contiguous") -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group`.
 
     Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
-    checked by a checksum; context-parallel; train_cfg.remat and param_sharding applied),
-    takes its contiguous shard of the train_cfg.seq_len tokens, and runs warmup_steps untimed
+    checked by a checksum; context-parallel with GDN `mode` and, in a hybrid decoder
+    (model_cfg.layers 'hybrid'), attention `attn_cp`; train_cfg.remat and param_sharding
+    applied), takes its shard of the train_cfg.seq_len tokens in `layout`
+    (shard_batch), and runs warmup_steps untimed
     then `steps` timed steps of train_step (grad_sync: gradient_sync). A step's time starts
     after a barrier (ranks start together) and ends with the device synchronised. CP bytes are
     counted over the first timed step (under remat they include the exchanges its backward
@@ -208,22 +240,22 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     Peak memory is measured over the whole run, verify included (device_memory: CUDA's
     allocator peak, on CPU the process's RSS high-water mark); torch has no compile-time
     estimate (estimated_memory_bytes None) and no compile (compile_time_s 0).
-    Raises ValueError naming the numbers when `mode` cannot split the shape over the group.
+    Raises ValueError naming the numbers when `mode`, `attn_cp` or `layout` cannot split the
+    shape over the group (check_cp_training_shape).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
     rank, D = rank_size(group)
-    gdn = model_cfg.gdn
-    check_cp_shape(mode=mode, chips=D, seq_len=train_cfg.seq_len, num_k_heads=gdn.num_k_heads,
-                   num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+    check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=mode,
+                            attn_cp=attn_cp, layout=layout)
     device = torch.device(device)
     device_memory.torch_reset_peak(device)
     model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=mode,
-                                         device=device)
+                                         device=device, attn_cp=attn_cp, layout=layout)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
-    inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D)
+    inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D, layout=layout)
     max_rel_err = verified_seq_len = None
     if verify:
         verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=mode,
@@ -232,7 +264,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
         if verified_seq_len is not None:
             prefix_BT1 = tokens_BT1[:, :verified_seq_len + 1]
             max_rel_err = verify_against_single_chip(
-                model, *shard_batch(prefix_BT1, rank=rank, chips=D), prefix_BT1,
+                model, *shard_batch(prefix_BT1, rank=rank, chips=D, layout=layout), prefix_BT1,
                 model_cfg=model_cfg, train_cfg=dataclasses.replace(
                     train_cfg, seq_len=verified_seq_len), group=group)
     grad_sync = gradient_sync(train_cfg.param_sharding, group=group)

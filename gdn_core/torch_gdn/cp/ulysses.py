@@ -9,12 +9,18 @@ the one-chip rule runs there, and one all-to-all brings o back to [B, t, Hv, Dv]
 state, if asked, is an all-gather over heads. Received per rank and direction:
     (D−1)·B·t·(2·G·Dk·|q| + (Hv/D)·(Dv·|v| + |g| + |β|) + (Hv/D)·Dv·|o|)   bytes
 (|x| the item size) — (D−1)/D of the local tokens × channels, with D·G key heads for Hk.
+
+Under layout='zigzag' the all-to-all is the same (the same bytes); what arrives is the whole
+sequence in shard order (rank 0's two segments, then rank 1's, …), which each rank puts in
+sequence order before the rule (a local permutation) and back in shard order before the
+all-to-all that returns o.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...cp_layout import Layout, shard_order
 from ...cp_modes import UlyssesHeads
 from ..chunk import chunk_gated_delta_rule
 from .comm import all_gather, all_to_all_single, rank_size
@@ -37,9 +43,20 @@ def key_heads_for_chips(x_BtGd: torch.Tensor, plan: UlyssesHeads) -> torch.Tenso
     return x_BtGd.index_select(2, torch.tensor(heads, device=x_BtGd.device))
 
 
-def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group) -> list[torch.Tensor]:
-    """Sequence shards [B, t, H, d] → head shards [B, D·t, H/D, d]; one all-to-all per dtype."""
+def _sequence_order(layout: Layout, D: int, t: int, device) -> torch.Tensor | None:
+    """Where the sequence's tokens lie in the shard-ordered [B, D·t, …] (None: in place)."""
+    if layout == "contiguous":
+        return None
+    order = shard_order(chips=D, seq_len=D * t, layout=layout)
+    return torch.from_numpy(order.argsort()).to(device)
+
+
+def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group,
+                 layout: Layout = "contiguous") -> list[torch.Tensor]:
+    """Sequence shards [B, t, H, d] → head shards [B, D·t, H/D, d] in sequence order; one
+    all-to-all per dtype."""
     _, D = rank_size(group)
+    to_sequence = _sequence_order(layout, D, xs_BtHd[0].shape[1], xs_BtHd[0].device)
     out: list[torch.Tensor | None] = [None] * len(xs_BtHd)
     for dtype in dict.fromkeys(x.dtype for x in xs_BtHd):
         idx = [i for i, x in enumerate(xs_BtHd) if x.dtype == dtype]
@@ -49,14 +66,20 @@ def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group) -> list[torch.Tensor]:
             B, t, H, d = xs_BtHd[i].shape
             # row s came from rank s = sequence shard s: [D, B, t, H/D, d] → [B, D·t, H/D, d]
             piece = piece.reshape(D, B, t, H // D, d).permute(1, 0, 2, 3, 4)
-            out[i] = piece.reshape(B, D * t, H // D, d).contiguous()
+            piece = piece.reshape(B, D * t, H // D, d)
+            out[i] = (piece if to_sequence is None else piece.index_select(1, to_sequence)
+                      ).contiguous()
     return out
 
 
-def heads_to_seq(o_BTHV: torch.Tensor, *, group) -> torch.Tensor:
-    """Head shard [B, D·t, H/D, V] → sequence shard [B, t, H, V] (one all-to-all)."""
+def heads_to_seq(o_BTHV: torch.Tensor, *, group, layout: Layout = "contiguous") -> torch.Tensor:
+    """Head shard [B, D·t, H/D, V] in sequence order → sequence shard [B, t, H, V] (one
+    all-to-all)."""
     _, D = rank_size(group)
     B, T, Hl, V = o_BTHV.shape
+    if layout != "contiguous":  # into shard order: row block s goes to rank s
+        order = shard_order(chips=D, seq_len=T, layout=layout)
+        o_BTHV = o_BTHV.index_select(1, torch.from_numpy(order).to(o_BTHV.device))
     send = o_BTHV.reshape(B, D, T // D, Hl, V).permute(1, 0, 2, 3, 4).reshape(D, -1)
     recv = all_to_all_single(send, group=group, op="ulysses")
     # row s is head group s of this rank's tokens: [D, B, t, Hl, V] → [B, t, D·Hl, V]
@@ -66,7 +89,7 @@ def heads_to_seq(o_BTHV: torch.Tensor, *, group) -> torch.Tensor:
 
 def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor,
                                    output_final_state: bool, use_qk_l2norm: bool,
-                                   chunk_size: int):
+                                   chunk_size: int, layout: Layout = "contiguous"):
     """This rank's shard of o ([B, T/D, Hv, Dv], q's dtype) and the global final state (or None).
 
     Value heads must be divisible by D (checked by the caller via check_cp_shape).
@@ -75,13 +98,13 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
     plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
     q_h, k_h, v_h, g_h, beta_h = seq_to_heads(
         [key_heads_for_chips(q, plan), key_heads_for_chips(k, plan), v, g.unsqueeze(-1),
-         beta.unsqueeze(-1)], group=group)
+         beta.unsqueeze(-1)], group=group, layout=layout)
     heads = plan.value_heads(rank)
     o_h, final_local = chunk_gated_delta_rule(
         q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1),
         initial_state=h0_BHKV[:, heads.start:heads.stop], output_final_state=output_final_state,
         use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
-    o = heads_to_seq(o_h, group=group)
+    o = heads_to_seq(o_h, group=group, layout=layout)
     if not output_final_state:
         return o, None
     final = torch.cat(all_gather(final_local.contiguous(), group=group, op="ulysses_final_state"),

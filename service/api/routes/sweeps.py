@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from service.api.deps import SchedulerDep, SessionDep, SettingsDep, TokenDep
 from service.api.params import Offset, RowId
 from service.db import crud
+from service.db.bounds import DB_INT_MAX
 from service.db.models import FINAL_SWEEP_STATUSES
 from service.db.schemas import SweepCreate, SweepCreated, SweepPublic, SweepsPublic, TrialsPublic
 from service.runs.admission import grid_cap_error
@@ -81,9 +82,13 @@ def _replayed(earlier, sweep_in: SweepCreate, response: Response) -> SweepCreate
 
 @router.get("", response_model=SweepsPublic)
 def list_sweeps(session: SessionDep, offset: Offset = 0,
-                limit: Annotated[int, Query(ge=1, le=200)] = 20) -> SweepsPublic:
+                limit: Annotated[int, Query(ge=1, le=200)] = 20,
+                schedule_id: Annotated[int | None, Query(
+                    ge=1, le=DB_INT_MAX, description="only the sweeps this schedule created")
+                ] = None) -> SweepsPublic:
     """Sweeps, newest first, each with its trial counts per status."""
-    sweeps, count = crud.list_sweeps(session=session, offset=offset, limit=limit)
+    sweeps, count = crud.list_sweeps(session=session, offset=offset, limit=limit,
+                                     schedule_id=schedule_id)
     counts = crud.status_counts(session=session, sweep_ids=[s.id for s in sweeps])
     return SweepsPublic(count=count, data=[crud.sweep_public(sweep=s, counts=counts[s.id])
                                            for s in sweeps])

@@ -21,6 +21,7 @@ GS.api = async function (path, opts = {}) {
   if (!res.ok) {
     const err = new Error(GS.errorText(res.status, data));
     err.status = res.status;
+    err.data = data;  // a 422's items, for pages that show each beside its field
     throw err;
   }
   return data;
@@ -134,7 +135,7 @@ GS.header = function (active) {
   const link = (href, text) => GS.el("a", { href, style: active === href ? "font-weight:600" : null },
                                      text);
   document.body.prepend(GS.el("header", {}, GS.el("span", { class: "brand" }, "gdn-sweep"),
-    link("/", "Sweeps"), link("/results", "Results"), link("/compare", "Compare"),
-    link("/planner", "Planner"),
+    link("/", "Sweeps"), link("/schedules", "Schedules"), link("/results", "Results"),
+    link("/compare", "Compare"), link("/planner", "Planner"),
     link("/docs", "API")));
 };

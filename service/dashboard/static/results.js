@@ -7,7 +7,8 @@ const PAGE = 100;
 let offset = 0;
 const DEFAULT_SORT = "-tokens_per_s_per_chip";  // the API's: left out of the link
 
-const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat"];
+const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
+                 "layers", "attn_cp", "layout"];
 const LISTS = ["chips", "repeat"];  // comma-separated in the form
 const NUMBERS = ["seq_len_min", "seq_len_max", "sweep_id"];
 const FORM_PARAMS = new Set([...SELECTS, ...LISTS, ...NUMBERS, "sort", "offset"]);
@@ -67,7 +68,8 @@ function resultRow(t) {
     GS.el("td", {}, t.kind || ""), GS.el("td", {}, t.preset), GS.el("td", {}, t.framework),
     GS.el("td", {}, t.mode), num(t.chips), num(GS.num(t.seq_len, 21)), num(t.batch_size),
     GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
-    GS.el("td", {}, t.remat), num(t.repeat), GS.el("td", {}, t.accelerator),
+    GS.el("td", {}, t.remat), GS.el("td", {}, t.layers), GS.el("td", {}, t.attn_cp || ""),
+    GS.el("td", {}, t.layout), num(t.repeat), GS.el("td", {}, t.accelerator),
     GS.el("td", {}, t.device_name || ""), GS.attempts(t),
     num(GS.num(t.tokens_per_s_per_chip)),
     num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
@@ -116,6 +118,9 @@ async function init() {
   fillSelect("f-dtype", o.dtypes, "any");
   fillSelect("f-param_sharding", o.param_shardings, "any");
   fillSelect("f-remat", o.remats, "any");
+  fillSelect("f-layers", o.layers, "any");
+  fillSelect("f-attn_cp", o.attn_cps, "any");
+  fillSelect("f-layout", o.layouts, "any");
   fillSelect("f-sort", o.result_sort_fields);
   choose(field("sort"), [DEFAULT_SORT.slice(1)]);
   readQuery(new URLSearchParams(window.location.search));

@@ -8,6 +8,8 @@ function trialRow(t, repeated) {
   const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
   const loss = t.loss_first === null ? "" : `${GS.num(t.loss_first, 4)} → ${GS.num(t.loss_last, 4)}`;
   const settings = `${t.dtype} · ${t.param_sharding} · remat ${t.remat}` +
+                   (t.layers === "hybrid" ? ` · hybrid${t.attn_cp ? ", attn " + t.attn_cp : ""}` : "") +
+                   (t.layout === "zigzag" ? " · zigzag" : "") +
                    (repeated ? ` · repeat ${t.repeat}` : "");
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
                        "data-attempts": t.attempt_history.length },
@@ -41,6 +43,9 @@ function showSweep(s, trials) {
     `dtypes ${s.spec.dtypes.join(", ")} · param shardings ${s.spec.param_shardings.join(", ")} · ` +
     `remats ${s.spec.remats.join(", ")} · ${s.spec.warmup_steps} warm-up + ${s.spec.steps} measured steps · ` +
     `${a.kind}/${a.type} · frameworks ${s.spec.frameworks.join(", ")} · modes ${s.spec.modes.join(", ")}` +
+    ` · layers ${(s.spec.layers || ["gdn_only"]).join(", ")}` +
+    ((s.spec.layers || []).includes("hybrid") ? ` · attention CP ${s.spec.attn_cps.join(", ")}` : "") +
+    ` · layouts ${(s.spec.layouts || ["contiguous"]).join(", ")}` +
     (s.spec.repeats > 1 ? ` · ${s.spec.repeats} repeats of every point` : "") +
     (s.spec.one_chip_baseline && s.spec.chips.includes(1) ? " · one-chip baseline (mode none) shared by every mode" : "");
   document.getElementById("sweep-error").textContent = s.error || "";

@@ -30,9 +30,12 @@ function formBody() {
   const model = { preset: value("preset") };
   if (optionalInt("num_layers") !== null) model.num_layers = optionalInt("num_layers");
   if (optionalInt("vocab_size") !== null) model.vocab_size = optionalInt("vocab_size");
+  const layers = checkedValues("layers");
   return {
     name: value("name"), kinds: checkedValues("kinds"), frameworks: checkedValues("frameworks"),
-    modes: checkedValues("modes"),
+    modes: checkedValues("modes"), layers, layouts: checkedValues("layouts"),
+    // the attention layers' CP modes mean something only for the hybrid decoder
+    ...(layers.includes("hybrid") ? { attn_cps: checkedValues("attn_cps") } : {}),
     chips: intList(value("chips")), seq_lens: intList(value("seq_lens")), model,
     batch_size: Number(value("batch_size")), dtypes: checkedValues("dtypes"),
     param_shardings: checkedValues("param_shardings"), remats: checkedValues("remats"),
@@ -51,7 +54,9 @@ function formBody() {
 function showGridSize() {
   const b = formBody();
   const chips = new Set(b.chips), baseline = chips.has(1) ? 1 : 0;
-  const points = b.modes.length * (chips.size - baseline) + baseline;
+  // per decoder: modes × attention CP modes (hybrid only) × layouts × chip counts
+  const points = b.layers.reduce((total, layers) => total + b.modes.length *
+    (layers === "hybrid" ? b.attn_cps.length : 1) * b.layouts.length * (chips.size - baseline) + baseline, 0);
   const settings = (frameworks) => [frameworks, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
     .reduce((product, values) => product * values.length, 1);
   const n = b.kinds.reduce((total, kind) => total + (kind === "plan"
@@ -112,6 +117,9 @@ async function init() {
   checkboxes(document.getElementById("kinds"), "kinds", options.kinds, ["measure"]);
   checkboxes(document.getElementById("frameworks"), "frameworks", options.frameworks, options.frameworks);
   checkboxes(document.getElementById("modes"), "modes", options.modes, ["all_gather", "p2p"]);
+  checkboxes(document.getElementById("layers"), "layers", options.layers, ["gdn_only"]);
+  checkboxes(document.getElementById("attn_cps"), "attn_cps", options.attn_cps, ["all_gather_kv"]);
+  checkboxes(document.getElementById("layouts"), "layouts", options.layouts, ["contiguous"]);
   fillSelect(document.getElementById("preset"), options.presets, "tiny");
   checkboxes(document.getElementById("dtypes"), "dtypes", options.dtypes, ["float32"]);
   checkboxes(document.getElementById("param_shardings"), "param_shardings", options.param_shardings, ["replicated"]);
