@@ -508,7 +508,6 @@ def run_sweep_into_jsonl(spec_path: str | Path | None, *, settings: Settings,
     """Run a sweep file into a JSON-lines file (see `jsonl_target`), or continue the sweep a
     file holds (`resume_file`: its header gives the spec); exit codes as run_sweep_into_db.
     The file is made only once Ray is reached: a sweep that could not run leaves no file."""
-    from workers.cluster import connect_ray, shutdown_ray
     from workers.driver import run_sweep
     from workers.progress import format_event
 
@@ -536,16 +535,11 @@ def run_sweep_into_jsonl(spec_path: str | Path | None, *, settings: Settings,
         if line:
             print(line, file=out, flush=True)
 
+    ray = RayConnection.from_settings(settings)
     try:
-        if needs_ray(spec):
-            try:
-                connect_ray(settings.ray_address, cpu_chips=settings.cpu_chips,
-                            dashboard_port=settings.ray_dashboard_port,
-                            include_dashboard=settings.ray_include_dashboard)
-            except Exception as err:  # noqa: BLE001 - one line: auth, version, ...
-                print(f"cannot reach Ray: {type(err).__name__}: {_first_line(str(err))}",
-                      file=sys.stderr)
-                return EXIT_TRIALS_FAILED
+        if needs_ray(spec) and not ray.ensure():
+            print(f"cannot reach Ray: {_first_line(ray.error)}", file=sys.stderr)
+            return EXIT_TRIALS_FAILED
         sink = JsonLinesSink.create(path, spec) if fresh else JsonLinesSink(path)
         uid = read_jsonl(path).header["uid"]
         print(f"sweep {uid} {spec.name!r}: {spec.grid_size} trial(s) into {path}", file=out,
@@ -558,7 +552,7 @@ def run_sweep_into_jsonl(spec_path: str | Path | None, *, settings: Settings,
               f"--resume {path} (results so far in {path})", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        shutdown_ray()
+        ray.shutdown()
     rows = _file_rows(path, spec)
     ok = all(r.status in SUCCESSFUL for r in rows)
     _print_summary(summary_out, uid, spec.name, "finished" if ok else "finished with failures",
