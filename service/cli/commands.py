@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import TextIO
 
 from service.core.config import Settings
@@ -183,27 +182,6 @@ def results(*, database_url: str | None = None, csv: bool = False, out: TextIO =
 
     out.write(to_table(rows, count))
     return 0
-
-
-def run_with_db(spec_path: str | Path | None, *, database_url: str | None = None,
-                ray_address: str | None = None, max_concurrent_trials: int | None = None,
-                cpu_chips: int | None = None, resume_sweep_id: int | None = None,
-                progress: bool = True, out: TextIO = sys.stderr, driver_options=None) -> int:
-    """Run the sweep of a YAML file in the foreground into the database, with a progress bar.
-
-    The sweep shows up in the dashboard like one submitted through the API. With
-    `resume_sweep_id`, the trials of that sweep without a result run again (the file is not
-    read); running the same file again resumes an unfinished identical sweep. Ctrl-C stops
-    (running trials are killed) and leaves the sweep queued to resume. `driver_options` is a
-    workers.options.DriverOptions (placement/start timeouts, retries, warm reuse). Exit
-    codes: see service/foreground.py.
-    """
-    from service.runs.foreground import run_sweep_into_db
-
-    settings = cli_settings(database_url=database_url, ray_address=ray_address,
-                         max_concurrent_trials=max_concurrent_trials, cpu_chips=cpu_chips)
-    return run_sweep_into_db(spec_path, settings=settings, resume_sweep_id=resume_sweep_id,
-                             progress=progress, out=out, driver_options=driver_options)
 
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:

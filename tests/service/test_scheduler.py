@@ -9,7 +9,6 @@ its second attempt, and the database and API keep the first attempt's reason.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import threading
@@ -20,7 +19,6 @@ import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service.cli.commands import run_with_db
 from service.core.config import Settings
 from service.db import crud
 from service.db.engine import make_engine, make_session_factory, upgrade_database
@@ -144,14 +142,17 @@ def test_cancel_stops_the_running_trial_and_cancels_the_rest(local_ray, sqlite_d
 
 
 @pytest.mark.timeout(180)
-def test_run_a_sweep_file_into_the_database_with_progress(local_ray, sqlite_db, tmp_path):
+def test_run_a_sweep_file_into_the_database_with_progress(local_ray, sqlite_db, tmp_path,
+                                                          capsys):
+    from service.cli.main import main
+
     url, session_factory = sqlite_db
     sweep_file = tmp_path / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump({**TINY_SWEEP, "name": "from yaml",
                                           "seq_lens": [64, 128]}))
-    out = io.StringIO()
-    assert run_with_db(sweep_file, database_url=url, max_concurrent_trials=1, out=out) == 0
-    printed = out.getvalue()
+    assert main(["run", str(sweep_file), "--db", url, "--max-concurrent-trials", "1"]) == 0
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
     assert "2/2" in printed and "sweep 1: finished (succeeded 2)" in printed, printed
     with session_factory() as s:
         sweep = s.get(Sweep, 1)
