@@ -107,14 +107,15 @@ def np32(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().numpy()
 
 
-def run_case(rank: int, D: int, case: CPCase) -> dict:
-    """One rank of one case: the shard's o, the final state, input grads, counted bytes."""
+def run_case(rank: int, D: int, case: CPCase, group=None) -> dict:
+    """One rank of one case: the shard's o, the final state, input grads, counted bytes
+    (`rank` of the CP `group`; None: the world)."""
     x = global_inputs(case)
     seq = slice(rank * case.t, (rank + 1) * case.t)
     xs = as_tensors(x, case, seq)
     with count_comm() as comm:
         o, final = chunk_gated_delta_rule_cp(
-            *(xs[n] for n in NAMES[:5]), group=None, mode=case.mode,
+            *(xs[n] for n in NAMES[:5]), group=group, mode=case.mode,
             initial_state=xs["initial_state"], output_final_state=case.final,
             use_qk_l2norm=True, chunk_size=CHUNK)
         # The final-state term is the same on every rank, weighted 1/D: the ranks' losses sum to
@@ -163,7 +164,18 @@ def cp_job(rank: int, D: int) -> dict:
     out["halo"] = run_halo(rank, D)
     out["unknown_mode"] = error_message(D, "ring", 2, 4)
     out["ulysses_heads"] = error_message(D, "ulysses", 1, D + 1)
+    if D == 4:
+        out["subgroups"] = subgroup_cases(rank)
     return out
+
+
+def subgroup_cases(rank: int) -> dict:
+    """Every mode on CP groups {0, 1} and {2, 3} of a world of 4: the group without global
+    rank 0 is where a collective taking a group rank for a global one fails."""
+    import torch.distributed as dist
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    return {m: run_case(rank % 2, 2, CPCase(m, 2), group=groups[rank // 2]) for m in MODES}
 
 
 @functools.cache
@@ -326,3 +338,16 @@ def test_validation_errors(D):
     msg = r["ulysses_heads"]
     assert f"value heads ({D + 1}) divisible by chips={D}" in msg, msg
     assert "chips must be one of 1" in msg, msg
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", MODES)
+def test_modes_on_cp_subgroups(mode):
+    """CP groups inside a larger world (a data-parallel × CP mesh): each group of two equals
+    one chip on its sequence, the group holding global ranks 2, 3 included."""
+    ranks = cp_results(4)
+    ref = reference(CPCase(mode, 2))
+    for group in (ranks[0:2], ranks[2:4]):
+        got = gathered([r["subgroups"][mode] for r in group])
+        for name in ("o",) + NAMES:
+            assert_close(f"{mode} {name}", ref[name], got[name], TOL)

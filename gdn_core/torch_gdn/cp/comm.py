@@ -74,7 +74,7 @@ def rank_size(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _global(group, group_rank: int) -> int:
+def global_rank(group, group_rank: int) -> int:
     return dist.get_global_rank(group, group_rank) if group is not None else group_rank
 
 
@@ -84,10 +84,10 @@ def send_recv(send: torch.Tensor | None, send_to: int | None, recv: torch.Tensor
     be None), as one batch; blocks until both are done. Not differentiable (a building block)."""
     ops = []
     if send is not None and send_to is not None:
-        ops.append(dist.P2POp(dist.isend, send.contiguous(), _global(group, send_to), group, tag))
+        ops.append(dist.P2POp(dist.isend, send.contiguous(), global_rank(group, send_to), group, tag))
     if recv is not None and recv_from is not None:
         assert recv.is_contiguous()
-        ops.append(dist.P2POp(dist.irecv, recv, _global(group, recv_from), group, tag))
+        ops.append(dist.P2POp(dist.irecv, recv, global_rank(group, recv_from), group, tag))
         record(op, nbytes(recv), backward=backward)
     for work in dist.batch_isend_irecv(ops) if ops else ():
         work.wait()
@@ -148,14 +148,34 @@ class _BackwardTap(torch.autograd.Function):
         return (None, None) + tuple(g.contiguous() for g in grads)
 
 
+class _AllGather(torch.autograd.Function):
+    """x of every rank → [D, *x.shape], gathered into one buffer; backward: a reduce-scatter
+    (each rank sums the D ranks' gradients of its own x). Single-buffer collectives serve any
+    subgroup on gloo; torch.distributed.nn's all_gather backward scatters from group ranks
+    taken as global ones, which fails on a group not starting at global rank 0."""
+
+    @staticmethod
+    def forward(ctx, x, group, op):
+        D = rank_size(group)[1]
+        ctx.group, ctx.op = group, op
+        gathered = x.new_empty((D * x.numel(),))
+        dist.all_gather_single(gathered, x.reshape(-1), group=group)
+        record(op, (D - 1) * nbytes(x), backward=False)
+        return gathered.view(D, *x.shape)
+
+    @staticmethod
+    def backward(ctx, d_gathered):
+        D = rank_size(ctx.group)[1]
+        dx = d_gathered.new_empty(d_gathered.shape[1:])
+        dist.reduce_scatter_single(dx.view(-1), d_gathered.contiguous().view(-1),
+                                   group=ctx.group)
+        record(ctx.op, (D - 1) * nbytes(dx), backward=True)
+        return dx, None, None
+
+
 def all_gather(x: torch.Tensor, *, group, op: str = "all_gather") -> list[torch.Tensor]:
     """Differentiable all-gather: [x_0, …, x_{D−1}] (x_r from rank r). Counts (D−1)·|x| each way."""
-    _, D = rank_size(group)
-    x = x.contiguous()
-    record(op, (D - 1) * nbytes(x), backward=False)
-    with _no_deprecation_warning():
-        parts = dist_fn.all_gather(x, group=group)
-    return list(_BackwardTap.apply(op, (D - 1) * nbytes(x), *parts))
+    return list(_AllGather.apply(x.contiguous(), group, op).unbind(0))
 
 
 def all_to_all_single(x: torch.Tensor, *, group, op: str = "all_to_all") -> torch.Tensor:
@@ -181,7 +201,7 @@ class _Broadcast(torch.autograd.Function):
         rank, D = rank_size(group)
         ctx.src, ctx.group, ctx.op = src, group, op
         y = x.detach().clone(memory_format=torch.contiguous_format)
-        dist.broadcast(y, _global(group, src), group=group)
+        dist.broadcast(y, global_rank(group, src), group=group)
         if rank != src:
             record(op, nbytes(y), backward=False)
         return y
@@ -190,7 +210,7 @@ class _Broadcast(torch.autograd.Function):
     def backward(ctx, dy):
         rank, D = rank_size(ctx.group)
         dx = dy.clone(memory_format=torch.contiguous_format)
-        dist.reduce(dx, _global(ctx.group, ctx.src), op=dist.ReduceOp.SUM, group=ctx.group)
+        dist.reduce(dx, global_rank(ctx.group, ctx.src), op=dist.ReduceOp.SUM, group=ctx.group)
         if rank != ctx.src:
             return torch.zeros_like(dx), None, None, None
         record(ctx.op, (D - 1) * nbytes(dx), backward=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import _global, nbytes, rank_size, record, shift
+from .comm import global_rank, nbytes, rank_size, record, shift
 
 _TAG = 10
 
@@ -74,12 +74,12 @@ def _swap(to_prev, to_next, from_prev, from_next, *, group, tags: tuple[int, int
     up, down = tags
     ops = []
     if rank > 0:
-        ops += [dist.P2POp(dist.isend, to_prev.contiguous(), _global(group, rank - 1), group, down),
-                dist.P2POp(dist.irecv, from_prev, _global(group, rank - 1), group, up)]
+        ops += [dist.P2POp(dist.isend, to_prev.contiguous(), global_rank(group, rank - 1), group, down),
+                dist.P2POp(dist.irecv, from_prev, global_rank(group, rank - 1), group, up)]
         record("conv_halo", nbytes(from_prev), backward=backward)
     if rank < D - 1:
-        ops += [dist.P2POp(dist.isend, to_next.contiguous(), _global(group, rank + 1), group, up),
-                dist.P2POp(dist.irecv, from_next, _global(group, rank + 1), group, down)]
+        ops += [dist.P2POp(dist.isend, to_next.contiguous(), global_rank(group, rank + 1), group, up),
+                dist.P2POp(dist.irecv, from_next, global_rank(group, rank + 1), group, down)]
         record("conv_halo", nbytes(from_next), backward=backward)
     for work in dist.batch_isend_irecv(ops) if ops else ():
         work.wait()
