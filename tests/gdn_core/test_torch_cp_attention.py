@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from gdn_core.cp_layout import LAYOUTS, local_positions
@@ -19,14 +20,20 @@ from gdn_core.cp_modes import ATTN_CP_MODES
 from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn.cp import count_comm
 from gdn_core.torch_gdn.cp.attention import (
+    BLOCK_TOKENS,
+    _block_pairs,
+    _GatheredAttention,
     _visible_pairs,
     attention_cp,
     check_attention_shape,
     ring_saved_bytes_bound,
 )
 
+from .test_torch_cp_attention_memory import memory_job
+
 DS = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
 B, T_LOCAL, E, TOL = 2, 12, 8, 1e-4  # zigzag: two segments of 6 tokens per rank
+BLOCK = 4  # tile tokens: 3 tiles per contiguous segment, 4 + 2 per zigzag one
 
 
 def heads(D: int) -> tuple[int, int]:
@@ -52,8 +59,9 @@ def positions(rank: int, D: int, layout: str) -> np.ndarray:
     return local_positions(chip=rank, chips=D, seq_len=D * T_LOCAL, layout=layout)
 
 
-def run_case(rank: int, D: int, mode: str, layout: str) -> dict:
-    """One rank: o, dq, dk, dv of its shard, counted bytes and the bytes autograd saved."""
+def run_case(rank: int, D: int, mode: str, layout: str, group=None) -> dict:
+    """One rank (its position in `group`, of D): o, dq, dk, dv of its shard, counted bytes and
+    the bytes autograd saved."""
     x, pos = data(D), positions(rank, D, layout)
     q, k, v = (torch.tensor(x[n][:, pos]).requires_grad_() for n in ("q", "k", "v"))
     saved = []
@@ -64,7 +72,7 @@ def run_case(rank: int, D: int, mode: str, layout: str) -> dict:
 
     with count_comm() as comm:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            o = attention_cp(q, k, v, group=None, mode=mode, layout=layout)
+            o = attention_cp(q, k, v, group=group, mode=mode, layout=layout, block=BLOCK)
         (o * torch.tensor(x["W"][:, pos])).sum().backward()
     return {"o": o.detach().numpy(), "dq": q.grad.numpy(), "dk": k.grad.numpy(),
             "dv": v.grad.numpy(), "forward": comm.forward_bytes,
@@ -82,10 +90,23 @@ def error_of(D: int) -> str:
     return "no error"
 
 
+def subgroup_cases(rank: int, world: int) -> dict:
+    """Every attention case on CP groups of 2 inside the world ({0, 1}, {2, 3}, …): the group
+    that does not hold global rank 0 is where a group rank taken for a global one fails."""
+    groups = [dist.new_group([g, g + 1]) for g in range(0, world, 2)]  # every rank calls each
+    group = groups[rank // 2]
+    return {(m, lay): run_case(rank % 2, 2, m, lay, group=group)
+            for m in ATTN_CP_MODES for lay in LAYOUTS}
+
+
 def attention_job(rank: int, D: int) -> dict:
-    """Every attention case of one rank (run inside test_torch_cp_hybrid's spawned job)."""
+    """Every attention case of one rank (run inside test_torch_cp_hybrid's spawned job), plus
+    its allocator peaks (test_torch_cp_attention_memory) and, at D = 4, the cases on subgroups."""
     out = {(m, lay): run_case(rank, D, m, lay) for m in ATTN_CP_MODES for lay in LAYOUTS}
     out["few_heads"] = error_of(D)
+    out["memory"] = memory_job(rank, D)
+    if D == 4:
+        out["subgroups"] = subgroup_cases(rank, D)
     return out
 
 
@@ -172,28 +193,73 @@ def test_ring_saves_only_its_own_blocks(D):
             assert r[("all_gather_kv", layout)]["saved"] >= kv_gathered
 
 
-def test_zigzag_balances_ring_work():
-    """Score elements each rank computes: under contiguous the last rank does 2D−1 times the
-    first's; under zigzag every rank does the same (fully masked segment pairs are skipped)."""
+@pytest.mark.parametrize("block", [2, 3, 8])
+def test_zigzag_balances_ring_work(block):
+    """Score elements each rank computes, in tiles of `block` tokens (a causal tile counts
+    half): under contiguous the last rank does 2D−1 times the first's; under zigzag every rank
+    does the same; either way the tiles do exactly the causal work of whole segment pairs
+    (tiles above the diagonal, and segment pairs whose keys all follow, are skipped)."""
     D, t = 4, 8
 
-    def work(rank, layout):
+    def work(rank, layout, pairs):
         return sum((q.stop - q.start) * (k.stop - k.start) / (2 if causal else 1)
-                   for hop in range(D)
-                   for q, k, causal in _visible_pairs(rank, (rank - hop) % D, D, t, layout))
+                   for hop in range(D) for q, k, causal in pairs(rank, (rank - hop) % D, layout))
 
-    contiguous = [work(r, "contiguous") for r in range(D)]
-    zigzag = [work(r, "zigzag") for r in range(D)]
+    def tiles(q_rank, k_rank, layout):
+        return _block_pairs(q_rank, k_rank, D, t, layout, block)
+
+    def segment_pairs(q_rank, k_rank, layout):
+        return _visible_pairs(q_rank, k_rank, D, t, layout)
+
+    contiguous = [work(r, "contiguous", tiles) for r in range(D)]
+    zigzag = [work(r, "zigzag", tiles) for r in range(D)]
     assert contiguous[-1] / contiguous[0] == 2 * D - 1
     assert len(set(zigzag)) == 1 and sum(zigzag) == sum(contiguous)
+    for layout in LAYOUTS:
+        assert [work(r, layout, tiles) for r in range(D)] == [
+            work(r, layout, segment_pairs) for r in range(D)]
+
+
+@pytest.mark.parametrize("block", [1, 5, BLOCK_TOKENS])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_blockwise_attention_matches_single_chip(layout, block):
+    """The blockwise attention all_gather_kv and ring share (no process group: every rank's
+    queries against a gathered K/V built here) equals one chip for tiles of one
+    token, tiles that do not divide a segment, and one tile per segment."""
+    D, t = 3, 10  # zigzag: segments of 5 tokens
+    T = D * t
+    H, G = 4, 2
+    rng = np.random.default_rng(7)
+    q, k, v = (torch.tensor(rng.standard_normal((B, T, n, E)), requires_grad=True)
+               for n in (H, G, G))
+    w = torch.tensor(rng.standard_normal((B, T, H, E)))
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), is_causal=True,
+                                         enable_gqa=True).transpose(1, 2)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    pos = [local_positions(chip=r, chips=D, seq_len=T, layout=layout) for r in range(D)]
+    gathered = torch.stack([torch.stack([k, v])[:, :, p] for p in pos])  # [D, 2, B, t, G, E]
+    o = torch.zeros_like(ref)
+    loss = 0
+    for rank in range(D):
+        o_rank = _GatheredAttention.apply(q[:, pos[rank]], gathered, rank, layout, E ** -0.5,
+                                          block)
+        o[:, pos[rank]] = o_rank.detach()
+        loss = loss + (o_rank * w[:, pos[rank]]).sum()
+    assert_close(f"{layout} block {block}: o", ref.detach().numpy(), o.numpy(), 1e-6)
+    for name, want, got in zip("qkv", ref_grads, torch.autograd.grad(loss, (q, k, v))):
+        assert_close(f"{layout} block {block}: d{name}", want.numpy(), got.numpy(), 1e-6)
+    with pytest.raises(ValueError, match="block must be a positive number of tokens, got 0"):
+        attention_cp(q, k, v, group=None, mode="ring", block=0)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("D", [2, 4])
 def test_ulysses_refuses_more_ranks_than_heads(D):
-    assert all(r["few_heads"] == f"attn_cp='ulysses' needs query heads ({D // 2}) divisible "
-               f"by chips={D}; chips must be one of "
-               + ", ".join(str(d) for d in range(1, D // 2 + 1) if (D // 2) % d == 0)
+    heads = D // 2
+    assert all(r["few_heads"] == f"attn_cp='ulysses' needs query heads ({heads}) divisible "
+               f"by chips={D}: more chips ({D}) than query heads ({heads}); chips must be one "
+               "of " + ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
                for r in results(D))
     with pytest.raises(ValueError, match=r"query heads \(4\) divisible by chips=8"):
         check_attention_shape(mode="ulysses", chips=8, seq_len=64, layout="contiguous",
@@ -201,3 +267,29 @@ def test_ulysses_refuses_more_ranks_than_heads(D):
     with pytest.raises(ValueError, match="seq_len=36 is not divisible by 8"):
         check_attention_shape(mode="ring", chips=4, seq_len=36, layout="zigzag",
                               num_heads=4, num_kv_heads=2)
+    with pytest.raises(ValueError, match=r"query heads \(6\) must be a multiple of key/value "
+                       r"heads \(4\)"):
+        check_attention_shape(mode="ring", chips=2, seq_len=8, layout="contiguous",
+                              num_heads=6, num_kv_heads=4)
+    with pytest.raises(ValueError, match="attn_cp='flash' is not one of: all_gather_kv"):
+        check_attention_shape(mode="flash", chips=2, seq_len=8, layout="contiguous",
+                              num_heads=4, num_kv_heads=2)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", ATTN_CP_MODES)
+def test_attention_cp_on_subgroups(mode, layout):
+    """Two CP groups of 2 inside a world of 4 ({0, 1} and {2, 3}): each equals one chip, and the
+    bytes are the table's (every collective takes group ranks, not global ones)."""
+    ref = reference(2)
+    ranks = [r["subgroups"][(mode, layout)] for r in results(4)]
+    for first in (0, 2):
+        for name in ("o", "dq", "dk", "dv"):
+            full = np.zeros_like(ref[name])
+            for rank in (0, 1):
+                full[:, positions(rank, 2, layout)] = ranks[first + rank][name]
+            assert_close(f"{mode}-{layout} group {{{first}, {first + 1}}}: {name}", ref[name],
+                         full, TOL)
+        for r in ranks[first:first + 2]:
+            assert (r["forward"], r["backward"]) == expected_bytes(mode, 2)

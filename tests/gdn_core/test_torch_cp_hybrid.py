@@ -216,6 +216,7 @@ def test_run_cp_training_hybrid(run, D):
     remat: recomputation re-issues exchanges)."""
     mode, attn_cp, layout, sharding, remat, dtype = run
     reports = [r[run_key(run)] for r in cp_results(D)]
+    assert all((r["attn_cp"], r["layout"]) == (attn_cp, layout) for r in reports)
     losses = reports[0]["losses"]
     assert all(r["losses"] == losses for r in reports)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses

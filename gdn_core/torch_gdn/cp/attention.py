@@ -5,15 +5,33 @@ Inputs are the rank's local shard in local order (cp_layout: contiguous, or zigz
 and 2D−1−r); causality is by the tokens' GLOBAL positions (cp_layout.local_positions), so every
 mode serves both layouts and nothing is re-sharded.
 
-    all_gather_kv  all-gather K and V (the gathered [B, T, G, E] lives on every rank, by
-                   design), one masked attention for the local queries.
-    ring           K/V blocks passed around the group (D−1 hops), merged into float32
-                   (output, log-sum-exp) statistics; the backward (a custom autograd Function)
-                   passes the K/V blocks around again, each with its float32 dK/dV accumulator,
-                   so only this rank's own q, k, v, o and log-sum-exp are saved.
+    all_gather_kv  all-gather K and V into one buffer (the gathered [B, T, G, E] lives on
+                   every rank, by design), the local queries attend to it block by block
+                   (below); backward: the full-sequence dK, dV (float32, in the gathered
+                   buffer's layout), reduce-scattered home. Peak per rank (in backward) grows
+                   with T by the gathered K/V and its gradient: B·T·G·2E·(b + 4) (plus b while
+                   the gradient is cast back when b < 4); no [t, T] mask exists.
+    ring           K/V blocks passed around the group (D−1 hops), each attended block by block
+                   and merged into float32 (output, log-sum-exp) statistics; the backward (a
+                   custom autograd Function) passes the K/V blocks around again, each with its
+                   float32 dK/dV accumulator (added to in place, so the same buffers are live
+                   at every D), so only this rank's own q, k, v, o and log-sum-exp are saved.
     ulysses        all-to-all from sequence shards to head shards (query heads H/D per rank,
                    the key/value heads they use: cp_modes.UlyssesHeads, replicated when G < D),
-                   one-chip causal attention over the whole sequence, all-to-all of o back.
+                   one-chip causal attention over the whole sequence (blockwise, as one rank's
+                   of one), all-to-all of o back. (Not scaled_dot_product_attention: with GQA
+                   in float32 on CUDA it can fall back to the math kernel's [T, T] scores.)
+
+Blockwise attention (every mode): a rank's queries meet a key range in blocks of at most
+`block` tokens (BLOCK_TOKENS, cut to the segment length), flash-style: each (query block,
+key block) pair's float32 scores are merged into float32 (output, log-sum-exp) statistics; the
+backward recomputes each pair's probabilities from the saved log-sum-exp (dS = P ∘ (dP − Δ),
+Δ = rowsum(dO ∘ O)). Pairs whose keys all precede the queries run unmasked, pairs on the
+diagonal with a causal mask of one block, pairs whose keys all follow the queries are skipped,
+so both layouts do only the causal work. Saved: q, k, v (all_gather_kv: the gathered K/V), o
+and the log-sum-exp; the temporaries are about two float32 tiles of [B, H, block, block]
+(ulysses: H/D heads) whatever t and T, so no memory grows with t² or t·T. The price is one
+Python step per tile: (t/block)·(T/block)/2 per rank and layer, about.
 
 Bytes each rank RECEIVES per attention layer (t = T/D local tokens, b the item size of q/k/v,
 Gl = key/value heads per rank under ulysses: G/D if D divides G, 1 if G divides D, else H/D),
@@ -30,29 +48,32 @@ E head_dim, r = H/G queries per key/value head.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 
-from ...cp_layout import Layout, check_layout, local_positions, segments, shard_order
-from ...cp_modes import AttnCPMode, UlyssesHeads, check_attn_cp
-from .comm import all_gather, rank_size, send_recv
+from ...cp_layout import Layout, check_layout, segments
+from ...cp_modes import (
+    AttnCPMode,
+    UlyssesHeads,
+    check_attention_cp_shape,
+    check_attn_cp,
+)
+from .comm import nbytes, rank_size, record, send_recv
 from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
 _TAG = 80  # ring: K/V forward 80, K/V backward 81, dK/dV backward 82
+BLOCK_TOKENS = 512  # query / key tokens per blockwise attention tile (cut to the segment)
 
 
 def check_attention_shape(*, mode: str, chips: int, seq_len: int, layout: str,
                           num_heads: int, num_kv_heads: int) -> None:
-    """Raise ValueError naming the numbers when `mode` cannot split this attention over chips."""
-    check_attn_cp(mode)
+    """Raise ValueError naming the numbers when `mode` cannot split this attention over chips:
+    cp_modes.check_attention_cp_shape (the mode; ulysses' query heads), the layout's sequence
+    split, and GQA (query heads a multiple of key/value heads)."""
+    check_attention_cp_shape(attn_cp=mode, chips=chips, num_heads=num_heads)
     check_layout(layout, chips=chips, seq_len=seq_len)
-    if num_heads % num_kv_heads:
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads "
                          f"({num_kv_heads})")
-    if mode == "ulysses" and num_heads % chips:
-        divisors = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
-        raise ValueError(
-            f"attn_cp='ulysses' needs query heads ({num_heads}) divisible by chips={chips}; "
-            f"chips must be one of {', '.join(map(str, divisors))}")
 
 
 def ulysses_kv_heads_per_chip(*, num_heads: int, num_kv_heads: int, chips: int) -> int:
@@ -78,66 +99,119 @@ def attention_comm_bytes(mode: AttnCPMode, *, chips: int, batch: int, local_toke
     return each, each
 
 
-def _positions(rank: int, D: int, t: int, layout: Layout, device) -> torch.Tensor:
-    return torch.from_numpy(local_positions(chip=rank, chips=D, seq_len=t * D,
-                                            layout=layout)).to(device)
-
-
 def attention_cp(q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tensor, *, group,
                  mode: AttnCPMode, layout: Layout = "contiguous",
-                 scale: float | None = None) -> torch.Tensor:
+                 scale: float | None = None, block: int = BLOCK_TOKENS) -> torch.Tensor:
     """Causal attention output o [B, t, H, E] (q's dtype) for this rank's queries.
 
     q [B, t, H, E], k, v [B, t, G, E]: this rank's shard in `layout`'s local order; query head
-    h reads key/value head h // (H/G); scale defaults to E^−½. Every rank of `group` must call
-    it with the same shapes (it exchanges). Raises ValueError naming the numbers when `mode`
+    h reads key/value head h // (H/G); scale defaults to E^−½; `block`: tokens per tile of
+    the blockwise attention (the module docstring). Every rank of `group` must call it with
+    the same shapes (it exchanges). Raises ValueError naming the numbers when `mode`
     cannot serve the shape (checked before any exchange, on every rank alike).
     """
+    if block < 1:
+        raise ValueError(f"block must be a positive number of tokens, got {block}")
     rank, D = rank_size(group)
-    B, t, H, E = q_BtHE.shape
+    _, t, H, E = q_BtHE.shape
     check_attention_shape(mode=mode, chips=D, seq_len=t * D, layout=layout, num_heads=H,
                           num_kv_heads=k_BtGE.shape[2])
     scale = E ** -0.5 if scale is None else scale
     if mode == "all_gather_kv":
-        return _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, group=group, layout=layout, scale=scale)
+        gathered = _GatherKV.apply(torch.stack([k_BtGE, v_BtGE]), group)  # [D, 2, B, t, G, E]
+        return _GatheredAttention.apply(q_BtHE, gathered, rank, layout, scale, block)
     if mode == "ulysses":
-        return _ulysses(q_BtHE, k_BtGE, v_BtGE, group=group, layout=layout, scale=scale)
-    return _RingAttention.apply(q_BtHE, k_BtGE, v_BtGE, group, layout, scale)
+        return _ulysses(q_BtHE, k_BtGE, v_BtGE, group=group, layout=layout, scale=scale,
+                        block=block)
+    return _RingAttention.apply(q_BtHE, k_BtGE, v_BtGE, group, layout, scale, block)
 
 
 # ---------------------------------------------------------------- all_gather_kv
 
-def _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, *, group, layout: Layout, scale: float):
-    rank, D = rank_size(group)
-    t = q_BtHE.shape[1]
-    kv_parts = all_gather(torch.stack([k_BtGE, v_BtGE]), group=group, op="attn_all_gather_kv")
-    k_BTGE, v_BTGE = torch.cat(kv_parts, dim=2).unbind(0)  # [2, B, T, G, E] in shard order
-    q_pos = _positions(rank, D, t, layout, q_BtHE.device)
-    k_pos = torch.from_numpy(shard_order(chips=D, seq_len=t * D, layout=layout)).to(q_pos.device)
-    visible_tT = q_pos[:, None] >= k_pos[None, :]
-    o_BHtE = F.scaled_dot_product_attention(
-        q_BtHE.transpose(1, 2), k_BTGE.transpose(1, 2), v_BTGE.transpose(1, 2),
-        attn_mask=visible_tT, scale=scale, enable_gqa=True)
-    return o_BHtE.transpose(1, 2)
+class _GatherKV(torch.autograd.Function):
+    """[2, B, t, G, E] of every rank → [D, 2, B, t, G, E] (rank r's block at r), gathered into
+    one buffer; backward: a reduce-scatter of the gathered gradient (each rank sums the D
+    ranks' gradients of its own block). Both are single-buffer collectives that gloo serves on
+    any subgroup, so the gathered K/V and its gradient exist once each, not again as per-rank
+    pieces and their concatenation."""
+
+    @staticmethod
+    def forward(ctx, kv_2BtGE, group):
+        D = rank_size(group)[1]
+        kv_2BtGE = kv_2BtGE.contiguous()
+        # torch's single-buffer collectives stack the ranks' blocks along dim 0
+        gathered = kv_2BtGE.new_empty((D * kv_2BtGE.shape[0], *kv_2BtGE.shape[1:]))
+        dist.all_gather_single(gathered, kv_2BtGE, group=group)
+        record("attn_all_gather_kv", (D - 1) * nbytes(kv_2BtGE), backward=False)
+        ctx.group = group
+        return gathered.view(D, *kv_2BtGE.shape)
+
+    @staticmethod
+    def backward(ctx, d_gathered):
+        D = rank_size(ctx.group)[1]
+        d_kv = d_gathered.new_empty(d_gathered.shape[1:])
+        dist.reduce_scatter_single(d_kv, d_gathered.contiguous().flatten(0, 1), group=ctx.group)
+        record("attn_all_gather_kv", (D - 1) * nbytes(d_kv), backward=True)
+        return d_kv, None
+
+
+class _GatheredAttention(torch.autograd.Function):
+    """This rank's queries against every rank's K/V block of the gathered [D, 2, B, t, G, E]
+    buffer, blockwise; saves q, the gathered buffer, o and the log-sum-exp. The gradient is
+    built in the gathered buffer's layout, so _GatherKV reduce-scatters it without a copy.
+    ulysses uses it as a lone rank: D = 1, the whole sequence of its heads."""
+
+    @staticmethod
+    def forward(ctx, q_BtHE, gathered, rank, layout, scale, block):
+        D, G = gathered.shape[0], gathered.shape[4]
+        t = q_BtHE.shape[1]
+        with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
+            q = _grouped(q_BtHE, G)
+            o, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"))
+            for k_rank in range(D):
+                k, v = _keys_values(gathered[k_rank])
+                _attend(q, k, v, _block_pairs(rank, k_rank, D, t, layout, block), scale, o, lse)
+        ctx.save_for_backward(q_BtHE, gathered, o, lse)
+        ctx.rank, ctx.layout, ctx.scale, ctx.block = rank, layout, scale, block
+        return _ungrouped(o).to(q_BtHE.dtype)
+
+    @staticmethod
+    def backward(ctx, do_BtHE):
+        q_BtHE, gathered, o, lse = ctx.saved_tensors
+        D, G = gathered.shape[0], gathered.shape[4]
+        t = q_BtHE.shape[1]
+        with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
+            q, do = _grouped(q_BtHE, G), _grouped(do_BtHE, G)
+            delta = (do * o).sum(-1)  # rowsum(dO ∘ O) [B, G, r, t]
+            dq = torch.zeros_like(q)
+            d_gathered = torch.zeros(gathered.shape, dtype=torch.float32,
+                                     device=gathered.device)
+            for k_rank in range(D):
+                k, v = _keys_values(gathered[k_rank])
+                dk, dv = _keys_values(d_gathered[k_rank])  # views: added to in place
+                _attend_backward(q, do, delta, lse, k, v, dq, dk, dv, scale=ctx.scale,
+                                 pairs=_block_pairs(ctx.rank, k_rank, D, t, ctx.layout,
+                                                    ctx.block))
+        return (_ungrouped(dq).to(q_BtHE.dtype), d_gathered.to(gathered.dtype), None, None,
+                None, None)
 
 
 # ---------------------------------------------------------------- ulysses
 
-def _ulysses(q_BtHE, k_BtGE, v_BtGE, *, group, layout: Layout, scale: float):
+def _ulysses(q_BtHE, k_BtGE, v_BtGE, *, group, layout: Layout, scale: float, block: int):
     D = rank_size(group)[1]
     plan = UlyssesHeads(num_k_heads=k_BtGE.shape[2], num_v_heads=q_BtHE.shape[2], chips=D)
     # The whole sequence of this rank's heads, in sequence order (a local permutation under
-    # zigzag), so SDPA's own causal mask applies.
+    # zigzag): one causal segment, attended blockwise as a lone rank's (D = 1) would be.
     q_BTHE, k_BTGE, v_BTGE = seq_to_heads(
         [q_BtHE, key_heads_for_chips(k_BtGE, plan), key_heads_for_chips(v_BtGE, plan)],
         group=group, layout=layout)
-    o_BHTE = F.scaled_dot_product_attention(
-        q_BTHE.transpose(1, 2), k_BTGE.transpose(1, 2), v_BTGE.transpose(1, 2),
-        is_causal=True, scale=scale, enable_gqa=True)
-    return heads_to_seq(o_BHTE.transpose(1, 2).contiguous(), group=group, layout=layout)
+    o_BTHE = _GatheredAttention.apply(q_BTHE, torch.stack([k_BTGE, v_BTGE])[None], 0,
+                                      "contiguous", scale, block)
+    return heads_to_seq(o_BTHE, group=group, layout=layout)
 
 
-# ---------------------------------------------------------------- ring
+# ---------------------------------------------------------------- blockwise attention
 
 def _segments(rank: int, D: int, t: int, layout: Layout) -> list[tuple[slice, int]]:
     """(local slice, first global position) of each contiguous segment of a rank's shard."""
@@ -160,13 +234,67 @@ def _visible_pairs(q_rank: int, k_rank: int, D: int, t: int, layout: Layout):
     return pairs
 
 
+def _block_pairs(q_rank: int, k_rank: int, D: int, t: int, layout: Layout,
+                 block: int) -> list[tuple[slice, slice, bool]]:
+    """_visible_pairs cut into (q block, k block, causal) tiles of at most `block` tokens. A
+    diagonal segment pair's query and key blocks share boundaries (same segment), so its tiles
+    on the diagonal are causal, those below run unmasked and those above are skipped."""
+    def blocks(sl):
+        return [slice(s, min(s + block, sl.stop)) for s in range(sl.start, sl.stop, block)]
+
+    tiles = []
+    for q_sl, k_sl, causal in _visible_pairs(q_rank, k_rank, D, t, layout):
+        for i, q_blk in enumerate(blocks(q_sl)):
+            for j, k_blk in enumerate(blocks(k_sl)):
+                if not causal or j <= i:
+                    tiles.append((q_blk, k_blk, causal and j == i))
+    return tiles
+
+
 def _scores(q_BGrsE, k_BGsE, scale: float, causal: bool) -> torch.Tensor:
-    s = torch.einsum("bgrqe,bgke->bgrqk", q_BGrsE, k_BGsE) * scale
+    """float32 scores of one tile [B, G, r, q, k]; keys after the query −inf on a causal tile.
+    Built in place (as are the tile's later steps), so one tile buffer is live, not several."""
+    s = torch.einsum("bgrqe,bgke->bgrqk", q_BGrsE, k_BGsE).mul_(scale)
     if causal:
         n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
-                          float("-inf"))
+        s.masked_fill_(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
+                       float("-inf"))
     return s
+
+
+def _attend(q, k, v, pairs, scale: float, o, lse) -> None:
+    """Merge the attention of q [B, G, r, t, E] to k, v [B, G, s, E] over `pairs` (tiles) into
+    the float32 running output o [B, G, r, t, E] and log-sum-exp lse [B, G, r, t], in place."""
+    for q_sl, k_sl, causal in pairs:
+        p = _scores(q[..., q_sl, :], k[..., k_sl, :], scale, causal)
+        lse_blk = torch.logsumexp(p, dim=-1)  # finite: every row sees at least one key
+        o_blk = torch.einsum("bgrqk,bgke->bgrqe", p.sub_(lse_blk[..., None]).exp_(),
+                             v[..., k_sl, :])
+        del p
+        merged = torch.logaddexp(lse[..., q_sl], lse_blk)
+        o[..., q_sl, :] = (o[..., q_sl, :] * torch.exp(lse[..., q_sl] - merged)[..., None]
+                           + o_blk * torch.exp(lse_blk - merged)[..., None])
+        lse[..., q_sl] = merged
+
+
+def _attend_backward(q, do, delta, lse, k, v, dq, dk, dv, *, scale: float, pairs) -> None:
+    """_attend's gradient over the same tiles, each tile's probabilities recomputed from the
+    final log-sum-exp: adds into dq (like q) and dk, dv (like k, v) in place."""
+    for q_sl, k_sl, causal in pairs:
+        p = _scores(q[..., q_sl, :], k[..., k_sl, :], scale, causal)
+        p.sub_(lse[..., q_sl, None]).exp_()
+        do_blk = do[..., q_sl, :]
+        dv[..., k_sl, :] += torch.einsum("bgrqk,bgrqe->bgke", p, do_blk)
+        ds = torch.einsum("bgrqe,bgke->bgrqk", do_blk, v[..., k_sl, :])  # dP, then dS
+        ds.sub_(delta[..., q_sl, None]).mul_(p).mul_(scale)
+        del p
+        dq[..., q_sl, :] += torch.einsum("bgrqk,bgke->bgrqe", ds, k[..., k_sl, :])
+        dk[..., k_sl, :] += torch.einsum("bgrqk,bgrqe->bgke", ds, q[..., q_sl, :])
+
+
+def _keys_values(kv_2BtGE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[2, B, t, G, E] → float32 views (copies if not float32) k, v [B, G, t, E]."""
+    return kv_2BtGE.float().permute(0, 1, 3, 2, 4).unbind(0)
 
 
 def _grouped(x_BtHE: torch.Tensor, G: int) -> torch.Tensor:
@@ -179,6 +307,8 @@ def _ungrouped(x_BGrtE: torch.Tensor) -> torch.Tensor:
     B, G, r, t, E = x_BGrtE.shape
     return x_BGrtE.permute(0, 3, 1, 2, 4).reshape(B, t, G * r, E)
 
+
+# ---------------------------------------------------------------- ring
 
 def _pass_on(x: torch.Tensor, *, group, tag: int, backward: bool, op: str) -> torch.Tensor:
     """Send x to the next rank, return the previous rank's (one ring hop)."""
@@ -193,36 +323,27 @@ class _RingAttention(torch.autograd.Function):
     """Ring attention; saves q, k, v, o and the float32 log-sum-exp of this rank only."""
 
     @staticmethod
-    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale):
+    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale, block):
         rank, D = rank_size(group)
-        B, t, H, E = q_BtHE.shape
-        G = k_BtGE.shape[2]
+        t, G = q_BtHE.shape[1], k_BtGE.shape[2]
         with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
             q = _grouped(q_BtHE, G)
-            o = q.new_zeros(q.shape)
-            lse = q.new_full(q.shape[:-1], float("-inf"))
+            o, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"))
             kv = torch.stack([k_BtGE, v_BtGE]).contiguous()  # [2, B, t, G, E], one message
             for hop in range(D):
                 if hop:
                     kv = _pass_on(kv, group=group, tag=_TAG, backward=False, op="attn_ring")
-                k, v = kv.float().permute(0, 1, 3, 2, 4).unbind(0)  # [B, G, t, E]
-                for q_sl, k_sl, causal in _visible_pairs(rank, (rank - hop) % D, D, t, layout):
-                    s = _scores(q[..., q_sl, :], k[..., k_sl, :], scale, causal)
-                    lse_blk = torch.logsumexp(s, dim=-1)
-                    o_blk = torch.einsum("bgrqk,bgke->bgrqe", torch.exp(s - lse_blk[..., None]),
-                                         v[..., k_sl, :])
-                    merged = torch.logaddexp(lse[..., q_sl], lse_blk)
-                    o[..., q_sl, :] = (o[..., q_sl, :] * torch.exp(lse[..., q_sl] - merged)[..., None]
-                                       + o_blk * torch.exp(lse_blk - merged)[..., None])
-                    lse[..., q_sl] = merged
+                k, v = _keys_values(kv)
+                _attend(q, k, v, _block_pairs(rank, (rank - hop) % D, D, t, layout, block),
+                        scale, o, lse)
         ctx.save_for_backward(q_BtHE, k_BtGE, v_BtGE, o, lse)
-        ctx.group, ctx.layout, ctx.scale = group, layout, scale
+        ctx.group, ctx.layout, ctx.scale, ctx.block = group, layout, scale, block
         return _ungrouped(o).to(q_BtHE.dtype)
 
     @staticmethod
     def backward(ctx, do_BtHE):
         q_BtHE, k_BtGE, v_BtGE, o, lse = ctx.saved_tensors
-        group, layout, scale = ctx.group, ctx.layout, ctx.scale
+        group, layout = ctx.group, ctx.layout
         rank, D = rank_size(group)
         t, G = q_BtHE.shape[1], k_BtGE.shape[2]
         with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
@@ -234,32 +355,25 @@ class _RingAttention(torch.autograd.Function):
             for hop in range(D):
                 if hop:
                     kv = _pass_on(kv, group=group, tag=_TAG + 1, backward=True, op="attn_ring")
+                k, v = _keys_values(kv)  # [B, G, t, E]
                 if hop >= 2:  # the accumulator of the block now held, from the previous rank
                     dkv = _pass_on(dkv, group=group, tag=_TAG + 2, backward=True, op="attn_ring")
-                elif hop == 1:  # it starts at the block's first visit after its owner
-                    dkv = None
-                k, v = kv.float().permute(0, 1, 3, 2, 4).unbind(0)  # [B, G, t, E]
-                dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-                for q_sl, k_sl, causal in _visible_pairs(rank, (rank - hop) % D, D, t, layout):
-                    s = _scores(q[..., q_sl, :], k[..., k_sl, :], scale, causal)
-                    p = torch.exp(s - lse[..., q_sl, None])
-                    do_blk = do[..., q_sl, :]
-                    dv[..., k_sl, :] += torch.einsum("bgrqk,bgrqe->bgke", p, do_blk)
-                    dp = torch.einsum("bgrqe,bgke->bgrqk", do_blk, v[..., k_sl, :])
-                    ds = p * (dp - delta[..., q_sl, None]) * scale
-                    dq[..., q_sl, :] += torch.einsum("bgrqk,bgke->bgrqe", ds, k[..., k_sl, :])
-                    dk[..., k_sl, :] += torch.einsum("bgrqk,bgrqe->bgke", ds, q[..., q_sl, :])
-                here = torch.stack([dk, dv])  # float32 [2, B, G, t, E]
+                else:  # hop 0: this rank's own block; hop 1: the block's first visit after
+                    # its owner. Later hops add into the accumulator that arrives, so the same
+                    # float32 buffers are live at every D.
+                    dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
+                dk, dv = dkv.unbind(0)  # float32 [B, G, t, E] each, added to in place
+                _attend_backward(q, do, delta, lse, k, v, dq, dk, dv, scale=ctx.scale,
+                                 pairs=_block_pairs(rank, (rank - hop) % D, D, t, layout,
+                                                    ctx.block))
                 if hop == 0:
-                    own_dkv = here
-                else:
-                    dkv = here if dkv is None else dkv + here
+                    own_dkv, dkv = dkv, None
             if D > 1:  # the last accumulator goes home: rank + 1 owns the block held now
-                own_dkv = own_dkv + _pass_on(dkv, group=group, tag=_TAG + 2, backward=True,
-                                             op="attn_ring")
+                own_dkv += _pass_on(dkv, group=group, tag=_TAG + 2, backward=True,
+                                    op="attn_ring")
             dk_BtGE, dv_BtGE = own_dkv.permute(0, 1, 3, 2, 4).unbind(0)
         return (_ungrouped(dq).to(q_BtHE.dtype), dk_BtGE.to(k_BtGE.dtype),
-                dv_BtGE.to(v_BtGE.dtype), None, None, None)
+                dv_BtGE.to(v_BtGE.dtype), None, None, None, None)
 
 
 def ring_saved_bytes_bound(*, batch: int, local_tokens: int, num_heads: int,
