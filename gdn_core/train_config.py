@@ -125,6 +125,12 @@ class CPTrainReport(TrainReport):
     every layer's weights, forward and backward)."""
     comm_source: str = "unknown"
     """How the bytes were found: counted collectives (torch) or the compiled HLO (jax)."""
+    attn_cp: str | None = None
+    """The attention layers' CP mode the run used (gdn_core.cp_modes.ATTN_CP_MODES); None when
+    the model has no attention layers (a gdn_only decoder)."""
+    layout: str = "contiguous"
+    """How the sequence was laid over the chips (gdn_core.cp_layout): contiguous, or zigzag
+    (chip r holds segments r and 2D−1−r)."""
     max_rel_err: float | None = None
     """verify=True: max relative error of the CP loss and gradients against one chip, on the
     first verified_seq_len tokens of every sequence."""

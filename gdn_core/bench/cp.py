@@ -2,9 +2,13 @@
 
     python -m gdn_core.bench cp [--preset qwen3.5-0.8b] [--local-tokens 4096]
                                 [--chips 1 2 4 8] [--modes ...] [--time-steps 0]
-                                [--layers hybrid [--attn-cps ...]]
+                                [--layers hybrid [--attn-cps ...] [--no-measure]]
 
---layers hybrid prints the hybrid decoder's table instead (analytic: see cp_hybrid.py).
+--layers hybrid prints the hybrid decoder's table instead: analytic figures per (mode, attn_cp)
+and, unless --no-measure, one GDN and one attention layer timed on D virtual chips (cp_hybrid.py).
+Its defaults are small (preset tiny, 256 local tokens, D 1 2 4: about a minute on an idle
+2-core host), as every timed layer compiles and runs here; pass --preset etc. (with
+--no-measure for full-size shapes, whose timing on virtual CPU chips takes minutes per row).
 
 The measured program is one GDN layer's training step (forward + backward w.r.t. its input and
 parameters) with the preset's geometry, the sequence split over D virtual CPU chips inside one
@@ -32,6 +36,9 @@ from collections.abc import Sequence
 from .virtual_chips import ensure_virtual_chips
 
 CHIPS = (1, 2, 4, 8)
+DEFAULTS = {"gdn_only": {"preset": "qwen3.5-0.8b", "local_tokens": 4096, "chips": list(CHIPS)},
+            "hybrid": {"preset": "tiny", "local_tokens": 256, "chips": [1, 2, 4]}}
+"""--preset, --local-tokens and --chips when not given, per --layers."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,19 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="python -m gdn_core.bench cp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="qwen3.5-0.8b")
-    p.add_argument("--local-tokens", type=int, default=4096, help="tokens per chip")
+    p.add_argument("--preset", help="default qwen3.5-0.8b (hybrid: tiny)")
+    p.add_argument("--local-tokens", type=int, help="tokens per chip, default 4096 (hybrid: 256)")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--chips", type=int, nargs="+", default=list(CHIPS))
+    p.add_argument("--chips", type=int, nargs="+", help="default 1 2 4 8 (hybrid: 1 2 4)")
     p.add_argument("--modes", nargs="+", default=list(CP_MODES), choices=CP_MODES)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--time-steps", type=int, default=0,
                    help="also run each compiled step this many times and report the median")
     p.add_argument("--layers", choices=("gdn_only", "hybrid"), default="gdn_only",
                    help="gdn_only: one GDN layer compiled per mode (the table above); hybrid: "
-                        "the whole hybrid decoder per (mode, attn_cp), analytic (cp_hybrid.py)")
+                        "the whole hybrid decoder per (mode, attn_cp): analytic, plus one GDN "
+                        "and one attention layer timed (cp_hybrid.py)")
     p.add_argument("--attn-cps", nargs="+", default=list(ATTN_CP_MODES), choices=ATTN_CP_MODES,
                    help="attention CP modes of the hybrid (--layers hybrid)")
+    p.add_argument("--no-measure", action="store_true",
+                   help="--layers hybrid: print the analytic columns only (no layer timing)")
+    p.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous",
+                   help="--layers hybrid: the sequence layout the layers are timed under")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="--layers hybrid: timed runs per layer (the median is reported)")
     return p
 
 
@@ -116,13 +130,20 @@ def _measure(cfg, mode, chips, args, dtype):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.layers == "hybrid":  # analytic: nothing to compile, no virtual chips
+    for name, value in DEFAULTS[args.layers].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.layers == "hybrid":  # analytic, and the layers timed on virtual chips
         from ..presets import get_preset
         from .cp_hybrid import report
 
+        if not args.no_measure:
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+            ensure_virtual_chips(max(args.chips), benchmark="cp")
         report(get_preset(args.preset, layers="hybrid"), modes=args.modes,
                attn_cps=args.attn_cps, chips_list=args.chips, local_tokens=args.local_tokens,
-               batch=args.batch, dtype=args.dtype)
+               batch=args.batch, dtype=args.dtype, measure=not args.no_measure,
+               layout=args.layout, repeats=args.repeats)
         return 0
     # Virtual chips are CPU devices; on a GPU host the compiled CPU programs still give the
     # per-chip memory/flops/comm structure (time it on real chips through the sweep instead).

@@ -122,6 +122,7 @@ def test_run_cp_training_report(mode, layout):
     report = run_cp_training(MODEL, TRAIN, mesh=mesh_of(layout), axis="cp", mode=mode,
                              steps=2, warmup_steps=1)
     assert (report.mode, report.chips) == (mode, D)
+    assert (report.attn_cp, report.layout) == (None, "contiguous")  # gdn_only: no attention
     assert len(report.losses) == 3 and np.isfinite(report.losses).all()
     assert_close("first loss", single_chip_step()[2], report.losses[0], TOL)
     assert len(report.step_times_s) == 2 and min(report.step_times_s) > 0

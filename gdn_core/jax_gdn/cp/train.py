@@ -446,4 +446,5 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
         compile_time_s=compile_time_s + program.compile_time_s, mode=mode, chips=D,
         cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
         grad_sync_bytes_per_step=program.grad_sync_bytes_per_step,
-        comm_source=COMM_SOURCE, max_rel_err=max_rel_err, verified_seq_len=verified_seq_len)
+        comm_source=COMM_SOURCE, max_rel_err=max_rel_err, verified_seq_len=verified_seq_len,
+        attn_cp=attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=layout)

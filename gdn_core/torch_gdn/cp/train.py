@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ... import device_memory
-from ...config import ModelConfig
+from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout, check_layout, local_positions
 from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_cp_shape
 from ...data import synthetic_tokens
@@ -296,4 +296,5 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
         grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
             model, optimizer, train_cfg, group=group),
         comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
-        verified_seq_len=verified_seq_len)
+        verified_seq_len=verified_seq_len,
+        attn_cp=attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=layout)
