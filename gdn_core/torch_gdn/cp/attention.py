@@ -7,10 +7,12 @@ mode serves both layouts and nothing is re-sharded.
 
     all_gather_kv  all-gather K and V into one buffer (the gathered [B, T, G, E] lives on
                    every rank, by design), the local queries attend to it block by block
-                   (below); backward: the full-sequence dK, dV (float32, in the gathered
-                   buffer's layout), reduce-scattered home. Peak per rank (in backward) grows
-                   with T by the gathered K/V and its gradient: B·T·G·2E·(b + 4) (plus b while
-                   the gradient is cast back when b < 4); no [t, T] mask exists.
+                   (below); backward: dK, dV one key block (one rank's t tokens) at a time,
+                   reduce-scattered as a ring: block j's accumulator starts on rank j + 1 and
+                   passes from rank to rank, each adding its queries' share (float32 sums,
+                   K/V's dtype on the wire), home after D − 1 hops. No rank holds the whole
+                   sequence's dK, dV: the peak per rank grows with T by exactly the gathered
+                   K/V, B·T·G·2E·b; no [t, T] mask exists.
     ring           K/V blocks passed around the group (D−1 hops), each attended block by block
                    and merged into float32 (output, log-sum-exp) statistics; the backward (a
                    custom autograd Function) passes the K/V blocks around again, each with its
@@ -36,11 +38,13 @@ Python step per tile: (t/block)·(T/block)/2 per rank and layer, about.
 Bytes each rank RECEIVES per attention layer (t = T/D local tokens, b the item size of q/k/v,
 Gl = key/value heads per rank under ulysses: G/D if D divides G, 1 if G divides D, else H/D),
 `attention_comm_bytes`:
-    all_gather_kv  forward (D−1)·B·t·G·2E·b;  backward (reduce-scatter of dK, dV) the same
+    all_gather_kv  forward (D−1)·B·t·G·2E·b;  backward (the ring reduce-scatter of dK, dV,
+                   in K/V's dtype) the same
     ring           forward (D−1)·B·t·G·2E·b;  backward (D−1)·B·t·G·2E·(b + 4): K/V again and
                    the float32 dK/dV accumulators (D−2 hops on, one hop home)
     ulysses        forward (D−1)·B·t·E·b·(2·H/D + 2·Gl);  backward the same
-Dependent rounds: all_gather_kv 1, ring D−1 (forward; backward D−1 more), ulysses 2 all-to-all.
+Dependent rounds: all_gather_kv 1 (forward; backward D−1 ring hops), ring D−1 (forward;
+backward D−1 more), ulysses 2 all-to-all.
 Shape legend: B batch, t local tokens, T global tokens, H query heads, G key/value heads,
 E head_dim, r = H/G queries per key/value head.
 """
@@ -60,7 +64,7 @@ from ...cp_modes import (
 from .comm import nbytes, rank_size, record, send_recv
 from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
-_TAG = 80  # ring: K/V forward 80, K/V backward 81, dK/dV backward 82
+_TAG = 80  # ring: K/V forward 80, K/V backward 81, dK/dV backward 82; all_gather_kv dK/dV 83
 BLOCK_TOKENS = 512  # query / key tokens per blockwise attention tile (cut to the segment)
 
 
@@ -112,14 +116,14 @@ def attention_cp(q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tenso
     """
     if block < 1:
         raise ValueError(f"block must be a positive number of tokens, got {block}")
-    rank, D = rank_size(group)
+    D = rank_size(group)[1]
     _, t, H, E = q_BtHE.shape
     check_attention_shape(mode=mode, chips=D, seq_len=t * D, layout=layout, num_heads=H,
                           num_kv_heads=k_BtGE.shape[2])
     scale = E ** -0.5 if scale is None else scale
     if mode == "all_gather_kv":
-        gathered = _GatherKV.apply(torch.stack([k_BtGE, v_BtGE]), group)  # [D, 2, B, t, G, E]
-        return _GatheredAttention.apply(q_BtHE, gathered, rank, layout, scale, block)
+        return _AllGatherKVAttention.apply(q_BtHE, k_BtGE, v_BtGE, group, layout, scale,
+                                           block)
     if mode == "ulysses":
         return _ulysses(q_BtHE, k_BtGE, v_BtGE, group=group, layout=layout, scale=scale,
                         block=block)
@@ -128,49 +132,82 @@ def attention_cp(q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tenso
 
 # ---------------------------------------------------------------- all_gather_kv
 
-class _GatherKV(torch.autograd.Function):
-    """[2, B, t, G, E] of every rank → [D, 2, B, t, G, E] (rank r's block at r), gathered into
-    one buffer; backward: a reduce-scatter of the gathered gradient (each rank sums the D
-    ranks' gradients of its own block). Both are single-buffer collectives that gloo serves on
-    any subgroup, so the gathered K/V and its gradient exist once each, not again as per-rank
-    pieces and their concatenation."""
+class _AllGatherKVAttention(torch.autograd.Function):
+    """all_gather_kv: every rank's K/V block gathered into one [D, 2, B, t, G, E] buffer (a
+    single-buffer all_gather, which gloo serves on any subgroup), this rank's queries against
+    it blockwise; saves q, the gathered buffer, o and the log-sum-exp.
+
+    Backward: dK, dV one key block at a time, reduce-scattered as a ring. The accumulator of
+    block j starts on rank j + 1 and passes from rank to rank (each adding its queries' share,
+    summed in float32, sent in K/V's dtype as a reduce-scatter would), arriving home after
+    D − 1 hops. So no rank holds the whole sequence's dK, dV beside the gathered K, V: at most
+    two blocks' accumulators (the one sent, the one received) at any moment, whatever D."""
 
     @staticmethod
-    def forward(ctx, kv_2BtGE, group):
-        D = rank_size(group)[1]
-        kv_2BtGE = kv_2BtGE.contiguous()
+    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale, block):
+        rank, D = rank_size(group)
+        kv_2BtGE = torch.stack([k_BtGE, v_BtGE])  # one message, contiguous
         # torch's single-buffer collectives stack the ranks' blocks along dim 0
-        gathered = kv_2BtGE.new_empty((D * kv_2BtGE.shape[0], *kv_2BtGE.shape[1:]))
+        gathered = kv_2BtGE.new_empty((D * 2, *kv_2BtGE.shape[1:]))
         dist.all_gather_single(gathered, kv_2BtGE, group=group)
         record("attn_all_gather_kv", (D - 1) * nbytes(kv_2BtGE), backward=False)
-        ctx.group = group
-        return gathered.view(D, *kv_2BtGE.shape)
+        gathered = gathered.view(D, *kv_2BtGE.shape)
+        del kv_2BtGE
+        o, lse = _attend_gathered(q_BtHE, gathered, rank, layout, scale, block)
+        ctx.save_for_backward(q_BtHE, gathered, o, lse)
+        ctx.group, ctx.layout, ctx.scale, ctx.block = group, layout, scale, block
+        return _ungrouped(o).to(q_BtHE.dtype)
 
     @staticmethod
-    def backward(ctx, d_gathered):
-        D = rank_size(ctx.group)[1]
-        d_kv = d_gathered.new_empty(d_gathered.shape[1:])
-        dist.reduce_scatter_single(d_kv, d_gathered.contiguous().flatten(0, 1), group=ctx.group)
-        record("attn_all_gather_kv", (D - 1) * nbytes(d_kv), backward=True)
-        return d_kv, None
+    def backward(ctx, do_BtHE):
+        q_BtHE, gathered, o, lse = ctx.saved_tensors
+        rank, D = rank_size(ctx.group)
+        t, G = q_BtHE.shape[1], gathered.shape[4]
+        with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
+            q, do = _grouped(q_BtHE, G), _grouped(do_BtHE, G)
+            delta = (do * o).sum(-1)  # rowsum(dO ∘ O) [B, G, r, t]
+            dq = torch.zeros_like(q)
+            d_kv = None  # float32 [2, B, t, G, E]: the accumulator of the block held
+            for hop in range(D):
+                k_rank = (rank - 1 - hop) % D  # block `rank` comes last, home
+                if hop:  # send the accumulator just added to, receive the next block's
+                    d_kv = _pass_on(d_kv.to(gathered.dtype), group=ctx.group, tag=_TAG + 3,
+                                    backward=True, op="attn_all_gather_kv").float()
+                else:
+                    d_kv = torch.zeros(gathered.shape[1:], dtype=torch.float32,
+                                       device=gathered.device)
+                k, v = _keys_values(gathered[k_rank])
+                dk, dv = _keys_values(d_kv)  # views: added to in place
+                _attend_backward(q, do, delta, lse, k, v, dq, dk, dv, scale=ctx.scale,
+                                 pairs=_block_pairs(rank, k_rank, D, t, ctx.layout,
+                                                    ctx.block))
+            dk_BtGE, dv_BtGE = d_kv.to(gathered.dtype).unbind(0)
+        return (_ungrouped(dq).to(q_BtHE.dtype), dk_BtGE, dv_BtGE, None, None, None, None)
+
+
+def _attend_gathered(q_BtHE, gathered, rank: int, layout: Layout, scale: float, block: int):
+    """float32 (o [B, G, r, t, E], log-sum-exp [B, G, r, t]) of rank `rank`'s queries against
+    every rank's K/V block of the gathered [D, 2, B, t, G, E] buffer, blockwise."""
+    D, G = gathered.shape[0], gathered.shape[4]
+    t = q_BtHE.shape[1]
+    with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
+        q = _grouped(q_BtHE, G)
+        o, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"))
+        for k_rank in range(D):
+            k, v = _keys_values(gathered[k_rank])
+            _attend(q, k, v, _block_pairs(rank, k_rank, D, t, layout, block), scale, o, lse)
+    return o, lse
 
 
 class _GatheredAttention(torch.autograd.Function):
-    """This rank's queries against every rank's K/V block of the gathered [D, 2, B, t, G, E]
-    buffer, blockwise; saves q, the gathered buffer, o and the log-sum-exp. The gradient is
-    built in the gathered buffer's layout, so _GatherKV reduce-scatters it without a copy.
-    ulysses uses it as a lone rank: D = 1, the whole sequence of its heads."""
+    """Rank `rank`'s queries against a given [D, 2, B, t, G, E] K/V buffer, blockwise; saves
+    q, the buffer, o and the log-sum-exp; backward: the gradient of the whole buffer (float32
+    while built). ulysses uses it as a lone rank: D = 1, the whole sequence of its heads
+    (no whole-sequence gradient beyond that rank's own K/V)."""
 
     @staticmethod
     def forward(ctx, q_BtHE, gathered, rank, layout, scale, block):
-        D, G = gathered.shape[0], gathered.shape[4]
-        t = q_BtHE.shape[1]
-        with torch.autocast(device_type=q_BtHE.device.type, enabled=False):
-            q = _grouped(q_BtHE, G)
-            o, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"))
-            for k_rank in range(D):
-                k, v = _keys_values(gathered[k_rank])
-                _attend(q, k, v, _block_pairs(rank, k_rank, D, t, layout, block), scale, o, lse)
+        o, lse = _attend_gathered(q_BtHE, gathered, rank, layout, scale, block)
         ctx.save_for_backward(q_BtHE, gathered, o, lse)
         ctx.rank, ctx.layout, ctx.scale, ctx.block = rank, layout, scale, block
         return _ungrouped(o).to(q_BtHE.dtype)
