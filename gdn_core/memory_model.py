@@ -39,13 +39,15 @@ layer_pattern: their parameters (q_proj with its output gate, k/v/o_proj, q/k no
 activations are counted analytically from the tensors the layer keeps for backward
 (attention_saved_bytes_per_token: q and gate, k, v as projected, q and k normed and rotated,
 o and the gated o, a float32 log-sum-exp per head; the norms, residual and MLP as a GDN
-layer's), not yet calibrated against a measured step. What the attention layers' CP mode
-(`attn_cp`) adds on a chip: all_gather_kv keeps each attention layer's gathered K/V of the
-WHOLE sequence for backward (it grows with the chip count at a fixed local shard, by design);
-ring holds two K/V blocks of the local shard in flight (with their float32 dK/dV in
-backward) and ulysses its all-to-all buffers: both flat in the chip count at a fixed local
-shard. Attention scores are never counted: the kernels are flash / blockwise, one block at a
-time.
+layer's), checked against XLA's analysis of the compiled hybrid step (one chip and D = 4,
+ring and all_gather_kv: predicted / XLA 0.96–1.0 at 1024 tokens, 1.11 at 2048 where XLA reuses
+more) and torch's allocator. What the attention layers' CP mode (`attn_cp`) adds on a chip:
+all_gather_kv keeps each attention layer's gathered K/V of the WHOLE sequence for backward
+(it grows with the chip count at a fixed local shard, by design); ring holds two K/V blocks
+of the local shard in flight (with their float32 dK/dV in backward) and ulysses its
+all-to-all buffers: both flat in the chip count at a fixed local shard. Attention scores are
+not counted: both frameworks' kernels are blockwise (tiles of at most 512 × 512 per head),
+a constant the backward working fraction covers.
 """
 
 from __future__ import annotations
@@ -353,11 +355,16 @@ def attention_saved_bytes_per_token(model_cfg: ModelConfig, *, framework: str, d
 def attention_exchange_bytes(model_cfg: ModelConfig, *, attn_cp: str, chips: int, batch: int,
                              local_tokens: int, compute_bytes: int, remat: str) -> int:
     """What the attention layers' CP mode holds on one chip beyond the layers' activations:
-        all_gather_kv  every attention layer's gathered K/V, B·T·2·G·hd in the compute dtype,
-                       kept for backward (remat full: recomputed, one layer's), plus one
-                       layer's gradient of it in backward: grows with T = D·t
         ring           two K/V blocks of t tokens in flight with their float32 dK/dV
                        accumulators (backward): 2·B·t·2·G·hd·(b + 4)
+        all_gather_kv  every attention layer's gathered K/V, B·T·2·G·hd in the compute dtype,
+                       kept for backward (remat full: recomputed, one layer's): grows with
+                       T = D·t; its backward reduce-scatters dK/dV as a ring (never the whole
+                       sequence's), holding what ring holds plus the float32 share of the
+                       block being added, B·t·2·G·hd·4
+    Calibrated against XLA (tests/gdn_core/test_memory_model.py, t = 256, float32): what
+    all_gather_kv holds beyond ring predicted 655 360 / 1 179 648 B at D = 4 / 8, XLA 651 264 /
+    1 168 896; with two attention layers 1 179 648 vs 1 438 712 (XLA keeps a few blocks more).
         ulysses        send and receive buffers of q, the KV heads sent (replicated when
                        G < D) and o: 2·B·t·hd·(2·H + 2·D·Gl)·b
     0 on one chip or without attention layers."""
@@ -367,12 +374,13 @@ def attention_exchange_bytes(model_cfg: ModelConfig, *, attn_cp: str, chips: int
         return 0
     a, B, t, b = model_cfg.attention, batch, local_tokens, compute_bytes
     H, G, hd = a.num_heads, a.num_kv_heads, a.head_dim
-    if attn_cp == "all_gather_kv":
-        gathered = B * chips * t * 2 * G * hd * b
-        kept = 1 if remat == "full" else n_attn
-        return (kept + 1) * gathered
+    block = B * t * 2 * G * hd  # K and V of one chip's shard, elements
+    ring = 2 * block * (b + FLOAT32_BYTES)
     if attn_cp == "ring":
-        return 2 * B * t * 2 * G * hd * (b + FLOAT32_BYTES)
+        return ring
+    if attn_cp == "all_gather_kv":
+        kept = 1 if remat == "full" else n_attn
+        return kept * chips * block * b + ring + block * FLOAT32_BYTES
     sent_kv_heads = chips * UlyssesHeads(num_k_heads=G, num_v_heads=H,
                                          chips=chips).key_heads_per_chip
     return 2 * B * t * hd * (2 * H + 2 * sent_kv_heads) * b

@@ -25,7 +25,7 @@ line names what ran. Per GDN mode and per attn_cp at each D, under --layout:
   gdn ms         one GDN layer's forward + backward (cp_gdn_layer inside a shard_map;
                  D = 1: the single-chip gdn_layer), gradients w.r.t. its input and parameters
   attn ms        one gated attention layer's forward + backward (gated_attention with
-                 cp/attention.attend_fn(attn_cp); D = 1: the dense causal_attention)
+                 cp/attention.attend_fn(attn_cp); D = 1: the one-chip blockwise causal_attention)
   attn time      n_attn·attn ms ÷ (n_gdn·gdn ms + n_attn·attn ms) over the model's layer
                  pattern: the measured counterpart of "attn flop"
 Each program is compiled once, run once to warm up, then timed `repeats` times (outputs

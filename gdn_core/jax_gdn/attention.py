@@ -7,20 +7,26 @@
 
 project → attend → output, so that context parallelism swaps `attend` (the only step that
 mixes tokens) and nothing else. Rotary angles come from the tokens' global positions, which a
-sequence shard passes in (gdn_core.cp_layout). The one-chip `causal_attention` is the dense
-softmax over [T, T] scores (float32 statistics); the CP modes (cp/attention.py) compute the
-same in blocks.
+sequence shard passes in (gdn_core.cp_layout). `causal_attention` is blockwise (flash
+attention): query tiles × key tiles of at most ATTENTION_BLOCK tokens, an online softmax with
+float32 statistics, tiles no query sees skipped, and a custom VJP that recomputes each tile's
+probabilities from the saved log-sum-exp — score temporaries are [B, G, r, b, c] and
+nothing grows with T². The CP modes (cp/attention.py) run the same tile loops (merge_keys,
+add_key_grads) on each chip's queries against each key block.
 Params (torch/HF layout): q_proj {"weight": [2·H·E, D]}, k_proj, v_proj {"weight": [G·E, D]},
 o_proj {"weight": [D, H·E]} (each with "bias" when attention_bias), q_norm, k_norm
 {"weight": [E]} (zero-centred: the scale is 1 + weight).
-Legend: B batch, T tokens, D hidden, H query heads, G key/value heads, r = H/G, E head_dim,
-R rotated channels, X = H·E.
+Legend: B batch, T tokens (S keys), D hidden, H query heads, G key/value heads, r = H/G,
+E head_dim, R rotated channels, X = H·E, n tiles, b query and c key tokens of a tile.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..config import AttentionConfig
@@ -91,22 +97,264 @@ def output(params: Params, o_BTHE, gate_BTX):
     return _linear(params["o_proj"], o_BTHE.reshape(B, T, -1) * jax.nn.sigmoid(gate_BTX))
 
 
-def causal_attention(q_BTHE, k_BTGE, v_BTGE, q_pos_T=None, k_pos_S=None):
+# ---- blockwise (flash) attention: fixed tiles, online softmax, probabilities recomputed ----
+
+ATTENTION_BLOCK = 512
+"""Largest tile edge, in query and in key tokens: score temporaries are [B, G, r, 512, 512]
+float32 whatever the sequence length (tile_size: min with the length)."""
+
+NO_KEY, ALL_KEYS, SOME_KEYS = range(3)
+"""What the queries of a tile see of its keys (`_visibility`): the lax.switch branch index."""
+
+PAST_EVERY_QUERY = np.iinfo(np.int32).max
+"""Position of a padding key: no query sees it."""
+
+
+def tile_size(length: int, block: int = ATTENTION_BLOCK) -> int:
+    """Tile edge ≤ block cutting `length` tokens into the fewest tiles, padded least (a length
+    ≤ block is one tile; 1000 at 512 is two of 500)."""
+    tiles = -(-length // block)
+    return -(-length // tiles)
+
+
+def tile_loop(count: int, body, init):
+    """body(i, carry) for i = 0 … count − 1, as a while loop. Not lax.fori_loop: with a static
+    count that is a scan, and under an enclosing scan's autodiff (the decoder's layer scan) a
+    scan in the backward is split into what depends on the residuals alone and what on the
+    cotangent, the first stacking every tile's probabilities and mask as [tiles, …, c, c]
+    buffers: the T² memory the tiles are there to avoid. A while loop is not split."""
+    def step(state):
+        i, carry = state
+        return i + 1, body(i, carry)
+
+    return lax.while_loop(lambda state: state[0] < count, step, (jnp.int32(0), init))[1]
+
+
+def _pad(x, axis: int, size: int, value=0):
+    extra = size - x.shape[axis]
+    if extra == 0:
+        return x
+    fill = jnp.broadcast_to(jnp.asarray(value, x.dtype),
+                            x.shape[:axis] + (extra,) + x.shape[axis + 1:])
+    return jnp.concatenate([x, fill], axis=axis)
+
+
+def _tiled_length(length: int, tile: int) -> int:
+    return -(-length // tile) * tile
+
+
+def query_tiles(x_BTHE, G: int, tile: int):
+    """[B, T, H, E] → [n, B, G, r, b, E]: n tiles of b = tile queries (T padded with zeros),
+    grouped by KV head."""
+    B, T, H, E = x_BTHE.shape
+    x = _pad(x_BTHE, 1, _tiled_length(T, tile))
+    return jnp.transpose(x.reshape(B, -1, tile, G, H // G, E), (1, 0, 3, 4, 2, 5))
+
+
+def from_query_tiles(x_nBGrbE, T: int):
+    """query_tiles undone: [B, T, H, E]."""
+    n, B, G, r, b, E = x_nBGrbE.shape
+    return jnp.transpose(x_nBGrbE, (1, 0, 4, 2, 3, 5)).reshape(B, n * b, G * r, E)[:, :T]
+
+
+def query_position_tiles(pos_T, tile: int):
+    """[T] → [n, b] int32; padding queries take the last query's position, so they see keys
+    and their statistics stay finite (their do is 0: they add no gradient)."""
+    pos = jnp.asarray(pos_T).astype(jnp.int32)
+    return _pad(pos, 0, _tiled_length(pos.shape[0], tile), pos[-1]).reshape(-1, tile)
+
+
+def _padded_keys(tile: int, k_pos_S, *xs_BSGE):
+    """Keys (and arrays laid out as keys) padded to whole tiles; padding keys sit past every
+    query."""
+    size = _tiled_length(k_pos_S.shape[0], tile)
+    pos = _pad(jnp.asarray(k_pos_S).astype(jnp.int32), 0, size, PAST_EVERY_QUERY)
+    return (pos,) + tuple(_pad(x, 1, size) for x in xs_BSGE)
+
+
+def _key_tile(j, tile: int, *xs, axis: int = 1):
+    return tuple(lax.dynamic_slice_in_dim(x, j * tile, tile, axis=axis) for x in xs)
+
+
+def _visibility(q_pos, k_pos):
+    """NO_KEY when every key comes after every query (the tile is skipped), ALL_KEYS when none
+    does (no mask), else SOME_KEYS (masked) — int32, from the positions' extremes, so right for
+    any position sets."""
+    return jnp.where(k_pos.min() > q_pos.max(), NO_KEY,
+                     jnp.where(k_pos.max() <= q_pos.min(), ALL_KEYS, SOME_KEYS)).astype(jnp.int32)
+
+
+def _scores(q_BGrbE, k_BcGE, q_pos, k_pos):
+    """Scaled scores [B, G, r, b, c] in float32 and the mask [b, c]; q_pos None: no mask."""
+    E = q_BGrbE.shape[-1]
+    s = jnp.einsum("bgrqe,bsge->bgrqs", q_BGrbE, k_BcGE, precision=precision(q_BGrbE.dtype),
+                   preferred_element_type=jnp.float32) * E ** -0.5
+    if q_pos is None:
+        return s, None
+    mask_bc = k_pos[None, :] <= q_pos[:, None]
+    return jnp.where(mask_bc, s, MASKED), mask_bc
+
+
+def _merge_tile(stats, q_BGrbE, k_BcGE, v_BcGE, q_pos, k_pos):
+    """Online softmax: fold one key tile into a query tile's (max m, sum l, weighted sum acc),
+    float32. q_pos, k_pos None: every query sees every key."""
+    m_BGrb, l_BGrb, acc_BGrbE = stats
+    s, mask = _scores(q_BGrbE, k_BcGE, q_pos, k_pos)
+    m_new = jnp.maximum(m_BGrb, s.max(-1))
+    alpha = jnp.exp(m_BGrb - m_new)
+    p = jnp.exp(s - m_new[..., None])
+    if mask is not None:
+        p = jnp.where(mask, p, 0.0)
+    pv = jnp.einsum("bgrqs,bsge->bgrqe", p.astype(v_BcGE.dtype), v_BcGE,
+                    precision=precision(v_BcGE.dtype), preferred_element_type=jnp.float32)
+    return m_new, alpha * l_BGrb + p.sum(-1), alpha[..., None] * acc_BGrbE + pv
+
+
+def _tile_grads(q_BGrbE, k_BcGE, v_BcGE, do_BGrbE, lse_BGrb, delta_BGrb, q_pos, k_pos):
+    """One tile's (dq [B, G, r, b, E], dk, dv [B, c, G, E]) in float32, probabilities
+    recomputed from the log-sum-exp; q_pos, k_pos None: every query sees every key."""
+    E = q_BGrbE.shape[-1]
+    s, mask = _scores(q_BGrbE, k_BcGE, q_pos, k_pos)
+    p = jnp.exp(s - lse_BGrb[..., None])
+    if mask is not None:
+        p = jnp.where(mask, p, 0.0)
+    hi = precision(q_BGrbE.dtype)
+    dv = jnp.einsum("bgrqs,bgrqe->bsge", p.astype(do_BGrbE.dtype), do_BGrbE, precision=hi,
+                    preferred_element_type=jnp.float32)
+    dp = jnp.einsum("bgrqe,bsge->bgrqs", do_BGrbE, v_BcGE, precision=hi,
+                    preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta_BGrb[..., None]) * E ** -0.5).astype(q_BGrbE.dtype)
+    dq = jnp.einsum("bgrqs,bsge->bgrqe", ds, k_BcGE, precision=hi,
+                    preferred_element_type=jnp.float32)
+    dk = jnp.einsum("bgrqs,bgrqe->bsge", ds, q_BGrbE, precision=hi,
+                    preferred_element_type=jnp.float32)
+    return dq, dk, dv
+
+
+def _add_tile_grads(grads, *args):
+    return tuple(acc + g for acc, g in zip(grads, _tile_grads(*args)))
+
+
+def empty_stats(q_nBGrbE):
+    """Online-softmax statistics of query tiles before any key: (m, l [n, B, G, r, b],
+    acc [n, B, G, r, b, E]), float32."""
+    shape = q_nBGrbE.shape[:-1]
+    return (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
+            jnp.zeros(q_nBGrbE.shape, jnp.float32))
+
+
+def finish(stats, dtype):
+    """(o tiles [n, B, G, r, b, E] in dtype, log-sum-exp [n, B, G, r, b] float32)."""
+    m, l, acc = stats
+    return (acc / l[..., None]).astype(dtype), m + jnp.log(l)
+
+
+def tile_delta(o_nBGrbE, do_nBGrbE):
+    """rowsum(o · do) per query, float32 [n, B, G, r, b]."""
+    return jnp.sum(o_nBGrbE.astype(jnp.float32) * do_nBGrbE.astype(jnp.float32), axis=-1)
+
+
+def merge_keys(stats, q_nBGrbE, q_pos_nb, k_BSGE, v_BSGE, k_pos_S, key_tile: int):
+    """Fold keys k, v [B, S, G, E] at positions k_pos [S] into the statistics of query tiles
+    q [n, B, G, r, b, E] at positions [n, b]: a loop over query tiles, in it a loop over key
+    tiles of key_tile keys whose body (lax.switch: only the taken branch runs) skips a tile
+    no query sees, leaves the mask out of one wholly seen and masks the rest."""
+    k_pos, k, v = _padded_keys(key_tile, k_pos_S, k_BSGE, v_BSGE)
+
+    def per_query_tile(i, stats):
+        q, q_pos = q_nBGrbE[i], q_pos_nb[i]
+
+        def per_key_tile(j, st):
+            kp, = _key_tile(j, key_tile, k_pos, axis=0)
+            kt, vt = _key_tile(j, key_tile, k, v)
+            return lax.switch(_visibility(q_pos, kp), (
+                lambda st, *_: st,
+                lambda st, q, kt, vt, *_: _merge_tile(st, q, kt, vt, None, None),
+                lambda *args: _merge_tile(*args)), st, q, kt, vt, q_pos, kp)
+
+        st = tile_loop(k.shape[1] // key_tile, per_key_tile, tuple(x[i] for x in stats))
+        return tuple(lax.dynamic_update_index_in_dim(x, y, i, 0) for x, y in zip(stats, st))
+
+    return tile_loop(q_nBGrbE.shape[0], per_query_tile, tuple(stats))
+
+
+def add_key_grads(grads, q_nBGrbE, do_nBGrbE, lse_nBGrb, delta_nBGrb, q_pos_nb, k_BSGE,
+                  v_BSGE, k_pos_S, key_tile: int):
+    """grads = (dq [n, B, G, r, b, E], dk, dv [B, S, G, E]), float32, plus the gradients of
+    these keys' attention, tile by tile as merge_keys (invisible tiles skipped)."""
+    dq_n, dk_BSGE, dv_BSGE = grads
+    S = k_BSGE.shape[1]
+    k_pos, k, v, dk, dv = _padded_keys(key_tile, k_pos_S, k_BSGE, v_BSGE, dk_BSGE, dv_BSGE)
+    per_query = (q_nBGrbE, do_nBGrbE, lse_nBGrb, delta_nBGrb, q_pos_nb)
+
+    def per_query_tile(i, grads):
+        dq_n, dk, dv = grads
+        q, do, lse, delta, q_pos = (x[i] for x in per_query)
+
+        def per_key_tile(j, acc):
+            dq, dk, dv = acc
+            kp, = _key_tile(j, key_tile, k_pos, axis=0)
+            kt, vt, dkt, dvt = _key_tile(j, key_tile, k, v, dk, dv)
+            dq, dkt, dvt = lax.switch(_visibility(q_pos, kp), (
+                lambda g, *_: g,
+                lambda g, q, kt, vt, do, lse, delta, *_: _add_tile_grads(
+                    g, q, kt, vt, do, lse, delta, None, None),
+                lambda *args: _add_tile_grads(*args)),
+                (dq, dkt, dvt), q, kt, vt, do, lse, delta, q_pos, kp)
+            return (dq,) + tuple(lax.dynamic_update_slice_in_dim(x, y, j * key_tile, axis=1)
+                                 for x, y in ((dk, dkt), (dv, dvt)))
+
+        dq, dk, dv = tile_loop(k.shape[1] // key_tile, per_key_tile, (dq_n[i], dk, dv))
+        return lax.dynamic_update_index_in_dim(dq_n, dq, i, 0), dk, dv
+
+    dq_n, dk, dv = tile_loop(q_nBGrbE.shape[0], per_query_tile, (dq_n, dk, dv))
+    return dq_n, dk[:, :S], dv[:, :S]
+
+
+def causal_attention(q_BTHE, k_BSGE, v_BSGE, q_pos_T=None, k_pos_S=None, *,
+                     block: int = ATTENTION_BLOCK):
     """Softmax attention, query i reading key j where k_pos[j] ≤ q_pos[i] (default: the
-    positions 0 … T−1), query head h reading key/value head h // (H/G). Scores, softmax and
-    the weighted sum accumulate in float32; returns o [B, T, H, E] in q's dtype."""
-    B, T, H, E = q_BTHE.shape
-    S, G = k_BTGE.shape[1], k_BTGE.shape[2]
+    positions 0 … T−1), query head h reading key/value head h // (H/G): o [B, T, H, E] in q's
+    dtype. Flash-style, in tiles of tile_size(·, block) queries × keys with float32
+    statistics; a custom VJP saves q, k, v, o and the log-sum-exp, and backward recomputes
+    each tile's probabilities: no buffer grows with T²."""
+    T, S = q_BTHE.shape[1], k_BSGE.shape[1]
     q_pos_T = jnp.arange(T) if q_pos_T is None else q_pos_T
     k_pos_S = jnp.arange(S) if k_pos_S is None else k_pos_S
-    q_BTGrE = q_BTHE.reshape(B, T, G, H // G, E)
-    s_BGrTS = jnp.einsum("btgre,bsge->bgrts", q_BTGrE, k_BTGE, precision=precision(q_BTHE.dtype),
-                         preferred_element_type=jnp.float32) * E ** -0.5
-    mask_TS = k_pos_S[None, :] <= q_pos_T[:, None]
-    p_BGrTS = jax.nn.softmax(jnp.where(mask_TS, s_BGrTS, MASKED), axis=-1)
-    o_BTGrE = jnp.einsum("bgrts,bsge->btgre", p_BGrTS.astype(v_BTGE.dtype), v_BTGE,
-                         precision=precision(v_BTGE.dtype), preferred_element_type=jnp.float32)
-    return o_BTGrE.reshape(B, T, H, E).astype(q_BTHE.dtype)
+    return _causal_attention(q_BTHE, k_BSGE, v_BSGE, jnp.asarray(q_pos_T).astype(jnp.int32),
+                             jnp.asarray(k_pos_S).astype(jnp.int32), tile_size(T, block),
+                             tile_size(S, block))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _causal_attention(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_tile, k_tile):
+    return _causal_attention_fwd(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_tile, k_tile)[0]
+
+
+def _causal_attention_fwd(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_tile, k_tile):
+    q_n = query_tiles(q_BTHE, k_BSGE.shape[2], q_tile)
+    stats = merge_keys(empty_stats(q_n), q_n, query_position_tiles(q_pos_T, q_tile), k_BSGE,
+                       v_BSGE, k_pos_S, k_tile)
+    o_n, lse_n = finish(stats, q_BTHE.dtype)
+    o_BTHE = from_query_tiles(o_n, q_BTHE.shape[1])
+    return o_BTHE, (q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, o_BTHE, lse_n)
+
+
+def _causal_attention_bwd(q_tile, k_tile, residuals, do_BTHE):
+    q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, o_BTHE, lse_n = residuals
+    G = k_BSGE.shape[2]
+    q_n, do_n, o_n = (query_tiles(x.astype(q_BTHE.dtype), G, q_tile)
+                      for x in (q_BTHE, do_BTHE, o_BTHE))
+    zeros_kv = jnp.zeros(k_BSGE.shape, jnp.float32)
+    dq_n, dk, dv = add_key_grads((jnp.zeros(q_n.shape, jnp.float32), zeros_kv, zeros_kv), q_n,
+                                 do_n, lse_n, tile_delta(o_n, do_n),
+                                 query_position_tiles(q_pos_T, q_tile), k_BSGE, v_BSGE,
+                                 k_pos_S, k_tile)
+    return (from_query_tiles(dq_n, q_BTHE.shape[1]).astype(q_BTHE.dtype),
+            dk.astype(k_BSGE.dtype), dv.astype(v_BSGE.dtype), None, None)
+
+
+_causal_attention.defvjp(_causal_attention_fwd, _causal_attention_bwd)
 
 
 def gated_attention(params: Params, x_BTD, cfg: AttentionConfig, *, eps: float, cos_TR, sin_TR,

@@ -9,6 +9,7 @@ Legend: B batch, T tokens, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from gdn_core.config import (
     GDNConfig,
     ModelConfig,
 )
+from gdn_core.jax_gdn.attention import causal_attention
 from gdn_core.jax_gdn.model import model_forward, model_loss
 from gdn_core.jax_gdn.params import from_state_dict, init_model_params, to_state_dict
 from gdn_core.jax_gdn.train import make_optimizer, make_train_step
@@ -70,7 +72,9 @@ def tokens(B: int, T: int, seed: int = 1) -> np.ndarray:
 @pytest.mark.parametrize("tied", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["untied", "tied-head"])
 def test_logits_loss_and_gradients_match_torch(tied):
-    """T = 40 (not a multiple of the chunk): same logits, mean loss and every gradient."""
+    """T = 40 (not a multiple of the chunk): same logits, mean loss and every gradient. The
+    logits with the default attention tiles (one tile of 40), loss and gradients with tiles of
+    at most 10 tokens (T = 39: 4 tiles of 10, one padding token)."""
     cfg = dataclasses.replace(MODEL, tie_word_embeddings=tied)
     torch_model = random_torch_model(cfg)
     state = torch_model.state_dict()
@@ -84,7 +88,8 @@ def test_logits_loss_and_gradients_match_torch(tied):
     def logits_loss_and_grads(params):
         loss, grads = jax.value_and_grad(
             lambda p: model_loss(p, inputs_BT, targets_BT, cfg, global_tokens=targets_BT.size,
-                                 loss_chunk_tokens=24))(params)
+                                 loss_chunk_tokens=24,
+                                 attend_fn=partial(causal_attention, block=10)))(params)
         return model_forward(params, tokens_BT, cfg), loss, grads
 
     # One compile for logits, loss and gradients, unoptimised (same numerics, half the time).

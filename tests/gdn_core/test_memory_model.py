@@ -14,9 +14,11 @@ Four checks, from the inside out:
 Bounds. prediction / XLA within [0.8, 1.25] in float32 (measured 0.85–1.01: XLA's buffer
 reuse is what the predictor cannot see), and so against torch's allocator (measured
 0.97–1.02). bfloat16 vs XLA: [0.6, 1.25], since XLA:CPU widens some bf16 buffers to float32
-that a GPU or TPU keeps in bf16 (the predictor counts bf16; measured 0.93). Differences between two settings (optimizer state sharded or not, remat none vs
-full) within 20%: a forgotten AdamW state or remat would be off by 100%. Legend: D chips,
-t tokens per chip, E hidden, L layers.
+that a GPU or TPU keeps in bf16 (the predictor counts bf16; measured 0.93). Differences
+between two settings (optimizer state sharded or not, remat none vs full, all_gather_kv vs
+ring) within 20%: a forgotten AdamW state or remat would be off by 100%. The hybrid decoder's
+points (3 GDN + 1 attention layer) measured 0.96–1.0. Legend: D chips, t tokens per chip,
+E hidden, L layers.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 from jax.sharding import Mesh
 from torch.profiler import ProfilerActivity, profile
 
-from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.data import synthetic_tokens
 from gdn_core.jax_gdn.cp.train import FAST, cp_step_shapes, make_cp_train_step
 from gdn_core.jax_gdn.model import model_loss
@@ -48,11 +50,15 @@ from gdn_core.torch_gdn.train import autocast_context, build_model, build_traini
 from gdn_core.train_config import TrainConfig
 
 
-def model(*, E=64, Hk=2, Hv=4, Dk=16, Dv=16, C=16, L=2, I=128, V=256):
+def model(*, E=64, Hk=2, Hv=4, Dk=16, Dv=16, C=16, L=2, I=128, V=256, hybrid=False):
+    """A GDN-only model, or with hybrid=True the published pattern (every fourth layer gated
+    full attention: 4 query heads, 2 KV heads of 32)."""
     gdn = GDNConfig(hidden_size=E, num_k_heads=Hk, num_v_heads=Hv, head_k_dim=Dk,
                     head_v_dim=Dv, conv_kernel_size=4, chunk_size=C)
+    attention = AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=32) if hybrid else None
     return ModelConfig(name="memory-model-test", gdn=gdn, num_layers=L, intermediate_size=I,
-                       vocab_size=V)
+                       vocab_size=V, attention=attention,
+                       layers="hybrid" if hybrid else "gdn_only")
 
 
 # ----------------------------------------------------------------- activations per token
@@ -145,6 +151,7 @@ class Point:
     dtype: str
     local_tokens: int
     shape: tuple = ()
+    attn_cp: str = "all_gather_kv"  # for hybrid shapes (HYBRID: 3 GDN + 1 attention layer)
 
     @property
     def model_cfg(self):
@@ -157,8 +164,9 @@ class Point:
 
     def __str__(self):
         shape = "".join(f"-{k}{v}" for k, v in self.shape)
-        return (f"D{self.chips}-{self.mode}-{self.param_sharding}-{self.remat}-{self.dtype}"
-                f"-t{self.local_tokens}{shape}")
+        attention = f"-{self.attn_cp}" if dict(self.shape).get("hybrid") else ""
+        return (f"D{self.chips}-{self.mode}{attention}-{self.param_sharding}-{self.remat}"
+                f"-{self.dtype}-t{self.local_tokens}{shape}")
 
 
 ONE_CHIP = Point(1, "p2p", "replicated", "none", "float32", 1024)
@@ -166,9 +174,16 @@ ONE_CHIP_FULL = dataclasses.replace(ONE_CHIP, remat="full")
 TWO_CHIPS = Point(2, "p2p", "replicated", "none", "float32", 512)  # ONE_CHIP's sequence
 WIDE_SHARDINGS = {s: Point(8, "p2p", s, "full", "float32", 128, tuple(WIDE.items()))
                   for s in ("replicated", "zero1", "fsdp")}
+HYBRID = (("L", 4), ("hybrid", True))
+# The hybrid decoder's attention terms: whole sequence on one chip, and split over 4 chips by
+# ring (flat in D) and all_gather_kv (holds every attention layer's gathered K/V).
+HYBRID_POINTS = {name: Point(D, "p2p", "replicated", "none", "float32", 1024 // D, HYBRID,
+                             attn_cp)
+                 for name, D, attn_cp in (("one chip", 1, "all_gather_kv"), ("ring", 4, "ring"),
+                                          ("all_gather_kv", 4, "all_gather_kv"))}
 # The points the orderings below use run by default; the other modes and bf16 are `slow`
 # (each an XLA compile of its own).
-POINTS = [ONE_CHIP, ONE_CHIP_FULL, TWO_CHIPS, *WIDE_SHARDINGS.values(),
+POINTS = [ONE_CHIP, ONE_CHIP_FULL, TWO_CHIPS, *WIDE_SHARDINGS.values(), *HYBRID_POINTS.values(),
           *(pytest.param(p, id=str(p), marks=pytest.mark.slow) for p in (
               Point(2, "log_scan", "zero1", "full", "float32", 512),
               Point(4, "ulysses", "fsdp", "full", "float32", 256),
@@ -182,14 +197,14 @@ def xla_bytes(point: Point) -> int:
     mesh = Mesh(np.array(jax.devices()[:point.chips]), ("cp",))
     model_cfg, train_cfg = point.model_cfg, point.train_cfg
     compiled = make_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp",
-                                  mode=point.mode).lower(
+                                  mode=point.mode, attn_cp=point.attn_cp).lower(
         *cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis="cp")).compile(FAST)
     return compiled_peak_bytes(compiled)
 
 
 def predicted_bytes(point: Point) -> int:
     return predict_step_memory(point.model_cfg, point.train_cfg, mode=point.mode,
-                               chips=point.chips, framework="jax").total
+                               chips=point.chips, framework="jax", attn_cp=point.attn_cp).total
 
 
 @pytest.mark.timeout(300)
@@ -237,6 +252,21 @@ def test_differences_match_xla():
         assert predicted == pytest.approx(xla, rel=0.2), (str(a), str(b), predicted, xla)
 
 
+@pytest.mark.timeout(300)
+def test_attention_cp_differences_match_xla():
+    # What all_gather_kv holds beyond ring (every attention layer's gathered K/V; predicted
+    # 655 360 B, XLA 651 264), and what the attention layer keeps per token beyond a GDN layer (one chip vs
+    # the GDN-only model of as many layers): each within 20% of XLA's.
+    gdn_only = Point(1, "p2p", "replicated", "none", "float32", 1024, (("L", 4),))
+    pairs = ((HYBRID_POINTS["all_gather_kv"], HYBRID_POINTS["ring"]),
+             (HYBRID_POINTS["one chip"], gdn_only))
+    for a, b in pairs:
+        predicted = predicted_bytes(a) - predicted_bytes(b)
+        xla = xla_bytes(a) - xla_bytes(b)
+        print(f"{a} − {b}: predicted {predicted}, XLA {xla}")
+        assert predicted == pytest.approx(xla, rel=0.2), (str(a), str(b), predicted, xla)
+
+
 # ----------------------------------------------------------------- torch's step vs its allocator
 
 def torch_allocator_peak(model_cfg, train_cfg) -> int:
@@ -265,7 +295,8 @@ TORCH_POINTS = {"none": (TORCH_CFG, TrainConfig(seq_len=2048)),
                 "gdn-bf16": (TORCH_CFG, TrainConfig(seq_len=2048, remat="gdn",
                                                     dtype="bfloat16")),
                 "weights-heavy": (dict(TORCH_CFG, E=512, I=2048, V=8192),
-                                  TrainConfig(seq_len=512))}
+                                  TrainConfig(seq_len=512)),
+                "hybrid": (dict(TORCH_CFG, L=4, hybrid=True), TrainConfig(seq_len=2048))}
 
 
 @functools.cache
