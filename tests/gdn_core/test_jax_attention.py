@@ -8,6 +8,7 @@ Legend: B batch, T tokens, H query heads, G KV heads, E head_dim.
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import jax
@@ -15,11 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gdn_core.jax_gdn import attention as attention_module
 from gdn_core.jax_gdn.attention import causal_attention, tile_size
 from gdn_core.testing import assert_close
 
-from .layer_scan import through_layers
+from .attention_probes import count_tile_calls, through_layers
 
 FAST = {"xla_backend_optimization_level": 0}
 TOL = 1e-4
@@ -83,20 +83,9 @@ def test_only_tiles_some_query_sees_are_computed(monkeypatch):
     """T 64 in tiles of 16: 4 × 4 tile pairs, of which the 6 below the diagonal run unmasked,
     the 4 on it masked and the 6 above it not at all — forward and backward, counted on the
     host (jax.debug.callback in the tile functions)."""
-    counts = {}
-
-    def counting(name, fn, q_pos_at):
-        def wrapped(*args):
-            kind = "full" if args[q_pos_at] is None else "masked"
-            jax.debug.callback(lambda: counts.__setitem__((name, kind),
-                                                          counts.get((name, kind), 0) + 1))
-            return fn(*args)
-        return wrapped
-
-    monkeypatch.setattr(attention_module, "_merge_tile",
-                        counting("forward", attention_module._merge_tile, 4))
-    monkeypatch.setattr(attention_module, "_tile_grads",
-                        counting("backward", attention_module._tile_grads, 6))
+    counts = collections.Counter()
+    count_tile_calls(monkeypatch, lambda name, kind: jax.debug.callback(
+        lambda: counts.update([(name, kind)])))
     q, k, v, w = inputs(64, B=1, H=2, G=1, E=8)
     loss = lambda q, k, v: jnp.sum(causal_attention(q, k, v, block=16) * w)
     jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))

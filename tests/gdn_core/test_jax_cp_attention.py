@@ -10,6 +10,7 @@ Legend: B batch, t local tokens, T global tokens, D chips, H query heads, G KV h
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 
@@ -22,13 +23,12 @@ from jax.sharding import PartitionSpec as P
 
 from gdn_core.cp_layout import LAYOUTS, local_positions, segments, shard_order
 from gdn_core.cp_modes import ATTN_CP_MODES
-from gdn_core.jax_gdn import attention as attention_module
 from gdn_core.jax_gdn.attention import ATTENTION_BLOCK, causal_attention, tile_size
 from gdn_core.jax_gdn.cp.attention import attention_cp
 from gdn_core.jax_gdn.hlo_comm import received_bytes_per_chip
 from gdn_core.testing import assert_close
 
-from .layer_scan import through_layers
+from .attention_probes import count_tile_calls, through_layers
 
 FAST = {"xla_backend_optimization_level": 0}
 TOL = 1e-4
@@ -140,24 +140,9 @@ def test_chips_skip_the_tiles_no_query_sees(mode, monkeypatch):
     the visible tiles, nothing more, and the masked path only where a tile is partly
     visible."""
     D, t = 4, 16
-    counts = {}
-
-    def counting(name, fn, q_pos_at):
-        def wrapped(*args):
-            kind = "full" if args[q_pos_at] is None else "masked"
-
-            def record(chip):
-                key = (name, int(chip), kind)
-                counts[key] = counts.get(key, 0) + 1
-
-            jax.debug.callback(record, jax.lax.axis_index("cp"))
-            return fn(*args)
-        return wrapped
-
-    monkeypatch.setattr(attention_module, "_merge_tile",
-                        counting("forward", attention_module._merge_tile, 4))
-    monkeypatch.setattr(attention_module, "_tile_grads",
-                        counting("backward", attention_module._tile_grads, 6))
+    counts = collections.Counter()
+    count_tile_calls(monkeypatch, lambda name, kind: jax.debug.callback(
+        lambda chip: counts.update([(name, int(chip), kind)]), jax.lax.axis_index("cp")))
     q, k, v, w = attention_inputs(1, D * t, 2, 1, 8)
     for layout in LAYOUTS:
         for block in (ATTENTION_BLOCK, 4):
