@@ -58,6 +58,7 @@ def test_measured_split_grows_with_the_local_shard(capsys):
         assert share == pytest.approx(attn_ms / (gdn_ms + attn_ms), abs=5e-3)  # printed rounding
         # the analytic imbalance columns stay beside the measurement
         assert float(row[-2]) > 2.9 and float(row[-1]) == 1.0
-    assert float(long[ATTN_TIME]) > float(short[ATTN_TIME]) + 0.1, (short, long)
+    # (about 0.43 → 0.83 on this host; no margin asserted: two timings on shared cores)
+    assert float(long[ATTN_TIME]) > float(short[ATTN_TIME]), (short, long)
     # and so does the analytic FLOP share, its counterpart
     assert float(long[ATTN_FLOP]) > float(short[ATTN_FLOP])
