@@ -131,12 +131,10 @@ def tile_loop(count: int, body, init):
 
 
 def _pad(x, axis: int, size: int, value=0):
-    extra = size - x.shape[axis]
-    if extra == 0:
-        return x
-    fill = jnp.broadcast_to(jnp.asarray(value, x.dtype),
-                            x.shape[:axis] + (extra,) + x.shape[axis + 1:])
-    return jnp.concatenate([x, fill], axis=axis)
+    """x padded with `value` at the end of `axis` to `size`."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
 
 
 def _tiled_length(length: int, tile: int) -> int:

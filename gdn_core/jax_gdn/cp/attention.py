@@ -32,23 +32,22 @@ attention.causal_attention's rows.
                    G (the copies of replicated KV heads cover the whole sequence): its
                    sequence-sized buffers are flat, its score tiles (H/D heads) shrink.
 
-Every mode attends in tiles (attention.py: merge_keys forward, add_key_grads backward, the
-one blockwise implementation the one-chip causal_attention runs too): query tiles × key tiles
-of tile_size(segment, block) ≤ block tokens (attention.ATTENTION_BLOCK, 512), cut inside the
+Every mode attends in tiles (attention.py: merge_keys forward, add_key_grads backward, the one
+blockwise implementation the one-chip causal_attention runs too): query tiles × key tiles of
+tile_size(segment, block) ≤ block tokens (attention.ATTENTION_BLOCK, 512), cut inside the
 segments (runs of consecutive positions: the shard under contiguous, its two halves under
-zigzag; a segment the tile does not divide leaves the shard padded at its end and tiles
-across segments — still exact, less skipped), an online softmax with float32 statistics, and
-custom VJPs that save q, k, v, o and the log-sum-exp and recompute each tile's probabilities
-in backward. Score temporaries are
-[B, G, r, b, b] (ulysses: its Gl KV heads) whatever t or D, so per-chip memory grows linearly
-in t, never as t². Each tile is treated by what its queries see (a lax.switch on positions
-traced from the chip index, in a loop over key tiles inside a loop over query tiles: only the
-taken branch runs, and compile time does not depend on the tile count): nothing — skipped,
-no work; everything — no mask; some — masked. With tiles as large as a segment, under
-contiguous chip r computes r + 1 of its D (query, key block) tiles, and under zigzag every
-chip 2D + 1 of its 4D quarter-size ones; smaller tiles skip everything above the diagonal
-of the global tile grid. Ulysses' queries are the whole sequence (shard order), tiled and
-skipped the same way.
+zigzag; a segment the tile does not divide leaves the shard padded at its end and tiles across
+segments — still exact, less skipped), an online softmax with float32 statistics, and custom
+VJPs that save q, k, v, o and the log-sum-exp and recompute each tile's probabilities in
+backward. Score temporaries are [B, G, r, b, b] (ulysses: its Gl KV heads) whatever t or D, so
+per-chip memory grows linearly in t, never as t². Each tile is treated by what its queries see
+(a lax.switch on positions traced from the chip index, in a loop over key tiles inside a loop
+over query tiles: only the taken branch runs, and compile time does not depend on the tile
+count): nothing — skipped, no work; everything — no mask; some — masked. With tiles as large as
+a segment, under contiguous chip r computes r + 1 of its D (query, key block) tiles, and under
+zigzag every chip 2D + 1 of its 4D quarter-size ones; smaller tiles skip everything above the
+diagonal of the global tile grid. Ulysses' queries are the whole sequence (shard order), tiled
+and skipped the same way.
 Legend: B batch, t local tokens, T global tokens, H query heads, G KV heads, r = H/G,
 E head_dim, b tile tokens, n tiles.
 """
@@ -139,6 +138,20 @@ def _queries(q_BtHE, q_pos, G: int, tile: int, *, o_BtHE=None, lse=None,
     return _Queries(q_n, pos_n, do_n, lse, tile_delta(o_n, do_n))
 
 
+def _this_chip(q_BtHE, G: int, axis: AxisName, layout: Layout, block: int, **backward):
+    """(D, this chip's index, tile edge, the positions table [D, t], this chip's query tiles);
+    backward: o_BtHE, lse and do_BtHE for the backward's tiles (_queries)."""
+    D, me, t = chip_count(axis), chip_index(axis), q_BtHE.shape[1]
+    tile, table = _tile(t, layout, block), jnp.asarray(positions_table(D, t, layout))
+    return D, me, tile, table, _queries(q_BtHE, table[me], G, tile, **backward)
+
+
+def _finished(stats, t: int, dtype):
+    """(o [B, t, H, E] in dtype, log-sum-exp tiles) from the query tiles' statistics."""
+    o_n, lse = finish(stats, dtype)
+    return from_query_tiles(o_n, t), lse
+
+
 def _merge_chip_block(stats, queries: _Queries, k_BtGE, v_BtGE, k_pos, tile: int):
     """Fold a chip's key block into the query tiles' statistics (attention.merge_keys)."""
     return merge_keys(stats, queries.q, queries.pos, k_BtGE, v_BtGE, k_pos, tile)
@@ -220,17 +233,14 @@ def _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, axis, layout, block):
 
 
 def _all_gather_kv_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block):
-    D, me, t = chip_count(axis), chip_index(axis), q_BtHE.shape[1]
-    tile, table = _tile(t, layout, block), jnp.asarray(positions_table(D, t, layout))
+    D, _, tile, table, queries = _this_chip(q_BtHE, k_BtGE.shape[2], axis, layout, block)
     k_DBtGE, v_DBtGE = (lax.all_gather(x, axis) for x in (k_BtGE, v_BtGE))
-    queries = _queries(q_BtHE, table[me], k_BtGE.shape[2], tile)
 
     def step(j, stats):
         return _merge_chip_block(stats, queries, k_DBtGE[j], v_DBtGE[j], table[j], tile)
 
     stats = tile_loop(D, step, empty_stats(queries.q))
-    o_n, lse = finish(stats, q_BtHE.dtype)
-    o_BtHE = from_query_tiles(o_n, t)
+    o_BtHE, lse = _finished(stats, q_BtHE.shape[1], q_BtHE.dtype)
     return o_BtHE, (q_BtHE, k_DBtGE, v_DBtGE, o_BtHE, lse)
 
 
@@ -240,10 +250,8 @@ def _all_gather_kv_bwd(axis, layout, block, residuals, do_BtHE):
     dtype as a reduce-scatter would) as they pass, arriving home after D − 1 hops. No chip
     holds dK, dV of the whole sequence beside the gathered K, V."""
     q_BtHE, k_DBtGE, v_DBtGE, o_BtHE, lse = residuals
-    D, me, t = chip_count(axis), chip_index(axis), q_BtHE.shape[1]
-    tile, table = _tile(t, layout, block), jnp.asarray(positions_table(D, t, layout))
-    queries = _queries(q_BtHE, table[me], k_DBtGE.shape[3], tile, o_BtHE=o_BtHE, lse=lse,
-                       do_BtHE=do_BtHE)
+    D, me, tile, table, queries = _this_chip(q_BtHE, k_DBtGE.shape[3], axis, layout, block,
+                                             o_BtHE=o_BtHE, lse=lse, do_BtHE=do_BtHE)
 
     def add_share(dq, dk, dv, j):  # this chip's gradients of block j onto the accumulators
         dq, dk32, dv32 = _chip_block_grads(dq, dk.astype(jnp.float32), dv.astype(jnp.float32),
@@ -260,7 +268,7 @@ def _all_gather_kv_bwd(axis, layout, block, residuals, do_BtHE):
     # A loop, unlike the ring's written-out rounds: here that keeps per-chip memory exactly
     # the gathered K/V plus a constant (written out, each round adds a few small buffers).
     dq, dk, dv = tile_loop(D - 1, step, grads)
-    return _dq_out(dq, t, q_BtHE.dtype), dk, dv
+    return _dq_out(dq, q_BtHE.shape[1], q_BtHE.dtype), dk, dv
 
 
 _all_gather_kv.defvjp(_all_gather_kv_fwd, _all_gather_kv_bwd)
@@ -284,26 +292,21 @@ def _ring(q_BtHE, k_BtGE, v_BtGE, axis, layout, block):
 
 
 def _ring_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block):
-    D, me, t = chip_count(axis), chip_index(axis), q_BtHE.shape[1]
-    tile, table = _tile(t, layout, block), jnp.asarray(positions_table(D, t, layout))
-    queries = _queries(q_BtHE, table[me], k_BtGE.shape[2], tile)
+    D, me, tile, table, queries = _this_chip(q_BtHE, k_BtGE.shape[2], axis, layout, block)
     stats = _merge_chip_block(empty_stats(queries.q), queries, k_BtGE, v_BtGE, table[me], tile)
 
     def visit(stats, k_v, s):  # round s: the block of chip me − s arrives, is merged
         return _merge_chip_block(stats, queries, *k_v, table[(me - s) % D], tile), k_v
 
     stats, _ = _around_the_ring(visit, stats, (k_BtGE, v_BtGE), axis)
-    o_n, lse = finish(stats, q_BtHE.dtype)
-    o_BtHE = from_query_tiles(o_n, t)
+    o_BtHE, lse = _finished(stats, q_BtHE.shape[1], q_BtHE.dtype)
     return o_BtHE, (q_BtHE, k_BtGE, v_BtGE, o_BtHE, lse)
 
 
 def _ring_bwd(axis, layout, block, residuals, do_BtHE):
     q_BtHE, k_BtGE, v_BtGE, o_BtHE, lse = residuals
-    D, me, t = chip_count(axis), chip_index(axis), q_BtHE.shape[1]
-    tile, table = _tile(t, layout, block), jnp.asarray(positions_table(D, t, layout))
-    queries = _queries(q_BtHE, table[me], k_BtGE.shape[2], tile, o_BtHE=o_BtHE, lse=lse,
-                       do_BtHE=do_BtHE)
+    D, me, tile, table, queries = _this_chip(q_BtHE, k_BtGE.shape[2], axis, layout, block,
+                                             o_BtHE=o_BtHE, lse=lse, do_BtHE=do_BtHE)
     zeros_kv = jnp.zeros(k_BtGE.shape, jnp.float32)
     dq, dk, dv = _chip_block_grads(_zeros_dq(queries), zeros_kv, zeros_kv, queries, k_BtGE,
                                    v_BtGE, table[me], tile)
@@ -317,7 +320,8 @@ def _ring_bwd(axis, layout, block, residuals, do_BtHE):
     dq, (_, _, dk, dv) = _around_the_ring(visit, dq, (k_BtGE, v_BtGE, dk, dv), axis)
     # After D − 1 hops chip me holds block me + 1's gradients: one more hop takes them home.
     dk, dv = (_to_next(x, axis) if D > 1 else x for x in (dk, dv))
-    return _dq_out(dq, t, q_BtHE.dtype), dk.astype(k_BtGE.dtype), dv.astype(v_BtGE.dtype)
+    return (_dq_out(dq, q_BtHE.shape[1], q_BtHE.dtype), dk.astype(k_BtGE.dtype),
+            dv.astype(v_BtGE.dtype))
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
