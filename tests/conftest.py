@@ -1,9 +1,21 @@
-"""Suite-wide set-up: 8 virtual CPU chips for JAX (must happen before JAX first runs)."""
+"""Suite-wide set-up: 8 virtual CPU chips for JAX (must happen before JAX first runs), JAX's
+persistent compilation cache, and the default tier's time budget per test (time_budget.py)."""
 
 import os
 
+from workers.compile_cache import default_jax_cache_dir, jax_cache_env
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The trial processes' cache directory (~/.cache/gdn-sweep/jax-compile unless
+# GDN_SWEEP_JAX_CACHE_DIR says otherwise; empty turns it off): a program compiled by an earlier
+# run, or by a trial process of this one, loads instead of compiling. Set in the environment so
+# that processes the tests start inherit it. Entries are keyed by program, options and backend:
+# a cold cache only costs time.
+for name, value in jax_cache_env(default_jax_cache_dir()).items():
+    os.environ.setdefault(name, value)
 
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+
+pytest_plugins = ["pytester", "tests.time_budget"]

@@ -122,7 +122,6 @@ def test_gcp_config_passes_the_offline_part_of_rays_gcp_bootstrap(name):
     """Ray's GCP legacy-field check and node-type parser (it validates TPU acceleratorConfig:
     V<generation>, AxB[xC]). They import the Google API client, which `ray up` on GCP needs
     on the client too (`pip install google-api-python-client`)."""
-    pytest.importorskip("googleapiclient", reason="google-api-python-client is not installed")
     from ray.autoscaler._private.gcp.config import (GCPNodeType, check_legacy_fields,
                                                     get_node_type)
 

@@ -46,6 +46,7 @@ def measured_row(capsys, local_tokens: int) -> list[str]:
     return table_rows(out)[("p2p", "all_gather_kv", "2")]
 
 
+@pytest.mark.slow  # the bench measured twice (compiles and timed repeats): a benchmark's run
 @pytest.mark.timeout(240)
 def test_measured_split_grows_with_the_local_shard(capsys):
     """Causal attention is quadratic in the sequence, GDN linear: at a long local shard the

@@ -7,7 +7,7 @@ import pytest
 from gdn_core.config import GDNConfig, ModelConfig, MoEConfig
 from gdn_core.presets import PRESETS, get_preset
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 QWEN35_VOCAB, QWEN3_NEXT_VOCAB = 248_320, 151_936
 # name: (hidden, layers, k heads, v heads, FFN or MoE, vocab); Dk = Dv = 128, conv 4.

@@ -61,8 +61,8 @@ def attention_inputs(B, T, H, G, E, seed=0):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("D, block", [(2, 12), (4, 4), pytest.param(8, ATTENTION_BLOCK,
-                                                                     marks=pytest.mark.slow)])
+@pytest.mark.parametrize("D, block", [(2, 12), pytest.param(4, 4, marks=pytest.mark.slow),
+                                      pytest.param(8, ATTENTION_BLOCK, marks=pytest.mark.slow)])
 def test_every_mode_and_layout_equals_one_chip(D, block):
     """B 2, T 64, H 4 (8 at D = 8) : G 2; D ≥ 4 > G, so ulysses replicates KV heads. All
     modes and layouts in one compiled program per D: outputs and ∂/∂q, k, v of Σ o·w. Tiles:

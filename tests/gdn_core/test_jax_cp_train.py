@@ -51,7 +51,8 @@ TOL = 1e-4
 FAST = {"xla_backend_optimization_level": 0}
 LAYOUTS = {"D2": 2, "D4": 4, "D8": 8}
 CASES = [("ulysses", "D2"), ("p2p", "D2"), ("all_gather", "D2"), ("log_scan", "D2"),
-         ("ulysses", "D4"), ("log_scan", "D4")]
+         pytest.param("ulysses", "D4", marks=pytest.mark.slow),
+         pytest.param("log_scan", "D4", marks=pytest.mark.slow)]
 
 
 def mesh_of(layout):
@@ -216,8 +217,9 @@ def weight_traffic_bytes(sharding, remat, D):
 
 WEIGHT_CASES = [(layout, sharding, remat) for layout in LAYOUTS
                 for sharding in PARAM_SHARDINGS for remat in REMATS]
-# Every sharding and remat at least once in CI (replicated + none: the tests above).
-CI_WEIGHT_CASES = {("D2", "zero1", "gdn"), ("D2", "fsdp", "none"), ("D4", "fsdp", "full")}
+# Every sharding and remat at least once in the default tier (replicated + none: the tests
+# above); D = 4 and 8 in the slow tier.
+CI_WEIGHT_CASES = {("D2", "zero1", "gdn"), ("D2", "fsdp", "none"), ("D2", "replicated", "full")}
 
 
 @pytest.mark.timeout(300)
@@ -313,7 +315,8 @@ CORRELATED_CASES = [("p2p", "fsdp", "full"), ("ulysses", "replicated", "none"),
 def test_cp_step_on_correlated_keys(mode, sharding, remat):
     """The CP step's loss and gradients equal one chip's when a head's keys share a direction:
     the weights of test_torch_step_settings.realistic_gdn, through the state_dict conversion."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     from gdn_core.jax_gdn.params import from_state_dict
     from gdn_core.torch_gdn import GDNLanguageModel
 

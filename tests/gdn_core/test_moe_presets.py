@@ -25,7 +25,7 @@ from gdn_core.memory_model import (
 from gdn_core.presets import PRESETS
 from gdn_core.train_config import TrainConfig
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 
 MOE_PRESETS = [name for name, cfg in PRESETS.items() if cfg.moe is not None]
 DENSE_PRESETS = [name for name, cfg in PRESETS.items() if cfg.moe is None]

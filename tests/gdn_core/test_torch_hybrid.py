@@ -17,7 +17,7 @@ from gdn_core.presets import PRESETS, get_preset
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import GatedAttention, GatedDeltaNet, HybridLanguageModel
 
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
 
 LIN, FULL = LINEAR_ATTENTION, FULL_ATTENTION

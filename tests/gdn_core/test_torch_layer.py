@@ -13,7 +13,7 @@ from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn import GatedDeltaNet, chunk_gated_delta_rule
 from gdn_core.torch_gdn.layer import causal_conv1d
 
-qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5  # noqa: E402
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig  # noqa: E402
 
 D, HK, HV, DK, DV, K = 64, 2, 4, 16, 32, 4  # Dk != Dv on purpose

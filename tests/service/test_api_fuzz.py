@@ -4,6 +4,8 @@ schema it documents, and a refused request writes nothing."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -36,12 +38,17 @@ def _row_counts(url: str) -> tuple[int, int, int]:
         engine.dispose()
 
 
+EXAMPLES = int(os.environ.get("GDN_SWEEP_FUZZ_EXAMPLES", "10"))
+"""Generated requests per operation: 10 in the default tier (derandomized, so every run sends
+the same ones); `GDN_SWEEP_FUZZ_EXAMPLES=30` with the slow tier, as the README says."""
+
+
 # PostgreSQL in the default suite (where the 500s were); SQLite, the same checks, under `slow`.
 @pytest.mark.parametrize("db_url", [pytest.param("sqlite", marks=pytest.mark.slow),
                                     "postgresql"], indirect=True)
 @pytest.mark.timeout(600)
 @schema.parametrize()
-@settings(max_examples=30, deadline=None, derandomize=True,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 def test_generated_requests_never_get_a_server_error(case, db_url):
     before = _row_counts(db_url)

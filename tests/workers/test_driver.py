@@ -56,7 +56,6 @@ def test_torch_every_mode_on_2_and_4_chips(local_ray):
 
 @pytest.mark.timeout(300)
 def test_jax_every_mode_on_4_chips(local_ray):
-    pytest.importorskip("gdn_core.jax_gdn.cp.train")
     events, sink = [], MemorySink()
     results = run_sweep(tiny_spec(frameworks=["jax"], modes=ALL_MODES, chips=[4]), sink,
                         on_event=events.append)

@@ -58,7 +58,6 @@ def test_torch_ranks_span_both_nodes(two_nodes):
 
 @pytest.mark.timeout(300)
 def test_jax_two_processes_of_two_chips(two_nodes):
-    pytest.importorskip("gdn_core.jax_gdn.cp.train")
     result, started = _run_spanning(tiny_spec(frameworks=["jax"], modes=["all_gather"],
                                               chips=[4]))
     assert_consistent_metrics(result)

@@ -1,0 +1,68 @@
+"""The README's main command (service.demo): a refused demo sweep is an error with exit 1, and
+the smoke's verdict names what did not succeed. The smoke itself runs in .ci/run, in a venv
+holding the runtime dependencies alone; `-m slow` runs it here too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from service import demo
+from workers.spec import SweepSpec, expand_trials
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_demo_sweep_stops_the_service_with_exit_1(tmp_path, monkeypatch, capsys):
+    # A grid cap below the demo's trial count: the API refuses the sweep with 422.
+    monkeypatch.setenv("GDN_SWEEP_GRID_CAP", "2")
+    monkeypatch.setenv("GDN_SWEEP_SPOOL_DIR", str(tmp_path / "spool"))
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+
+    assert demo.main(["--smoke", "--db", url]) == 1
+
+    err = capsys.readouterr().err
+    assert "error: could not submit or follow the sweep: 422" in err
+    assert "grid" in err  # the service's reason travels to the user
+    with create_engine(url).connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM sweeps")).scalar() == 0
+
+
+def test_the_smoke_sweep_is_four_trials_none_skipped():
+    trials = expand_trials(SweepSpec.model_validate(demo.smoke_sweep(cores=2)))
+    assert len(trials) == 4
+    assert [t.skip_reason for t in trials] == [None] * 4
+    assert {(t.framework, t.chips) for t in trials} == {
+        (f, c) for f in ("jax", "torch") for c in (1, 2)}
+
+
+def _view(status: str, **counts: int) -> dict:
+    every = dict.fromkeys(("pending", "running", "succeeded", "failed", "skipped"), 0)
+    every.update(counts)
+    return {"id": 7, "status": status, "counts": every, "trials_total": sum(counts.values())}
+
+
+@pytest.mark.parametrize(("view", "problem"), [
+    (_view("finished", succeeded=4), None),
+    (_view("finished", succeeded=3, failed=1), "sweep 7 ended finished with 3/4 trials "
+                                                "succeeded (other statuses: {'failed': 1})"),
+    (_view("running", succeeded=2, running=2), "sweep 7 ended running with 2/4 trials "
+                                               "succeeded (other statuses: {'running': 2})"),
+    (_view("finished", succeeded=3, skipped=1), "sweep 7 ended finished with 3/4 trials "
+                                                "succeeded (other statuses: {'skipped': 1})"),
+])
+def test_the_smoke_passes_only_when_every_trial_succeeded(view, problem):
+    assert demo.smoke_verdict(view) == problem
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_smoke_succeeds_and_stops_cleanly(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "service.demo", "--smoke"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=880,
+                          env={**__import__("os").environ,
+                               "GDN_SWEEP_SPOOL_DIR": str(tmp_path / "spool")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "smoke passed: every trial succeeded" in done.stdout

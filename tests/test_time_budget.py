@@ -1,0 +1,48 @@
+"""The default tier's time budget (tests/time_budget.py) fails a slow unmarked test, and only
+that one."""
+
+from __future__ import annotations
+
+import pytest
+
+SLEEPY_TESTS = """
+import time
+import pytest
+
+def test_quick():
+    pass
+
+def test_sleepy():
+    time.sleep(0.5)
+
+@pytest.mark.slow
+def test_sleepy_but_marked():
+    time.sleep(0.5)
+
+@pytest.fixture
+def sleepy_fixture():
+    time.sleep(0.5)
+
+def test_with_a_sleepy_setup(sleepy_fixture):
+    pass
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_unmarked_test_over_the_budget_fails_naming_its_time(pytester, monkeypatch):
+    monkeypatch.setenv("GDN_SWEEP_TEST_BUDGET_S", "0.25")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n")
+    pytester.makepyfile(SLEEPY_TESTS)
+    result = pytester.runpytest_inprocess("-p", "tests.time_budget")
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_sleepy: its call took 0.5 s, over the default tier's budget of 0.25 s per test*"])
+    result.stdout.fnmatch_lines(["*test_with_a_sleepy_setup: its setup took 0.5 s*"])
+
+
+@pytest.mark.timeout(60)
+def test_a_zero_budget_turns_the_check_off(pytester, monkeypatch):
+    monkeypatch.setenv("GDN_SWEEP_TEST_BUDGET_S", "0")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n")
+    pytester.makepyfile(SLEEPY_TESTS)
+    pytester.runpytest_inprocess("-p", "tests.time_budget").assert_outcomes(passed=4)

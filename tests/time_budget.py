@@ -1,0 +1,35 @@
+"""A pytest plugin: the default tier's time budget per test.
+
+A test not marked `slow` whose setup or call takes longer than GDN_SWEEP_TEST_BUDGET_S
+(default 20 s; 0 turns the check off) fails, naming its time: longer runs belong under `slow`,
+or share a compiled program or a session fixture. Without it the default tier grows back.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+BUDGET_ENV = "GDN_SWEEP_TEST_BUDGET_S"
+DEFAULT_BUDGET_S = 20.0
+
+
+BUDGET_S = pytest.StashKey[float]()
+
+
+def pytest_configure(config):
+    config.stash[BUDGET_S] = float(os.environ.get(BUDGET_ENV, DEFAULT_BUDGET_S))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    budget = item.config.stash[BUDGET_S]
+    if (budget > 0 and call.when in ("setup", "call") and report.passed
+            and item.get_closest_marker("slow") is None and report.duration > budget):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: its {call.when} took {report.duration:.1f} s, over "
+                           f"the default tier's budget of {budget:g} s per test ({BUDGET_ENV}): "
+                           "mark it slow, or make it quicker")
+    return report
