@@ -29,8 +29,8 @@ from service.dashboard import mount_dashboard
 from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.read_cache import ResponseCache
 from service.runs.ray_setup import RayConnection
-from service.runs.schedule_loop import ScheduleLoop
-from service.runs.scheduler import Scheduler
+from service.runs.schedule_firing import ScheduleLoop
+from service.runs.sweep_queue import Scheduler
 
 log = logging.getLogger(__name__)
 

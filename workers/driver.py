@@ -1,10 +1,14 @@
-"""The sweep driver: a SweepSpec in, one TrialResult per grid point out, handed to a sink.
+"""The sweep driver: a sweep's trials in, one TrialResult per trial out, handed to a sink.
 
-Used in-process by the REST service (a local or connected Ray) and by `gdn-sweep run` under
-`ray job submit` on a cluster head. Resumable: trials whose keys the sink already finished are
-not run again. Trials of one shape run back to back so warm workers are reused; several
-trials run at once when `max_concurrent_trials` and the cluster's chips allow (a trial is
-admitted only when its chips are free, so placement groups do not queue behind each other).
+The driver runs the trials it is given and never expands a grid: a sweep is expanded once,
+where it is created (the service writes the expansion as trial rows and hands the driver
+TrialSpecs read back from them; `run_sweep` expands a SweepSpec for callers that keep no
+expansion of their own). Used in-process by the REST service (a local or connected Ray) and
+by `gdn-sweep run` under `ray job submit` on a cluster head. Resumable: trials whose keys the
+sink already finished are not run again. Trials of one shape run back to back so warm workers
+are reused; several trials run at once when `max_concurrent_trials` and the cluster's chips
+allow (a trial is admitted only when its chips are free, so placement groups do not queue
+behind each other).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import collections
 import concurrent.futures as cf
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import ray
 
@@ -43,16 +47,17 @@ def _chips_held(trial: TrialSpec) -> int:
 
 
 class SweepDriver:
-    """Runs one sweep; `run()` once, `cancel()` from any thread (or set cancel_event)."""
+    """Runs one sweep's trials; `run()` once, `cancel()` from any thread (or set cancel_event).
+    `name` is the sweep's, for the SweepFinished event."""
 
-    def __init__(self, spec: SweepSpec, sink: ResultSink, *, options: DriverOptions | None = None,
-                 max_concurrent_trials: int = 1,
+    def __init__(self, trials: Sequence[TrialSpec], sink: ResultSink, *, name: str,
+                 options: DriverOptions | None = None, max_concurrent_trials: int = 1,
                  on_event: Callable[[SweepEvent], None] | None = None,
                  cancel_event: threading.Event | None = None) -> None:
         if not isinstance(max_concurrent_trials, int) or max_concurrent_trials < 1:
             raise ValueError(f"max_concurrent_trials={max_concurrent_trials!r} must be an "
                              f"integer >= 1")
-        self.spec, self.sink = spec, sink
+        self.trials, self.sink, self.name = list(trials), sink, name
         self.options = options or DriverOptions()
         self.max_concurrent_trials = max_concurrent_trials
         self.cancel_event = cancel_event or threading.Event()
@@ -82,7 +87,7 @@ class SweepDriver:
     def run(self) -> list[TrialResult]:
         """Run every trial the sink has not finished; results in the order they ended."""
         finished = self.sink.finished_keys()
-        trials = [t for t in expand_trials(self.spec) if t.key not in finished]
+        trials = [t for t in self.trials if t.key not in finished]
         self._total = len(trials)
         runnable = [t for t in trials if t.skip_reason is None]
         for trial in trials:  # skipped points never touch Ray
@@ -91,12 +96,13 @@ class SweepDriver:
                                          started_at=now(), finished_at=now()))
         if runnable:
             static = connect_ray().started_locally
-            if self.spec.accelerator.kind == "cpu":
-                cpu_chip_warnings(self.spec.chips)  # logged: chips beyond cores share them
+            cpu_chips = [_chips_held(t) for t in runnable if t.accelerator_kind == "cpu"]
+            if cpu_chips:
+                cpu_chip_warnings(cpu_chips)  # logged: chips beyond cores share them
             runnable.sort(key=_shape)  # stable: same-shape trials adjacent → warm reuse
             self._run_trials(collections.deque(runnable), static_cluster=static)
         counts = collections.Counter(r.status for r in self._results)
-        self.emit(SweepFinished(self.spec.name, dict(counts), len(finished)))
+        self.emit(SweepFinished(self.name, dict(counts), len(finished)))
         return list(self._results)
 
     def _run_trials(self, pending: collections.deque, *, static_cluster: bool) -> None:
@@ -169,13 +175,26 @@ class SweepDriver:
         return overflow <= 0 or in_use[resource] == 0
 
 
+def run_trials(trials: Sequence[TrialSpec], sink: ResultSink, *, name: str,
+               max_concurrent_trials: int = 1,
+               on_event: Callable[[SweepEvent], None] | None = None,
+               cancel_event: threading.Event | None = None,
+               options: DriverOptions | None = None) -> list[TrialResult]:
+    """Run the `trials` of sweep `name` that `sink` has not finished; see SweepDriver."""
+    return SweepDriver(trials, sink, name=name, options=options,
+                       max_concurrent_trials=max_concurrent_trials, on_event=on_event,
+                       cancel_event=cancel_event).run()
+
+
 def run_sweep(spec: SweepSpec, sink: ResultSink, *, max_concurrent_trials: int = 1,
               on_event: Callable[[SweepEvent], None] | None = None,
               cancel_event: threading.Event | None = None,
               options: DriverOptions | None = None) -> list[TrialResult]:
-    """Run `spec`'s trials that `sink` has not finished; see SweepDriver."""
-    return SweepDriver(spec, sink, options=options, max_concurrent_trials=max_concurrent_trials,
-                       on_event=on_event, cancel_event=cancel_event).run()
+    """Expand `spec` (here, once) and run its trials that `sink` has not finished: for a
+    caller that keeps no expansion of its own (tests, benchmarks); see run_trials."""
+    return run_trials(expand_trials(spec), sink, name=spec.name,
+                      max_concurrent_trials=max_concurrent_trials, on_event=on_event,
+                      cancel_event=cancel_event, options=options)
 
 
-__all__ = ["SweepDriver", "run_sweep"]
+__all__ = ["SweepDriver", "run_sweep", "run_trials"]

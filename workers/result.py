@@ -18,10 +18,12 @@ FINAL_STATUSES: frozenset[str] = frozenset(
 
 
 class TrialMetrics(BaseModel):
-    """Measured figures of a finished trial (names and meaning as in ARCHITECTURE.md)."""
+    """Measured figures of a finished trial (names and meaning as in ARCHITECTURE.md): the one
+    list of metrics, which the service's results columns and API fields follow."""
 
     model_config = ConfigDict(extra="forbid")
     step_time_s: float | None = None
+    """Median wall time of the measured steps (a full training step, the device synchronised)."""
     tokens_per_s_per_chip: float | None = None
     model_flops_per_step: float | None = None
     maxtext_flops_per_step: float | None = None

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from service.core.config import Settings
 from service.db.read_cache import ResponseCache
-from service.runs.scheduler import Scheduler
+from service.runs.sweep_queue import Scheduler
 
 
 def get_db(request: Request) -> Iterator[Session]:

@@ -62,12 +62,13 @@ def _run_sweep(args: argparse.Namespace) -> int:
     path: sweep row, progress bar, cancel from the API, resume) or a JSON-lines file. Both
     check the file as POST /api/sweeps does (exit 2, nothing written), then the sink, then Ray,
     and exit 0 only when every trial succeeded or was skipped, 1 otherwise, 130 on Ctrl-C (the
-    stopped trials stay pending for a resume); see service/runs/foreground.py."""
+    stopped trials stay pending for a resume); see service/runs/run_command.py."""
     from pydantic import ValidationError
 
     from service.cli.commands import cli_settings
     from service.runs.admission import validation_text
-    from service.runs.foreground import EXIT_BAD_INPUT, run_sweep_into_db, run_sweep_into_jsonl
+    from service.runs.preflight import EXIT_BAD_INPUT
+    from service.runs.run_command import run_sweep_into_db, run_sweep_into_jsonl
     from workers.options import DriverOptions
 
     parser = args.parser
@@ -256,7 +257,7 @@ benchmarks:
 {gdn_core}
   scheduling  Ray's per-trial overhead (workers.bench_scheduling)
   sweep       a sweep's wall time: compile, steps, the rest (service.bench.sweep)
-  api         REST latency over 100,000 result rows (service.bench.api)
+  api         REST latency over 100,000 result rows (service.bench.api_load)
 """
 
 
@@ -277,7 +278,7 @@ def _bench(argv: list[str]) -> int:
 
         return sweep_main(argv[1:]) or 0
     if argv[:1] == ["api"]:
-        from service.bench.api import main as api_main
+        from service.bench.api_load import main as api_main
 
         return api_main(argv[1:]) or 0
     from gdn_core.bench import main as bench_main

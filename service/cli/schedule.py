@@ -55,7 +55,7 @@ def run_schedule(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None) -> int:
     """Run the chosen action; one line on `err` and a non-zero exit for any refusal."""
     from service.core.config import Settings
-    from service.runs.sink import clean_error, is_transient
+    from service.db.errors import clean_error, is_transient
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
@@ -101,7 +101,7 @@ def _schedule_create(args, grid_cap: int):
     from service.core.cron import check_cron, check_timezone
     from service.db.schemas import ScheduleCreate
     from service.runs.admission import validation_text
-    from service.runs.foreground import SweepFileError, load_spec
+    from service.runs.sweep_file import SweepFileError, load_spec
 
     try:
         check_cron(args.cron)

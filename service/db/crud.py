@@ -13,6 +13,7 @@ from sqlalchemy import Select, and_, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, object_session
 
+from service.core.cron import next_due
 from service.db.models import (
     FACT_COLUMNS,
     IdempotencyKey,
@@ -24,6 +25,7 @@ from service.db.models import (
     TrialAttempt,
     result_for,
     trial_row,
+    trial_spec,
     utcnow,
 )
 from service.db.schemas import (
@@ -35,15 +37,16 @@ from service.db.schemas import (
     trials_from_mappings,
 )
 from workers.result import FINAL_STATUSES, TRIAL_STATUSES
-from service.core.cron import next_due
-from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
+from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, TrialSpec, expand_trials
 
 
 def create_sweep(*, session: Session, sweep_create: SweepSpec,
-                 idempotency_key: str | None = None) -> Sweep:
+                 idempotency_key: str | None = None,
+                 trials: Sequence[TrialSpec] | None = None) -> Sweep:
     """Insert the sweep and one row per grid point in one transaction (skipped ones final),
-    with its `idempotency_key` if given (IntegrityError: another sweep committed that key)."""
-    sweep = add_sweep(session=session, sweep_create=sweep_create)
+    with its `idempotency_key` if given (IntegrityError: another sweep committed that key).
+    `trials`: see add_sweep."""
+    sweep = add_sweep(session=session, sweep_create=sweep_create, trials=trials)
     if idempotency_key is not None:
         session.add(IdempotencyKey(key=idempotency_key, request_hash=spec_hash(sweep_create),
                                    sweep_id=sweep.id, created_at=sweep.created_at))
@@ -51,12 +54,14 @@ def create_sweep(*, session: Session, sweep_create: SweepSpec,
     return sweep
 
 
-def add_sweep(*, session: Session, sweep_create: SweepSpec,
-              schedule_id: int | None = None) -> Sweep:
+def add_sweep(*, session: Session, sweep_create: SweepSpec, schedule_id: int | None = None,
+              trials: Sequence[TrialSpec] | None = None) -> Sweep:
     """Add the queued sweep, its trial rows and the results of its skipped points to the
     session's transaction (flushed, not committed); ValueError for a model the presets cannot
-    build."""
-    trials = expand_trials(sweep_create)
+    build. The rows are the sweep's one expansion: `trials` when the caller has expanded
+    `sweep_create` already (expand_trials), else expanded here. Its runners run these rows
+    (sweep_trials)."""
+    trials = expand_trials(sweep_create) if trials is None else trials
     skipped = sum(t.skip_reason is not None for t in trials)
     now = utcnow()
     sweep = Sweep(name=sweep_create.name, status="queued",
@@ -77,6 +82,15 @@ def add_sweep(*, session: Session, sweep_create: SweepSpec,
 
 def get_sweep(*, session: Session, sweep_id: int) -> Sweep | None:
     return session.get(Sweep, sweep_id)
+
+
+def sweep_trials(*, session: Session, sweep_id: int) -> list[TrialSpec]:
+    """The sweep's trials as its rows hold them, in grid order: what a runner hands the
+    driver (the grid is not expanded again). ValueError for a row this version cannot run."""
+    repeats = stored_spec(session.get(Sweep, sweep_id).spec).repeats
+    rows = session.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id))
+    # a plan runs once whatever the repeats (expand_trials)
+    return [trial_spec(row, repeats=repeats if row.kind == "measure" else 1) for row in rows]
 
 
 def list_sweeps(*, session: Session, offset: int, limit: int,

@@ -30,6 +30,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from workers.result import TrialMetrics
+from workers.spec import TrialSpec
+
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -252,8 +255,9 @@ class IdempotencyKey(Base):
 
 class Schedule(Base):
     """A saved sweep definition run on a cron expression in an IANA time zone
-    (service/runs/schedules.py fires it). `next_run_at` is the next due time (UTC), None while
-    paused; `last_run_at` the due time of the latest tick it fired, whatever its outcome."""
+    (service/runs/schedule_firing.py fires it). `next_run_at` is the next due time (UTC), None
+    while paused; `last_run_at` the due time of the latest tick it fired, whatever its
+    outcome."""
 
     __tablename__ = "schedules"
 
@@ -295,7 +299,7 @@ class CacheVersion(Base):
     """A counter per cached read that a trigger (migration 0005) bumps in the transaction that
     changes what the read shows: `results` with every write of a succeeded result. A response
     is cached under the version read before its query, so it is served only while nothing it
-    shows has changed (service/read_cache.py)."""
+    shows has changed (service/db/read_cache.py)."""
 
     __tablename__ = "cache_versions"
 
@@ -303,32 +307,38 @@ class CacheVersion(Base):
     version: Mapped[int] = mapped_column(BigInteger)
 
 
-METRIC_COLUMNS: tuple[str, ...] = (
-    "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "maxtext_flops_per_step",
-    "hardware_flops_per_step", "peak_flops_per_chip", "peak_flops_source", "peak_flops_dtype",
-    "device_name", "measured_steps", "step_time_min_s", "step_time_max_s", "compile_time_s",
-    "mfu", "hfu", "peak_memory_bytes_per_chip", "memory_source",
-    "estimated_memory_bytes_per_chip", "estimated_memory_source",
-    "predicted_memory_bytes_per_chip", "comm_bytes_per_step_per_chip",
-    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip",
-    "compiled_flops_per_step_per_chip", "loss_first", "loss_last", "max_rel_err",
-    "verified_seq_len")
-"""Result columns filled from workers.result.TrialMetrics (same names)."""
+METRIC_COLUMNS: tuple[str, ...] = tuple(TrialMetrics.model_fields)
+"""Result columns filled from workers.result.TrialMetrics, the one list of metrics (same names;
+tests/service/test_models.py checks that Result has each, nullable, of the field's type)."""
 
 FACT_COLUMNS: tuple[str, ...] = (
-    "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size", "preset", "num_layers",
-    "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout", "accelerator_kind",
-    "accelerator_type", "repeat")
+    "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size", "preset",
+    "num_layers", "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout",
+    "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats"})
 """workers.spec.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
 
 
-def trial_row(*, sweep_id: int, spec, status: str, created_at: dt.datetime) -> Trial:
+def trial_row(*, sweep_id: int, spec: TrialSpec, status: str,
+              created_at: dt.datetime) -> Trial:
     """A trial row for a workers.spec.TrialSpec (its key, grid coordinates and settings)."""
     return Trial(sweep_id=sweep_id, key=spec.key, status=status, created_at=created_at,
                  **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
+
+
+def trial_spec(row: Trial, *, repeats: int) -> TrialSpec:
+    """The TrialSpec `row` was written from (trial_row's inverse), given its sweep's `repeats`
+    (1 for plans), the one field no trial column holds. ValueError if the fields no longer
+    make the row's key: results find their row by key."""
+    spec = TrialSpec(repeats=repeats, **{name: getattr(row, name)
+                                         for name in TrialSpec.model_fields
+                                         if name not in TRIAL_SPEC_ONLY})
+    if spec.key != row.key:
+        raise ValueError(f"trial {row.id} ({row.key!r}): its columns make the key "
+                         f"{spec.key!r}; it cannot be run by this version")
+    return spec
 
 
 def result_for(trial: Trial, **outcome) -> Result:

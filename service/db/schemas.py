@@ -11,6 +11,7 @@ from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
 from service.core.cron import check_cron, check_timezone
+from workers.result import TrialMetrics
 from workers.spec import Name, PlainText, SweepSpec
 
 
@@ -77,7 +78,9 @@ class AttemptPublic(BaseModel):
     finished_at: UTCDatetime | None = None
 
 
-class TrialPublic(BaseModel):
+class _TrialOutcome(BaseModel):
+    """A trial as its row holds it, and its result's outcome: TrialPublic less the metrics."""
+
     id: int
     sweep_id: int
     key: str
@@ -129,42 +132,14 @@ class TrialPublic(BaseModel):
     created_at: UTCDatetime
     started_at: UTCDatetime | None = None
     finished_at: UTCDatetime | None = None
-    step_time_s: float | None = None
-    """Median of the measured steps."""
-    step_time_min_s: float | None = None
-    step_time_max_s: float | None = None
-    measured_steps: int | None = None
-    compile_time_s: float | None = None
-    tokens_per_s_per_chip: float | None = None
-    model_flops_per_step: float | None = None
-    maxtext_flops_per_step: float | None = None
-    hardware_flops_per_step: float | None = None
-    peak_flops_per_chip: float | None = None
-    peak_flops_source: str | None = None
-    peak_flops_dtype: str | None = None
-    device_name: str | None = None
-    mfu: float | None = None
-    hfu: float | None = None
-    peak_memory_bytes_per_chip: int | None = None
-    """Measured: the device allocator's peak (GPU/TPU) or the process RSS high-water mark
-    (CPU); memory_source says which. Never an estimate."""
-    memory_source: str | None = None
-    estimated_memory_bytes_per_chip: int | None = None
-    """XLA's compile-time memory analysis (JAX): an estimate, apart from the measured peak."""
-    estimated_memory_source: str | None = None
-    predicted_memory_bytes_per_chip: int | None = None
-    """gdn_core's analytic memory predictor."""
-    comm_bytes_per_step_per_chip: int | None = None
-    """CP exchanges + weight sync: the two columns below."""
-    cp_comm_bytes_per_step_per_chip: int | None = None
-    grad_sync_bytes_per_step_per_chip: int | None = None
-    compiled_flops_per_step_per_chip: float | None = None
-    """Plan trials: matmul FLOPs of the compiled per-chip program (HLO, loop trips counted)."""
-    loss_first: float | None = None
-    loss_last: float | None = None
-    max_rel_err: float | None = None
-    verified_seq_len: int | None = None
-    """verify: tokens per sequence compared against one chip (seq_len or a prefix)."""
+
+
+class TrialPublic(TrialMetrics, _TrialOutcome):
+    """A trial and its outcome, then its metrics: every field of TrialMetrics (workers/result.py,
+    the one list of metrics). Pydantic takes the last base's fields first, so JSON objects and
+    CSV rows start with the trial's."""
+
+    model_config = ConfigDict(extra="ignore")  # TrialMetrics forbids extras; rows carry joins
 
 
 _TRIALS = TypeAdapter(list[TrialPublic])

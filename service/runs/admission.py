@@ -1,9 +1,10 @@
-"""What every way in (POST /api/sweeps, `gdn-sweep run`, `--jsonl`) refuses beyond SweepSpec's
-own validation, with one message each: today the grid cap."""
+"""What every way in (POST /api/sweeps and /api/schedules, `gdn-sweep run`, `--jsonl`) refuses
+beyond SweepSpec's own validation, with one message each: the grid cap, and a model the presets
+cannot build."""
 
 from __future__ import annotations
 
-from workers.spec import SweepSpec
+from workers.spec import SweepSpec, expand_trials
 
 
 def grid_cap_error(spec: SweepSpec, grid_cap: int) -> dict | None:
@@ -16,6 +17,20 @@ def grid_cap_error(spec: SweepSpec, grid_cap: int) -> dict | None:
         "msg": (f"the grid has {s.grid_size} trials ({_breakdown(s)}); at most {grid_cap} "
                 "are accepted (GDN_SWEEP_GRID_CAP): split the sweep or drop values"),
         "ctx": {"grid_size": s.grid_size, "grid_cap": grid_cap}}
+
+
+def spec_errors(spec: SweepSpec, grid_cap: int) -> list[dict]:
+    """What POST /api/sweeps would refuse beyond the schema (the grid cap, a model the presets
+    cannot build), as 422 items located at the `spec` of a body that holds one (a schedule's);
+    empty if the spec can make a sweep."""
+    too_large = grid_cap_error(spec, grid_cap)
+    if too_large is not None:
+        return [{**too_large, "loc": ["body", "spec"]}]
+    try:
+        expand_trials(spec)
+    except ValueError as err:
+        return [{"type": "value_error", "loc": ["body", "spec", "model"], "msg": str(err)}]
+    return []
 
 
 def _breakdown(s: SweepSpec) -> str:

@@ -3,8 +3,9 @@ database, as the rows a `--db` run would have written.
 
 A file's header names its sweep by a uid; the sweep is created with the idempotency key
 `jsonl:<uid>` (the API's idempotency_keys table: the key is the primary key, so two imports of
-one file at once create one sweep), its trials by `crud.create_sweep`, each result and its
-attempts by the sink's `record_result`, in file order. So a result a trial already has is
+one file at once create one sweep), its trial rows by `crud.create_sweep` from the expansion
+that checked the file, each result and its attempts by the sink's `record_result`, in file
+order. So a result a trial already has is
 kept, and a cancelled one is replaced by a later outcome: importing a file again adds nothing,
 and a file that grew (its run was resumed) adds only what it gained. Trials the file has no
 outcome for (the run was interrupted) are closed `cancelled`, so no scheduler runs them on
@@ -28,16 +29,26 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import crud
 from service.db.models import Result, Sweep, Trial
-from service.runs.foreground import EXIT_BAD_INPUT, EXIT_OK, database_error
-from service.runs.sink import record_result
+from service.runs.db_sink import record_result
+from service.runs.preflight import EXIT_BAD_INPUT, EXIT_OK, database_error
 from workers.sink import JsonLinesError, JsonLinesFile, read_jsonl
-from workers.spec import SweepSpec, expand_trials
+from workers.spec import SweepSpec, TrialSpec, expand_trials
 
 IDEMPOTENCY_PREFIX = "jsonl:"
 
 
 class ImportFileError(ValueError):
     """A file that cannot be imported; str() is the one-line reason (file:line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedFile:
+    """A results file read and checked, with its sweep's one expansion."""
+
+    held: JsonLinesFile
+    spec: SweepSpec
+    trials: list[TrialSpec]
+    """expand_trials(spec): every result of the file is one of them; the sweep's rows."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,19 +62,20 @@ class ImportedFile:
     trials: int
 
 
-def check_file(path: str | Path) -> tuple[JsonLinesFile, SweepSpec]:
+def check_file(path: str | Path) -> CheckedFile:
     """The file read and checked: a header, and every result a point of its sweep."""
     held = read_jsonl(path)
     if held.header is None:
         raise ImportFileError(f"{path}:1: no sweep header (written by an older gdn-sweep, or "
                               f"not a results file); it cannot be imported")
     spec = held.spec
-    trials = {t.key: t for t in expand_trials(spec)}
+    trials = expand_trials(spec)
+    keys = {t.key for t in trials}
     for line, result in held.results:
-        if result.trial.key not in trials:
+        if result.trial.key not in keys:
             raise ImportFileError(f"{path}:{line}: trial {result.trial.key!r} is not a point "
                                   f"of sweep {spec.name!r} (its header's spec)")
-    return held, spec
+    return CheckedFile(held, spec, trials)
 
 
 def import_files(paths: list[str | Path], *,
@@ -72,31 +84,30 @@ def import_files(paths: list[str | Path], *,
     return import_checked([check_file(path) for path in paths], session_factory=session_factory)
 
 
-def import_checked(checked: list[tuple[JsonLinesFile, SweepSpec]], *,
+def import_checked(checked: list[CheckedFile], *,
                    session_factory: sessionmaker[Session]) -> list[ImportedFile]:
     with session_factory() as session:
-        for held, spec in checked:  # a uid already imported with another spec: refuse first
-            known = crud.get_idempotency_key(session=session, key=_key(held))
-            if known is not None and known.request_hash != crud.spec_hash(spec):
-                raise ImportFileError(f"{held.path}:1: sweep uid {held.header['uid']} was "
-                                      f"imported before (sweep {known.sweep_id}) with another "
-                                      f"spec")
-    return [_import(held, spec, session_factory) for held, spec in checked]
+        for file in checked:  # a uid already imported with another spec: refuse first
+            known = crud.get_idempotency_key(session=session, key=_key(file.held))
+            if known is not None and known.request_hash != crud.spec_hash(file.spec):
+                raise ImportFileError(f"{file.held.path}:1: sweep uid {file.held.header['uid']} "
+                                      f"was imported before (sweep {known.sweep_id}) with "
+                                      f"another spec")
+    return [_import(file, session_factory) for file in checked]
 
 
 def _key(held: JsonLinesFile) -> str:
     return IDEMPOTENCY_PREFIX + held.header["uid"]
 
 
-def _import(held: JsonLinesFile, spec: SweepSpec,
-            session_factory: sessionmaker[Session]) -> ImportedFile:
-    created = False
+def _import(file: CheckedFile, session_factory: sessionmaker[Session]) -> ImportedFile:
+    held, created = file.held, False
     with session_factory() as session:
         known = crud.get_idempotency_key(session=session, key=_key(held))
         if known is None:
             try:
-                sweep = crud.create_sweep(session=session, sweep_create=spec,
-                                          idempotency_key=_key(held))
+                sweep = crud.create_sweep(session=session, sweep_create=file.spec,
+                                          idempotency_key=_key(held), trials=file.trials)
                 sweep.created_at = dt.datetime.fromisoformat(held.header["created_at"])
                 session.commit()
                 sweep_id, created = sweep.id, True

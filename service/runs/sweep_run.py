@@ -1,4 +1,5 @@
-"""Running one sweep from the database: claim it, drive the workers' driver, renew, finish.
+"""Running one sweep from the database: claim it, drive the workers' driver on its trial rows
+(the one expansion of its grid, made when it was created), renew, finish.
 
 Both the service's scheduler and `gdn-sweep run` go through here. A sweep has one runner at a
 time (`sweeps.runner`, a per-process identity: `runner_identity`): the claim is an atomic
@@ -18,16 +19,17 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db import crud
+from service.db.errors import clean_error, is_transient, retry_transient, without_sql
 from service.db.models import Sweep, Trial, utcnow
-from service.runs.sink import DatabaseSink, clean_error, is_transient, retry_transient, without_sql
-from workers.spec import SweepSpec
+from service.runs.db_sink import DatabaseSink
+from workers.spec import TrialSpec
 
 log = logging.getLogger(__name__)
 RUNNER_MAX = 128
@@ -201,26 +203,27 @@ def finish(*, session: Session, sweep_id: int, status: str, error: str | None = 
     return True
 
 
-def drive(*, session_factory: sessionmaker[Session], sweep_id: int, spec: SweepSpec,
-          sink: DatabaseSink, cancel_event: threading.Event, runner_id: str,
-          max_concurrent_trials: int, poll_s: float,
+def drive(*, session_factory: sessionmaker[Session], sweep_id: int, name: str,
+          trials: Sequence[TrialSpec], sink: DatabaseSink, cancel_event: threading.Event,
+          runner_id: str, max_concurrent_trials: int, poll_s: float,
           on_event: Callable[[object], None] | None = None,
           stop_event: threading.Event | None = None, driver_options=None) -> str | None:
-    """Run the driver in a thread until it returns and the sink has stored every result it
-    was given (through a database outage: the sweep's end must not close trials whose
-    results wait in the sink); meanwhile renew the claim every poll_s and turn a `cancelling`
-    status into a cancel. Returns the driver's error, if it raised. A detached sink (a
+    """Run the driver on the sweep's `trials` (its rows, crud.sweep_trials; `name` is the
+    sweep's) in a thread until it returns and the sink has stored every result it was given
+    (through a database outage: the sweep's end must not close trials whose results wait in
+    the sink); meanwhile renew the claim every poll_s and turn a `cancelling` status into a
+    cancel. Returns the driver's error, if it raised. A detached sink (a
     shutdown, a take-over) is not waited for. A KeyboardInterrupt detaches the sink, stops the
     driver, waits for it, then is raised again (the sweep is left to resume, as after a
     shutdown)."""
-    from workers.driver import run_sweep
+    from workers.driver import run_trials
 
     outcome: dict[str, str] = {}
 
     def target() -> None:
         try:
-            run_sweep(spec, sink, max_concurrent_trials=max_concurrent_trials,
-                      on_event=on_event, cancel_event=cancel_event, options=driver_options)
+            run_trials(trials, sink, name=name, max_concurrent_trials=max_concurrent_trials,
+                       on_event=on_event, cancel_event=cancel_event, options=driver_options)
         except BaseException as err:  # noqa: BLE001 - becomes the sweep's error
             if sink.detached:  # stopped (Ctrl-C, shutdown): Ray calls may raise on the way out
                 log.info("sweep %s: driver stopped (%s)", sweep_id, clean_error(err))

@@ -29,7 +29,7 @@ import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from service.core.config import Settings
-from service.runs.foreground import load_spec
+from service.runs.sweep_file import load_spec
 from workers.options import CPU_CHIP_RESOURCE
 from workers.placement import tpu_topology
 

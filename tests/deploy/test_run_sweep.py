@@ -266,7 +266,7 @@ def test_the_cron_example_runs_the_script_with_options_it_takes_on_files_that_ex
     from croniter import croniter
 
     from service.cli.main import add_run_arguments
-    from service.runs.foreground import load_spec
+    from service.runs.sweep_file import load_spec
 
     lines = (REPO_ROOT / "deploy" / "cron" / "nightly-sweep.crontab").read_text().splitlines()
     entries = [line.removeprefix("# ") for line in lines

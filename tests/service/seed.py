@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from service.db import crud
-from service.runs.sink import record_result
+from service.runs.db_sink import record_result
 from workers.result import AttemptRecord, TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
 

@@ -255,6 +255,26 @@ def test_resume_finishes_a_recorded_sweep_by_id_and_refuses_a_non_id(tmp_path, m
 
 
 @pytest.mark.timeout(60)
+def test_a_run_drives_the_sweeps_stored_trial_rows_not_a_new_expansion(tmp_path, migrated_db,
+                                                                      capsys):
+    from sqlalchemy import update
+
+    from service.db import crud
+    from service.db.models import Result
+    from workers.spec import SweepSpec
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    reason = "marked skipped in its row after the sweep was created"
+    with migrated_db() as s:  # a runnable trial that its row now says to skip: no Ray needed
+        queued = crud.create_sweep(session=s, sweep_create=SweepSpec(**TINY_SWEEP)).id
+        s.execute(update(Trial).where(Trial.sweep_id == queued).values(skip_reason=reason))
+        s.commit()
+    assert in_process_run("--resume", str(queued), "--db", url, "--no-progress") == 0
+    with migrated_db() as s:
+        assert s.execute(select(Result.status, Result.error)).all() == [("skipped", reason)]
+
+
+@pytest.mark.timeout(60)
 def test_no_progress_silences_the_progress_lines(tmp_path, capsys):
     sweep = write_sweep(tmp_path, SKIPPED_ONLY)
     for quiet in (False, True):
@@ -335,8 +355,8 @@ def sweep_rows(session, sweep_id: int) -> dict:
 def test_import_writes_the_rows_a_db_run_writes(tmp_path, session_factory):
     from service.db import crud
     from service.runs import sweep_run
+    from service.runs.db_sink import DatabaseSink
     from service.runs.jsonl_import import import_files
-    from service.runs.sink import DatabaseSink
     from workers.spec import SweepSpec
 
     spec = SweepSpec(**IMPORT_SWEEP)

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from service.db import crud
 from service.db.models import Result, Sweep, Trial, TrialAttempt, result_for, utcnow
 from service.runs import sweep_run
-from service.runs.sink import DatabaseSink, record_result
+from service.runs.db_sink import DatabaseSink, record_result
 from workers.result import AttemptRecord, TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials
 
@@ -55,6 +55,24 @@ def test_detached_sink_records_nothing(session_factory):
     with session_factory() as s:
         assert s.scalar(select(Trial.status)) == "pending"
         assert s.scalar(select(func.count()).select_from(Result)) == 0
+
+
+def test_a_sweeps_trials_are_read_from_its_rows_as_they_were_expanded(session_factory):
+    """What a runner hands the driver: the expansion made when the sweep was created, read
+    back from its rows (repeats, plans and skipped points included), in grid order."""
+    sweep_id, trials = make_sweep(session_factory, frameworks=["jax"], kinds=["measure", "plan"],
+                                  chips=[1, 2, 3], repeats=2)
+    assert any(t.skip_reason for t in trials) and any(t.kind == "plan" for t in trials)
+    with session_factory() as s:
+        assert crud.sweep_trials(session=s, sweep_id=sweep_id) == trials
+
+
+def test_a_sweep_is_created_from_the_trials_its_caller_expanded(session_factory):
+    spec = SweepSpec.model_validate({**TINY_SWEEP, "seq_lens": [64, 128]})
+    given = [t.model_copy(update={"timeout_s": 5.0}) for t in expand_trials(spec)]
+    with session_factory() as s:
+        sweep_id = crud.create_sweep(session=s, sweep_create=spec, trials=given).id
+        assert crud.sweep_trials(session=s, sweep_id=sweep_id) == given
 
 
 def test_constraints_refuse_a_second_result_or_grid_point(session_factory):

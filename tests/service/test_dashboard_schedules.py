@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from service.runs.schedules import fire_due
+from service.runs.schedule_firing import fire_due
 
 from .browser import RECORD_CSP, WINDOW
 from .conftest import TINY_SWEEP, api_settings, serving

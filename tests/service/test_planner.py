@@ -21,7 +21,7 @@ from service.main import create_app
 from service.planner.capacity import EXTRAPOLATION_LIMIT, plan_capacity
 from service.planner.evidence import load_observations
 from service.planner.schemas import CapacityRequest
-from service.runs.foreground import run_sweep_into_db
+from service.runs.run_command import run_sweep_into_db
 
 from .conftest import api_settings, scratch_postgres_database
 

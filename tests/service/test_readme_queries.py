@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 from service.db import crud
 from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.models import Result
-from service.runs.sink import DatabaseSink, record_result
-from workers.driver import run_sweep
+from service.runs.db_sink import DatabaseSink, record_result
+from workers.driver import run_trials
 from workers.spec import SweepSpec
 
 from .conftest import TINY_SWEEP, scratch_postgres_database
@@ -76,8 +76,9 @@ def run_real_sweeps(session_factory) -> list[tuple[SweepSpec, list]]:
         spec = SweepSpec.model_validate(sweep)
         with session_factory() as session:
             sweep_id = crud.create_sweep(session=session, sweep_create=spec).id
+            trials = crud.sweep_trials(session=session, sweep_id=sweep_id)
         sink = DatabaseSink(session_factory, sweep_id, spool=None)
-        results = run_sweep(spec, sink, max_concurrent_trials=2)
+        results = run_trials(trials, sink, name=spec.name, max_concurrent_trials=2)
         assert sink.close(timeout_s=30), "results not stored"
         failed = [(r.trial.key, r.status, r.error) for r in results if r.status != "succeeded"]
         assert results and not failed, failed

@@ -28,11 +28,12 @@ from sqlalchemy.exc import DBAPIError
 from service.core.config import Settings
 from service.db import crud
 from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.db.errors import clean_error
 from service.db.models import Result, Sweep, Trial, utcnow
 from service.runs import sweep_run
-from service.runs.scheduler import Scheduler
-from service.runs.sink import DatabaseSink, clean_error, record_result, replay_spool
+from service.runs.db_sink import DatabaseSink, record_result, replay_spool
 from service.runs.spool import Spool, unstored_results
+from service.runs.sweep_queue import Scheduler
 from workers.events import TrialStarted
 from workers.result import TrialMetrics, TrialResult
 from workers.spec import SweepSpec, expand_trials

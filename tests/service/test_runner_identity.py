@@ -123,7 +123,7 @@ COMPETITOR = """
 import json, signal, sys, threading
 from service.core.config import Settings
 from service.db.engine import make_engine, make_session_factory
-from service.runs.scheduler import Scheduler
+from service.runs.sweep_queue import Scheduler
 from workers.events import TrialStarted
 
 
@@ -154,7 +154,7 @@ def test_two_services_with_the_same_scheduler_id_run_a_sweep_once(local_ray, tmp
 
     from service.core.config import Settings
     from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.runs.scheduler import Scheduler
+    from service.runs.sweep_queue import Scheduler
     from workers.events import TrialStarted
 
     from .test_scheduler import results_per_trial, sweep_status

@@ -17,16 +17,16 @@ import time
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from service.core.config import Settings
 from service.db import crud
 from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.models import Result, Sweep, Trial
 from service.main import create_app
-from service.runs.scheduler import Scheduler
-from service.runs.sink import DatabaseSink
-from workers.driver import run_sweep
+from service.runs.db_sink import DatabaseSink
+from service.runs.sweep_queue import Scheduler
+from workers.driver import run_trials
 from workers.events import TrialFinished, TrialStarted
 from workers.spec import SweepSpec
 
@@ -74,6 +74,24 @@ def results_per_trial(session_factory, sweep_id: int) -> dict[int, int]:
 def sweep_status(session_factory, sweep_id: int) -> str:
     with session_factory() as s:
         return s.scalar(select(Sweep.status).where(Sweep.id == sweep_id))
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_whose_rows_cannot_be_run_fails_and_the_scheduler_goes_on(sqlite_db, tmp_path):
+    """The driver runs the trial rows; a row whose columns no longer make its key (written by
+    another version) fails its sweep with the reason, instead of the scheduler's loop."""
+    url, session_factory = sqlite_db
+    with session_factory() as s:
+        sweep_id = crud.create_sweep(session=s, sweep_create=SweepSpec(**TINY_SWEEP)).id
+        s.execute(update(Trial).where(Trial.sweep_id == sweep_id).values(key="renamed"))
+        s.commit()
+    settings = scheduler_settings(url).model_copy(update={"spool_dir": str(tmp_path)})
+    Scheduler(session_factory=session_factory, settings=settings)._run(sweep_id)
+    with session_factory() as s:
+        sweep = s.get(Sweep, sweep_id)
+        assert sweep.status == "failed"
+        assert "its trials cannot be run: trial" in sweep.error and "'renamed'" in sweep.error
+    assert trial_statuses(session_factory, sweep_id) == {"renamed": "failed"}
 
 
 @pytest.mark.timeout(240)
@@ -167,13 +185,14 @@ def test_a_retried_trial_keeps_the_first_attempts_reason(local_ray, sqlite_db):
                                      "steps": 20})
     with session_factory() as s:
         sweep_id = crud.create_sweep(session=s, sweep_create=spec).id
+        trials = crud.sweep_trials(session=s, sweep_id=sweep_id)
 
     def kill_a_rank_of_the_first_attempt(event) -> None:
         if isinstance(event, TrialStarted) and event.attempt == 1:
             os.kill(event.workers[1].pid, signal.SIGKILL)
 
-    (result,) = run_sweep(spec, DatabaseSink(session_factory, sweep_id),
-                          on_event=kill_a_rank_of_the_first_attempt)
+    (result,) = run_trials(trials, DatabaseSink(session_factory, sweep_id), name=spec.name,
+                           on_event=kill_a_rank_of_the_first_attempt)
     assert result.status == "succeeded" and result.attempts == 2
     with TestClient(create_app(api_settings(url))) as client:
         (trial,) = client.get(f"/api/sweeps/{sweep_id}/trials").json()["data"]

@@ -1,7 +1,7 @@
-"""Schedules fired with an injected clock (service/runs/schedules.py, schedule_loop.py,
-core/cron.py): one sweep per due time on SQLite and PostgreSQL, whatever the number of
-schedulers, restarts and outages; missed ticks fire once; paused and overlapping ticks create
-none; cron read in the schedule's IANA zone, DST included."""
+"""Schedules fired with an injected clock (service/runs/schedule_firing.py, core/cron.py): one
+sweep per due time on SQLite and PostgreSQL, whatever the number of schedulers, restarts and
+outages; missed ticks fire once; paused and overlapping ticks create none; cron read in the
+schedule's IANA zone, DST included."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from service.core.config import Settings
 from service.core.cron import check_cron, latest_due, next_due
 from service.db import crud
 from service.db.engine import alembic_config, make_engine, make_session_factory
+from service.db.errors import is_transient
 from service.db.models import Schedule, ScheduleRun, Sweep, Trial
 from service.db.schemas import ScheduleCreate, ScheduleUpdate
-from service.runs.schedule_loop import ScheduleLoop
-from service.runs.schedules import fire_due, sweep_name
-from service.runs.sink import is_transient
+from service.runs.schedule_firing import ScheduleLoop, fire_due, sweep_name
 from workers.spec import SweepSpec
 
 from .conftest import TINY_SWEEP
@@ -304,7 +303,7 @@ def test_the_loop_survives_a_database_outage_and_fires_once_it_is_back(caplog):
         loop = ScheduleLoop(session_factory=factory, clock=lambda: T0 + dt.timedelta(minutes=5),
                             settings=Settings(database_url=pg.url, schedule_poll_s=0.1))
         pg.stop()
-        caplog.set_level(logging.WARNING, logger="service.runs.schedule_loop")
+        caplog.set_level(logging.WARNING, logger="service.runs.schedule_firing")
         loop.start()
         try:
             deadline = time.monotonic() + 30

@@ -13,7 +13,7 @@ from service.cli.main import main as cli_main
 from service.db.engine import make_engine, make_session_factory
 from service.db.models import Schedule, Sweep
 from service.main import create_app
-from service.runs.schedules import fire_due
+from service.runs.schedule_firing import fire_due
 
 from .conftest import api_settings
 from .test_schedules import SKIPPED_ONLY

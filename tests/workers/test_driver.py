@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from workers.driver import run_sweep
+from workers.driver import run_sweep, run_trials
 from workers.events import SweepFinished, TrialFinished, TrialStarted
 from workers.sink import JsonLinesSink
+from workers.spec import expand_trials
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
@@ -26,6 +27,22 @@ def _same_losses(results):
     """CP is exact: every mode and chip count starts from the same weights and data."""
     firsts = [r.metrics.loss_first for r in results]
     assert max(firsts) - min(firsts) <= 1e-4 * abs(firsts[0]), firsts
+
+
+@pytest.mark.timeout(60)
+def test_the_driver_runs_the_trials_it_is_given_and_expands_no_grid(monkeypatch):
+    """The trials come from where the sweep was expanded once (the service: its rows); here
+    the one given is marked skipped, which no expansion of the spec says, so it needs no Ray."""
+    import workers.driver
+
+    (trial,) = expand_trials(tiny_spec())
+    given = trial.model_copy(update={"skip_reason": "skipped where it was stored"})
+    monkeypatch.setattr(workers.driver, "expand_trials", None)  # any call would fail
+    events = []
+    (result,) = run_trials([given], MemorySink(), name="given", on_event=events.append)
+    assert (result.trial, result.status, result.error) == (
+        given, "skipped", "skipped where it was stored")
+    assert events[-1] == SweepFinished("given", {"skipped": 1}, 0)
 
 
 @pytest.mark.timeout(240)

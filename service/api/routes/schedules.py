@@ -1,6 +1,6 @@
 """Schedules: a sweep spec run on a cron expression in a time zone. Create (the spec checked
 as POST /api/sweeps checks one), list, read, change, pause, resume, delete. Processes that
-run a scheduler fire them (service/runs/schedules.py)."""
+run a scheduler fire them (service/runs/schedule_firing.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.api.deps import SessionDep, SettingsDep, TokenDep
 from service.api.params import Offset, RowId
 from service.db import crud
 from service.db.schemas import ScheduleCreate, SchedulePublic, SchedulesPublic, ScheduleUpdate
-from service.runs.schedules import spec_errors
+from service.runs.admission import spec_errors
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
 

@@ -9,11 +9,12 @@ scheduler detaches before it stops a sweep for a shutdown, so the stopped trials
 pending/running in the database and run again when a scheduler resumes the sweep.
 
 The sink never raises into the driver. A result is appended to the spool first (fsynced, see
-service/spool.py), then written; a write the database refuses for a transient reason (outage,
-lost connection, serialization failure) is retried by a writer thread with exponential backoff
-while the trials go on, and `wait_drained` lets the sweep's end wait for it. If the process
-dies meanwhile, the spool file keeps the result: `finished_keys` (and the scheduler at start)
-replays the files of dead processes first, so those trials count as done and do not run again.
+service/runs/spool.py), then written; a write the database refuses for a transient reason
+(outage, lost connection, serialization failure; service/db/errors.py) is retried by a writer
+thread with exponential backoff while the trials go on, and `wait_drained` lets the sweep's
+end wait for it. If the process dies meanwhile, the spool file keeps the result:
+`finished_keys` (and the scheduler at start) replays the files of dead processes first, so
+those trials count as done and do not run again.
 """
 
 from __future__ import annotations
@@ -24,21 +25,20 @@ import logging
 import random
 import re
 import threading
-import time
 from collections.abc import Callable
 from functools import partial
 
 from sqlalchemy import delete, select, update
-from sqlalchemy.exc import (
-    DBAPIError,
-    IntegrityError,
-    InterfaceError,
-    OperationalError,
-    StatementError,
-)
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.db.errors import (
+    RETRY_FIRST_S,
+    RETRY_MAX_S,
+    clean_error,
+    is_transient,
+    retry_transient,
+)
 from service.db.models import (
     METRIC_COLUMNS,
     Result,
@@ -55,66 +55,8 @@ from workers.spec import TrialSpec
 log = logging.getLogger(__name__)
 RAN_TO_AN_OUTCOME = FINAL_STATUSES - {"cancelled"}
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
-"""Backoff between tries of a database write: doubling from the first to the most."""
 REFUSED_TRIES = 3
 """Tries of a write the database refuses for a reason other than an outage (then give up)."""
-
-
-def is_transient(err: BaseException) -> bool:
-    """A database error worth retrying: the server unreachable or restarting, the connection
-    lost, a serialization failure or deadlock (SQLSTATE class 40: psycopg raises them as
-    OperationalError), SQLite busy, the pool exhausted."""
-    if isinstance(err, (OperationalError, InterfaceError, PoolTimeout)):
-        return True
-    return isinstance(err, DBAPIError) and err.connection_invalidated
-
-
-_SQL_ECHO = re.compile(r"\[SQL:|\[parameters:|^LINE \d+:", re.MULTILINE)
-
-
-def without_sql(text: str) -> str:
-    """`text` up to the SQL a database error's str() carries: SQLAlchemy's `[SQL: …]` and
-    `[parameters: …]`, PostgreSQL's `LINE 1: <statement>`."""
-    match = _SQL_ECHO.search(text)
-    return (text if match is None else text[:match.start()]).rstrip()
-
-
-def clean_error(err: BaseException, *, limit: int = 500) -> str:
-    """`Type: message` to store or log: a database error by its driver's first line (never the
-    SQL text or parameters SQLAlchemy's str() carries), anything else by its message."""
-    if isinstance(err, StatementError) and err.orig is not None:
-        err = err.orig
-        lines = str(err).strip().splitlines()
-        message = lines[0] if lines else ""
-    else:
-        message = without_sql(str(err)).strip()
-    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def retry_transient(fn: Callable[[], object], *, what: str,
-                    stop: threading.Event | None = None):
-    """fn() until it returns, waiting with exponential backoff after each transient database
-    error (logged with `what`); other errors, and the last one once `stop` is set, raise."""
-    delay, tries = RETRY_FIRST_S, 0
-    while True:
-        try:
-            value = fn()
-        except Exception as err:
-            if not is_transient(err) or (stop is not None and stop.is_set()):
-                raise
-            tries += 1
-            log.warning("%s: %s; retry %d in %.1f s", what, clean_error(err), tries, delay)
-            if stop is not None:
-                stop.wait(delay)
-            else:
-                time.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
-            continue
-        if tries:
-            log.info("%s: done after %d retries", what, tries)
-        return value
 
 
 @dataclasses.dataclass

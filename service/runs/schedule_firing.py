@@ -1,8 +1,11 @@
 """Firing schedules: each due time of a schedule claimed exactly once, in the transaction of
-the sweep it creates.
+the sweep it creates; `ScheduleLoop`, the thread that fires what is due every
+`schedule_poll_s` (apart from the sweep queue's thread, which blocks while it drives a sweep).
 
-`fire_due(now=…)` fires every schedule whose next due time has come, with the clock passed in
-(the loop in schedule_loop.py passes the wall clock, tests a fixed instant). For one schedule:
+Every process that runs a scheduler runs a ScheduleLoop; the database makes each due time fire
+once however many do. `fire_due(now=…)` fires every schedule whose next due time has come,
+with the clock passed in (the loop passes the wall clock, tests a fixed instant). For one
+schedule:
 
 1. The tick fired is the latest due time at or before `now`: a service that was down over
    several ticks fires once, for the last of them; the earlier missed ticks are not recorded.
@@ -15,7 +18,7 @@ the sweep it creates.
    cancelling (`skipped_overlap`, unless allow_overlap) or the stored spec no longer makes a
    sweep (`failed`, with the reason); the schedule's next due time moves past the tick. One
    commit: no sweep without its claim, no claim without its outcome. A database error rolls
-   it all back and the next poll tries again.
+   it all back and the next poll tries again; the loop logs it, never stops on it.
 """
 
 from __future__ import annotations
@@ -23,17 +26,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable
 
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.core.config import Settings
 from service.core.cron import latest_due, local_time, next_due
 from service.db import crud
-from service.db.models import Schedule, ScheduleRun, Sweep
+from service.db.errors import clean_error, is_transient
+from service.db.models import Schedule, ScheduleRun, Sweep, utcnow
 from service.runs.admission import grid_cap_error
-from service.runs.sink import clean_error, is_transient
-from workers.spec import SweepSpec, expand_trials
+from workers.spec import SweepSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +58,6 @@ class Fired:
     """created, skipped_overlap or failed (models.SCHEDULE_RUN_OUTCOMES)."""
     sweep_id: int | None = None
     error: str | None = None
-
-
-def spec_errors(spec: SweepSpec, grid_cap: int, loc: Sequence[str] = ("body", "spec"),
-                ) -> list[dict]:
-    """What POST /api/sweeps refuses beyond the schema (the grid cap, a model the presets
-    cannot build), as 422 items located at `loc`; empty if the spec can make a sweep."""
-    too_large = grid_cap_error(spec, grid_cap)
-    if too_large is not None:
-        return [{**too_large, "loc": list(loc)}]
-    try:
-        expand_trials(spec)
-    except ValueError as err:
-        return [{"type": "value_error", "loc": [*loc, "model"], "msg": str(err)}]
-    return []
 
 
 def sweep_name(name: str, due_at: dt.datetime, timezone: str) -> str:
@@ -154,12 +145,12 @@ def _outcome(session: Session, schedule: Schedule, due: dt.datetime,
         return Fired(schedule.id, due, "skipped_overlap")
     try:
         spec = SweepSpec.model_validate(schedule.spec)
-        problems = [] if grid_cap is None else spec_errors(spec, grid_cap, loc=())
-        if problems:
-            raise ValueError(problems[0]["msg"])
+        too_large = None if grid_cap is None else grid_cap_error(spec, grid_cap)
+        if too_large is not None:
+            raise ValueError(too_large["msg"])
         spec = spec.model_copy(update={"name": sweep_name(spec.name, due, schedule.timezone)})
         sweep = crud.add_sweep(session=session, sweep_create=spec, schedule_id=schedule.id)
-    except ValueError as err:  # a rule or preset changed since the schedule was saved
+    except ValueError as err:  # a rule, preset or cap changed since the schedule was saved
         log.warning("schedule %s: its spec makes no sweep: %s", schedule.id, err)
         return Fired(schedule.id, due, "failed", error=str(err)[:2000])
     return Fired(schedule.id, due, "created", sweep_id=sweep.id)
@@ -177,3 +168,62 @@ def _claim(session: Session):
 def _utc(value: dt.datetime) -> dt.datetime:
     """SQLite hands back naive datetimes; every stored time is UTC."""
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class ScheduleLoop:
+    """Own one background thread that fires due schedules."""
+
+    def __init__(self, *, session_factory: sessionmaker[Session], settings: Settings,
+                 clock: Callable[[], dt.datetime] = utcnow,
+                 on_created: Callable[[int], None] | None = None) -> None:
+        """`clock`: the current time, aware UTC (tests pass their own); `on_created`: called
+        with the id of each sweep created (the service wakes its scheduler)."""
+        self._session_factory = session_factory
+        self._poll_s = settings.schedule_poll_s
+        self._grid_cap = settings.grid_cap
+        self._clock = clock
+        self._on_created = on_created
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("this ScheduleLoop was started already; make a new one")
+        self._thread = threading.Thread(target=self._loop, name="gdn-sweep-schedules",
+                                        daemon=True)
+        self._thread.start()
+
+    def tick(self) -> list[Fired]:
+        """Fire what is due now (raises on a database error)."""
+        fired = fire_due(session_factory=self._session_factory, now=self._clock(),
+                         grid_cap=self._grid_cap)
+        for outcome in fired:
+            if outcome.sweep_id is not None and self._on_created is not None:
+                self._on_created(outcome.sweep_id)
+        return fired
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait for the thread; False if it still runs after timeout_s."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            return not self._thread.is_alive()
+        return True
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        self.request_stop()
+        return self.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as err:  # keep firing: log, wait, look again
+                if is_transient(err):
+                    log.warning("schedules: database unavailable (%s); retrying in %.1f s",
+                                clean_error(err), self._poll_s)
+                else:
+                    log.exception("schedules: firing failed; retrying in %.1f s", self._poll_s)
+            self._stop.wait(self._poll_s)

@@ -1,15 +1,17 @@
-"""Scheduler: runs queued sweeps, one at a time, through the workers' driver in a thread.
+"""The sweep queue's Scheduler: runs queued sweeps, one at a time, through the workers' driver
+in a thread (cron schedules that create sweeps are schedule_firing.py's).
 
-Restart-safe by construction: the database is the queue (see service/sweep_run.py). On start
-and whenever idle, the scheduler takes the oldest sweep that is queued, or running/cancelling
-with no live runner (its own from before a restart, or one whose runner stopped renewing its
-heartbeat). Before any, it stores the results a dead predecessor left in the spool
-(service/spool.py). The driver runs every trial whose key has no final status yet, so pending
-trials run, trials that were running when the service died run again, and no trial gets a
-second result row (service/sink.py). Cancel (API, any process) sets the sweep `cancelling`;
-the driver then stops the running trials and reports the rest cancelled. `stop()` is a
-shutdown, not a cancel: the sink is detached first, so unfinished trials stay unfinished, and
-the claim is released, so the next scheduler resumes the sweep at once.
+Restart-safe by construction: the database is the queue (see service/runs/sweep_run.py). On
+start and whenever idle, the scheduler takes the oldest sweep that is queued, or
+running/cancelling with no live runner (its own from before a restart, or one whose runner
+stopped renewing its heartbeat). Before any, it stores the results a dead predecessor left in
+the spool (service/runs/spool.py). The driver runs each of the sweep's trial rows whose key
+has no final status yet, so pending trials run, trials that were running when the service died
+run again, and no trial gets a second result row (service/runs/db_sink.py). Cancel (API, any
+process) sets the sweep `cancelling`; the driver then stops the running trials and reports the
+rest cancelled. `stop()` is a shutdown, not a cancel: the sink is detached first, so unfinished
+trials stay unfinished, and the claim is released, so the next scheduler resumes the sweep at
+once.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.core.config import Settings
-from service.db.models import Sweep
+from service.db import crud
+from service.db.errors import clean_error, is_transient
 from service.runs import sweep_run
+from service.runs.db_sink import DatabaseSink, replay_spool
 from service.runs.ray_setup import RayConnection
-from service.runs.sink import DatabaseSink, clean_error, is_transient, replay_spool
 from service.runs.spool import Spool
-from workers.spec import SweepSpec
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +141,14 @@ class Scheduler:
                 self._release(sweep_id)
             if claimed != "running":
                 return
-            spec = SweepSpec.model_validate(session.get(Sweep, sweep_id).spec)
+            name = crud.get_sweep(session=session, sweep_id=sweep_id).name
+            try:
+                trials = crud.sweep_trials(session=session, sweep_id=sweep_id)
+            except ValueError as err:  # rows another version wrote: fail it, not the loop
+                log.error("sweep %s: its trials cannot be run: %s", sweep_id, err)
+                sweep_run.finish(session=session, sweep_id=sweep_id, status="failed",
+                                 error=f"its trials cannot be run: {err}", stop_event=self._stop)
+                return
         running = _Running(sweep_id, DatabaseSink(self._session_factory, sweep_id,
                                                   spool=self.spool), threading.Event())
         with self._lock:
@@ -149,12 +158,13 @@ class Scheduler:
         if stopping:
             self._release(sweep_id)
             return
-        log.info("sweep %s: running %r (runner %s)", sweep_id, spec.name, self.runner_id,
-                 extra={"event": "sweep_started", "sweep_id": sweep_id, "trials": spec.grid_size})
+        log.info("sweep %s: running %r (runner %s)", sweep_id, name, self.runner_id,
+                 extra={"event": "sweep_started", "sweep_id": sweep_id, "trials": len(trials)})
         try:
             error = sweep_run.drive(
-                session_factory=self._session_factory, sweep_id=sweep_id, spec=spec,
-                sink=running.sink, cancel_event=running.cancel_event, runner_id=self.runner_id,
+                session_factory=self._session_factory, sweep_id=sweep_id, name=name,
+                trials=trials, sink=running.sink, cancel_event=running.cancel_event,
+                runner_id=self.runner_id,
                 max_concurrent_trials=self._settings.max_concurrent_trials,
                 poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
                 stop_event=self._stop)

@@ -1,0 +1,139 @@
+"""What a foreground sweep shows: a progress bar while it runs, a summary table at the end
+(one line per trial: status, tokens/s/chip, MFU, memory per chip).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from sqlalchemy import select
+
+from service.db.models import Result, Trial
+from workers.events import TrialFinished
+from workers.result import TrialResult
+from workers.sink import read_jsonl
+from workers.spec import TrialSpec
+
+
+class ProgressBar:
+    """One line redrawn in place on a terminal; one line per finished trial otherwise.
+    Silent once `stopped` is set (the driver then reports trials it never finished)."""
+
+    def __init__(self, out: TextIO, *, enabled: bool = True, width: int = 30) -> None:
+        self.out, self.enabled, self.width = out, enabled, width
+        self.tty = enabled and hasattr(out, "isatty") and out.isatty()
+        self.counts: dict[str, int] = {}
+        self.stopped = threading.Event()
+
+    def on_event(self, event) -> None:
+        if not self.enabled or self.stopped.is_set() or not isinstance(event, TrialFinished):
+            return
+        status = event.result.status
+        self.counts[status] = self.counts.get(status, 0) + 1
+        filled = int(self.width * event.done / max(event.total, 1))
+        counts = " ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        line = (f"[{'#' * filled}{'.' * (self.width - filled)}] {event.done}/{event.total} "
+                f"{counts} | {event.result.trial.key} {status}")
+        if self.tty:
+            self.out.write("\r\x1b[2K" + line)
+            if event.done == event.total:
+                self.out.write("\n")
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+
+@dataclasses.dataclass(frozen=True)
+class SummaryRow:
+    framework: str
+    mode: str
+    chips: int
+    seq_len: int
+    settings: str
+    """What else tells trials of one (framework, mode, chips, seq_len) apart."""
+    status: str
+    tokens_per_s_per_chip: float | None
+    mfu: float | None
+    peak_memory_bytes_per_chip: int | None
+
+
+def _settings_text(kind, dtype, param_sharding, remat, repeat) -> str:
+    parts = [dtype, param_sharding, remat] + ([f"repeat {repeat}"] if repeat else []) \
+        + (["plan"] if kind == "plan" else [])
+    return " ".join(parts)
+
+
+def db_rows(session, sweep_id: int) -> list[SummaryRow]:
+    """The summary of a sweep in the database: each trial row and its result."""
+    found = session.execute(
+        select(Trial.framework, Trial.mode, Trial.chips, Trial.seq_len, Trial.kind, Trial.dtype,
+               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.status,
+               Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip)
+        .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
+    return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len,
+                       _settings_text(r.kind, r.dtype, r.param_sharding, r.remat, r.repeat),
+                       r.status, r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
+            for r in found]
+
+
+def _result_rows(trials: list[TrialSpec], results: dict[str, TrialResult]) -> list[SummaryRow]:
+    rows = []
+    for trial in trials:
+        result = results.get(trial.key)
+        metrics = result.metrics if result is not None else None
+        rows.append(SummaryRow(
+            trial.framework, trial.mode, trial.chips, trial.seq_len,
+            _settings_text(trial.kind, trial.dtype, trial.param_sharding, trial.remat,
+                           trial.repeat),
+            result.status if result is not None else "pending",
+            metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
+            metrics and metrics.peak_memory_bytes_per_chip))
+    return rows
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for scale, unit in ((2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} B"
+
+
+def summary_table(rows: list[SummaryRow]) -> str:
+    """One line per trial, sorted by framework, mode, chips, seq_len: status, tokens/s/chip,
+    MFU, peak memory per chip. A settings column only when the sweep varies dtype, sharding,
+    remat, repeats or kind (it then tells rows of one grid point apart)."""
+    rows = sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len, r.settings))
+    with_settings = len({r.settings for r in rows}) > 1
+    header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),
+              "status", "tok/s/chip", "MFU", "mem/chip"]
+    table = [header] + [
+        [r.framework, r.mode, str(r.chips), str(r.seq_len),
+         *([r.settings] if with_settings else []), r.status,
+         "-" if r.tokens_per_s_per_chip is None else f"{r.tokens_per_s_per_chip:.4g}",
+         "-" if r.mfu is None else f"{r.mfu:.2%}", _bytes(r.peak_memory_bytes_per_chip)]
+        for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    numeric = {"chips", "seq_len", "tok/s/chip", "MFU", "mem/chip"}
+    return "\n".join("  ".join(cell.rjust(w) if name in numeric else cell.ljust(w)
+                               for cell, w, name in zip(line, widths, header)).rstrip()
+                     for line in table) + "\n"
+
+
+def print_summary(out: TextIO, sweep: int | str, name: str, status: str,
+                   rows: list[SummaryRow]) -> None:
+    print(f"sweep {sweep} {name!r}: {status}", file=out)
+    out.write(summary_table(rows))
+    out.flush()
+
+
+def file_rows(path: Path, trials: list[TrialSpec]) -> list[SummaryRow]:
+    """The summary of a JSON-lines results file for the sweep's `trials`: the last outcome of
+    each trial in the file (a resumed run retries cancelled ones), `pending` for the rest."""
+    if not path.exists():
+        return _result_rows(trials, {})
+    return _result_rows(trials, {r.trial.key: r for _, r in read_jsonl(path).results})

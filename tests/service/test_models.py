@@ -1,0 +1,79 @@
+"""The metric list has one definition, workers.result.TrialMetrics: the results table's columns
+and the API's TrialPublic follow it (names, nullability, type); and a trial row reads back as
+the TrialSpec it was written from."""
+
+from __future__ import annotations
+
+import types
+import typing
+
+import pytest
+from sqlalchemy import BigInteger, Float, Integer, String, Text
+
+from service.db.models import METRIC_COLUMNS, Result, Trial, trial_row, trial_spec, utcnow
+from service.db.schemas import TrialPublic
+from workers.result import TrialMetrics
+from workers.spec import SweepSpec, expand_trials
+
+from .conftest import TINY_SWEEP
+
+COLUMN_TYPES = {float: (Float,), int: (Integer, BigInteger), str: (Text, String)}
+"""The SQL types a metric's Python type may be stored as."""
+
+
+def _optional(annotation) -> type:
+    """`X | None` → X; anything else fails (every metric is optional: a trial that failed
+    has none)."""
+    args = typing.get_args(annotation)
+    assert isinstance(annotation, types.UnionType) and type(None) in args and len(args) == 2, \
+        annotation
+    return next(a for a in args if a is not type(None))
+
+
+def test_metric_columns_are_the_fields_of_trial_metrics():
+    assert METRIC_COLUMNS == tuple(TrialMetrics.model_fields)
+
+
+@pytest.mark.parametrize("name", list(TrialMetrics.model_fields))
+def test_every_metric_is_a_nullable_results_column_of_its_type(name):
+    column = Result.__table__.columns.get(name)
+    assert column is not None, f"results has no column {name!r} (TrialMetrics has the field)"
+    assert column.nullable, f"results.{name} must be nullable: a failed trial has no metrics"
+    python_type = _optional(TrialMetrics.model_fields[name].annotation)
+    assert isinstance(column.type, COLUMN_TYPES[python_type]), \
+        f"results.{name} is {column.type!r}, TrialMetrics.{name} is {python_type.__name__}"
+
+
+def test_results_has_no_metric_column_trial_metrics_lacks():
+    other = {"trial_id", "status", "error", "attempts", "hosts", "versions", "started_at",
+             "finished_at", *(c.key for c in Result.__table__.columns
+                              if c.key in Trial.__table__.columns)}
+    extra = {c.key for c in Result.__table__.columns} - other - set(METRIC_COLUMNS)
+    assert not extra, f"results columns that are no TrialMetrics field: {sorted(extra)}"
+
+
+def test_trial_public_has_every_metric_after_the_trials_own_fields():
+    fields = list(TrialPublic.model_fields)
+    metrics = list(TrialMetrics.model_fields)
+    assert fields[-len(metrics):] == metrics and fields[0] == "id"  # JSON and CSV column order
+    for name in metrics:
+        assert TrialPublic.model_fields[name].annotation == \
+            TrialMetrics.model_fields[name].annotation
+
+
+def test_a_trial_row_reads_back_as_the_trial_spec_it_was_written_from():
+    spec = SweepSpec.model_validate({
+        **TINY_SWEEP, "frameworks": ["jax"], "kinds": ["measure", "plan"], "chips": [1, 2, 3],
+        "layers": ["gdn_only", "hybrid"], "repeats": 2})
+    trials = expand_trials(spec)
+    assert any(t.skip_reason for t in trials) and any(t.kind == "plan" for t in trials)
+    rows = [trial_row(sweep_id=1, spec=t, status="pending", created_at=utcnow()) for t in trials]
+    assert [trial_spec(row, repeats=2 if row.kind == "measure" else 1) for row in rows] == trials
+
+
+def test_a_row_whose_columns_no_longer_make_its_key_is_refused():
+    (trial,) = expand_trials(SweepSpec.model_validate(TINY_SWEEP))
+    row = trial_row(sweep_id=1, spec=trial, status="pending", created_at=utcnow())
+    row.key += "/remat=full"
+    with pytest.raises(ValueError, match="its columns make the key"):
+        trial_spec(row, repeats=1)
