@@ -143,12 +143,11 @@ def measure_layer_s(model_cfg: ModelConfig, *, kind: str, cp_mode: str | None, c
     import jax
     import jax.numpy as jnp
 
-    from ..jax_gdn.attention import (causal_attention, gated_attention, init_attention_params,
-                                     rotary_cos_sin)
+    from ..jax_gdn.attention import causal_attention, gated_attention, rotary_cos_sin
     from ..jax_gdn.cp.attention import attend_fn, local_token_positions
     from ..jax_gdn.cp.layer import cp_gdn_layer
     from ..jax_gdn.layer import gdn_layer
-    from ..jax_gdn.params import cast_floating, init_layer_params
+    from ..jax_gdn.params import cast_floating, init_attention_params, init_layer_params
 
     compute = jnp.dtype(dtype)
     seq_len, key = local_tokens * chips, jax.random.PRNGKey(0)
