@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 
 from ..hardware import GIB, HBM_BYTES_PER_CHIP
-from .virtual_chips import ensure_virtual_chips
 
 USABLE_BYTES = {"H200": 139 * GIB, "v5p": HBM_BYTES_PER_CHIP["v5p"],
                 "H100": HBM_BYTES_PER_CHIP["h100"]}
@@ -123,8 +122,10 @@ def _compile_times(model_cfg, args) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    ensure_virtual_chips(args.chips, benchmark="memory")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before the import below loads JAX
+    from ..jax_gdn.virtual_chips import ensure_virtual_chips
+
+    ensure_virtual_chips(args.chips, fresh_process="python -m gdn_core.bench memory")
     import jax
 
     from ..jax_gdn.cp.param_sharding import replicated_leaves
