@@ -10,13 +10,13 @@ whole model, one training step:
                  backward, conv halo included) + the attention layers'
                  (torch_gdn.cp.attention.attention_comm_bytes)
   flops ratio    hardware FLOPs of the CP step ÷ those of one chip over the whole sequence
-                 (gdn_core.flops: GDN CP work + attention CP's extra pairs)
+                 (gdn_core.flops.hardware: GDN CP work + attention CP's extra pairs)
   attn flop      attention layers' share of the token-mixer FLOPs, n_attn·F_attn ÷
                  (n_gdn·F_gdn + n_attn·F_attn) (model FLOPs: GDN projections, conv and rule;
                  attention projections and causal QKᵀ, AV): the time split if both kinds of
                  layer ran at the same FLOP rate
   imbal          max / min over chips of per-chip causal attention FLOPs
-                 (attention_flops.attention_imbalance), contiguous and zigzag
+                 (flops.attention.attention_imbalance), contiguous and zigzag
 
 MEASURED columns (unless --no-measure), JAX on D chips: virtual CPU chips unless
 JAX_PLATFORMS says otherwise (jax_num_cpu_devices), which share this host's cores, so a wall
@@ -41,9 +41,10 @@ import os
 import statistics
 import time
 
-from ..attention_flops import attention_imbalance
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from ..flops import hardware_flops_per_step, model_flops_per_step
+from ..flops.attention import attention_imbalance
+from ..flops.hardware import hardware_flops_per_step
+from ..flops.model import model_flops_per_step
 from ..memory_model import COMPUTE_BYTES, predict_step_memory
 from ..train_config import TrainConfig
 
