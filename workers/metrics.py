@@ -17,7 +17,7 @@ from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.flops.maxtext import maxtext_model_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import CPTrainReport
 
 from .result import TrialMetrics

@@ -21,7 +21,7 @@ import ray
 from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.flops.maxtext import maxtext_model_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 
 from .compile_cache import jax_cache_env
 from .process_probe import software_versions

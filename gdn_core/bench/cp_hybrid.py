@@ -5,7 +5,7 @@ layers, and how evenly causal attention spreads over the chips under each layout
 ANALYTIC columns (nothing compiled; the hybrid's whole CP step is compared against measurement
 by the sweep, `gdn-sweep run` with layers: hybrid, attn_cps, layouts). Per (mode, attn_cp, D),
 whole model, one training step:
-  memory/chip    gdn_core.memory_model.predict_step_memory at the fixed local shard
+  memory/chip    gdn_core.memory.step.predict_step_memory at the fixed local shard
   recv/chip      bytes a chip receives: the GDN layers by ARCHITECTURE.md's table (forward and
                  backward, conv halo included) + the attention layers'
                  (torch_gdn.cp.attention.attention_comm_bytes)
@@ -45,7 +45,8 @@ from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from ..flops.attention import attention_imbalance
 from ..flops.hardware import hardware_flops_per_step
 from ..flops.model import model_flops_per_step
-from ..memory_model import COMPUTE_BYTES, predict_step_memory
+from ..memory.activations import COMPUTE_BYTES
+from ..memory.step import predict_step_memory
 from ..train_config import TrainConfig
 
 MIB = 2 ** 20
@@ -194,7 +195,7 @@ def report(model_cfg: ModelConfig, *, modes, attn_cps, chips_list, local_tokens:
         f"layers ({model_cfg.attention.num_heads}/{model_cfg.attention.num_kv_heads} heads, "
         f"head_dim {model_cfg.attention.head_dim}); local shard {local_tokens} tokens x batch "
         f"{batch}; {dtype}")
-    out("ANALYTIC (memory_model, flops, ARCHITECTURE.md's comm table; not measured): "
+    out("ANALYTIC (memory, flops, ARCHITECTURE.md's comm table; not measured): "
         "memory/chip, recv/chip, flops ratio, attn flop (attention's share of the mixer "
         "FLOPs), imbal (max/min per-chip attention FLOPs); whole-model training step per chip")
     if measure:

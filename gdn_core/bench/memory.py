@@ -9,7 +9,7 @@ the sequence split over them and the weights laid out by each param_sharding. Pe
   args / temps   XLA memory_analysis per chip: arguments (weights, AdamW state, tokens) and
                  temporaries (activations, gathered weights, gradients)
   peak           compiled_peak_bytes: arguments + outputs + temporaries − aliased (donated)
-  predicted      gdn_core.memory_model.predict_step_memory of the same step (analytic, no
+  predicted      gdn_core.memory.step.predict_step_memory of the same step (analytic, no
                  compile): the figure admission, the planner and verify use
   headroom       usable memory of the chip minus peak, for an H200 (139 GiB as the runtime
                  reports it), a v5p (95 GiB) and an H100 (80 GiB); "-" where it does not fit
@@ -86,7 +86,7 @@ def _headroom(peak: int) -> str:
 
 def _memory_table(model_cfg, args) -> None:
     from ..jax_gdn.train import compiled_peak_bytes
-    from ..memory_model import predict_step_memory
+    from ..memory.step import predict_step_memory
     from ..train_config import TrainConfig
 
     print(f"{'sharding':<11}{'remat':<6}{'dtype':<10}{'args GiB':>9}{'temps GiB':>10}"

@@ -18,7 +18,7 @@ from gdn_core import hardware
 from gdn_core.cp_modes import check_cp_shape
 from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import (
     TrainConfig,
 )
@@ -106,7 +106,7 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
         [o for o in same_mode if not o.memory_is_peak], point.chips)
     if fit is None:
         return Figure(value=predicted, basis="predicted",
-                      note="gdn_core.memory_model.predict_step_memory; no trial to refine it")
+                      note="gdn_core.memory.step.predict_step_memory; no trial to refine it")
     local = request.batch_size * request.seq_len / point.chips
     basis, why = _basis(local, fit.x_max, fit.x_min)
     what = "measured peaks" if measured_fit else "XLA's estimates"

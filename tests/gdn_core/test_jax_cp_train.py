@@ -34,7 +34,8 @@ from gdn_core.jax_gdn.cp.train import (
 )
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import make_optimizer, make_train_step
-from gdn_core.memory_model import predict_step_memory, verify_reference_memory
+from gdn_core.memory.step import predict_step_memory
+from gdn_core.memory.verify import verify_reference_memory
 from gdn_core.testing import assert_close
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, TrainConfig
 

@@ -1,7 +1,7 @@
 """Compile-only plans of the JAX CP step (gdn_core.jax_gdn.plan) and the FLOPs read from HLO.
 
 The plans compile for D of this process's 8 virtual CPU chips (tests/conftest.py). Oracles:
-the analytic counts of gdn_core.flops and memory_model, and independent compiles at the
+the analytic counts of gdn_core.flops and gdn_core.memory, and independent compiles at the
 bisection's boundary.
 """
 

@@ -11,7 +11,7 @@ import pytest
 from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.hardware import PeakMeasurement
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import CPTrainReport
 from workers import metrics

@@ -36,7 +36,7 @@ from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout, check_layout, shard_order
 from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_mode
 from ...data import synthetic_tokens
-from ...memory_model import verify_seq_len
+from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
@@ -404,7 +404,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     memory analysis of the compiled step is the separate estimate. Comm per chip per step:
     from the step's HLO (compile_cp_train_step). verify=True first compares loss and gradients
     at the initial weights against one chip (max_rel_err) on as much of the sequence as one
-    chip holds beside the step's state (memory_model.verify_seq_len within
+    chip holds beside the step's state (memory.verify.verify_seq_len within
     verify_memory_budget_bytes, default the chip's capacity; verified_seq_len). Losses: every
     step, global mean. Raises ValueError naming the numbers when `mode` cannot split the
     shape over the mesh.
