@@ -67,7 +67,8 @@ def compile_step(model_cfg, train_cfg, *, chips: int, mode: str):
     import numpy as np
     from jax.sharding import Mesh
 
-    from ..jax_gdn.cp.train import FAST, cp_step_shapes, make_cp_train_step
+    from ..jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
+    from ..jax_gdn.cp.train import FAST
 
     jax.clear_caches()
     mesh = Mesh(np.array(jax.devices()[:chips]), ("cp",))

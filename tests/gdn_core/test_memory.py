@@ -36,7 +36,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.data import synthetic_tokens
-from gdn_core.jax_gdn.cp.train import FAST, cp_step_shapes, make_cp_train_step
+from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
+from gdn_core.jax_gdn.cp.train import FAST
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import compiled_peak_bytes
