@@ -3,7 +3,7 @@
     python -m gdn_core.bench memory [--preset qwen3.5-9b] [--local-tokens 32768] [--chips 8]
                                     [--dtype bfloat16] [--mode p2p] [--compile-depths 4 32]
 
-Compile-only (nothing is allocated): the full-depth step of gdn_core.jax_gdn.cp.train —
+Compile-only (nothing is allocated): the full-depth step of gdn_core.jax_gdn.cp.step —
 forward, backward, gradient reduction, AdamW — over D virtual CPU chips in this fresh process,
 the sequence split over them and the weights laid out by each param_sharding. Per row:
   args / temps   XLA memory_analysis per chip: arguments (weights, AdamW state, tokens) and

@@ -1,7 +1,8 @@
 """predict_step_memory: a training step's memory per chip at its peak, part by part.
 
-It counts what the step of gdn_core.{jax_gdn,torch_gdn}.cp.train holds at its peak, term by
-term (MemoryPrediction's fields; `total` says how they add up):
+It counts what the CP training step of gdn_core.jax_gdn.cp (step.py) and gdn_core.torch_gdn.cp
+(train.py) holds at its peak, term by term (MemoryPrediction's fields; `total` says how they
+add up):
 
     weights            float32 master weights this chip stores (fsdp: its shards)
     compute_weights    weight copies in the compute dtype or gathered whole: bf16 casts kept
