@@ -1,7 +1,7 @@
 """Measured memory of this process's chips, and how much one chip can hold.
 
 Measured figures only (the estimates live elsewhere: XLA's memory analysis in jax_gdn.train,
-the analytic predictor in memory_model). Sources, as stored with every result:
+the analytic predictor in gdn_core.memory). Sources, as stored with every result:
     cuda_max_allocated          torch.cuda.max_memory_allocated since the run's reset
     jax_peak_bytes_in_use       max over this process's devices of memory_stats()
                                 ["peak_bytes_in_use"], a new high set during the run

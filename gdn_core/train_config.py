@@ -136,7 +136,7 @@ class CPTrainReport(TrainReport):
     first verified_seq_len tokens of every sequence."""
     verified_seq_len: int | None = None
     """Tokens per sequence the verify compared: seq_len when one chip could hold the whole
-    sequence, else the longest prefix that fits (memory_model.verify_seq_len); None when
+    sequence, else the longest prefix that fits (memory.verify.verify_seq_len); None when
     verify=False or not even the shortest prefix fits (max_rel_err is then None too)."""
 
     @property

@@ -12,8 +12,12 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from gdn_core import flops, hardware
-from gdn_core.memory_model import predict_step_memory
+from gdn_core import hardware
+from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.maxtext import maxtext_model_flops_per_step
+from gdn_core.flops.model import model_flops_per_step
+from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import CPTrainReport
 
 from .result import TrialMetrics
@@ -89,7 +93,7 @@ def utilisation(flops_per_step: float, step_s: float, chips: int, peak: ChipPeak
     """MFU / HFU against `peak`; raises UtilisationAboveOneError when it exceeds 1."""
     if peak is None:
         return None
-    value = flops.mfu(flops_per_step, step_s, chips, peak.flops_per_s)
+    value = mfu(flops_per_step, step_s, chips, peak.flops_per_s)
     if value > 1:
         raise UtilisationAboveOneError(
             f"{name}={value:.3f} > 1 is impossible: {flops_per_step:.4g} FLOP per step in "
@@ -142,20 +146,20 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     step = statistics.median(step_times)
     compile_times = [t for t in (getattr(r, "compile_time_s", None) for r in reports)
                      if t is not None]
-    model_flops = flops.model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
-    hardware_flops = flops.hardware_flops_per_step(model_cfg, mode=trial.cp_mode, chips=chips,
-                                                   batch=batch, seq_len=seq_len,
-                                                   framework=trial.framework,
-                                                   remat=trial.remat,
-                                                   **trial.step_kwargs()).total
+    model_flops = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
+    hardware_flops = hardware_flops_per_step(model_cfg, mode=trial.cp_mode, chips=chips,
+                                             batch=batch, seq_len=seq_len,
+                                             framework=trial.framework,
+                                             remat=trial.remat,
+                                             **trial.step_kwargs()).total
     losses = reports[0].losses  # the global loss: the same on every process
     measured = losses[trial.warmup_steps:] or losses
     errs = [r.max_rel_err for r in reports if r.max_rel_err is not None]
     return TrialMetrics(
         step_time_s=step,
-        tokens_per_s_per_chip=flops.tokens_per_s_per_chip(batch, seq_len, step, chips),
+        tokens_per_s_per_chip=tokens_per_s_per_chip(batch, seq_len, step, chips),
         model_flops_per_step=float(model_flops),
-        maxtext_flops_per_step=float(flops.maxtext_model_flops_per_step(
+        maxtext_flops_per_step=float(maxtext_model_flops_per_step(
             model_cfg, batch=batch, seq_len=seq_len).total),
         hardware_flops_per_step=float(hardware_flops),
         peak_flops_per_chip=peak.flops_per_s if peak else None,

@@ -18,8 +18,10 @@ import sys
 
 import ray
 
-from gdn_core import flops
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.maxtext import maxtext_model_flops_per_step
+from gdn_core.flops.model import model_flops_per_step
+from gdn_core.memory.step import predict_step_memory
 
 from .compile_cache import jax_cache_env
 from .process_probe import software_versions
@@ -84,11 +86,11 @@ def plan_metrics(trial: TrialSpec, plan: dict) -> TrialMetrics:
                                     chips=trial.chips, framework="jax")
     cp_bytes, sync_bytes = plan["cp_comm_bytes_per_step"], plan["grad_sync_bytes_per_step"]
     return TrialMetrics(
-        model_flops_per_step=float(flops.model_flops_per_step(
+        model_flops_per_step=float(model_flops_per_step(
             model_cfg, batch=batch, seq_len=seq_len).total),
-        maxtext_flops_per_step=float(flops.maxtext_model_flops_per_step(
+        maxtext_flops_per_step=float(maxtext_model_flops_per_step(
             model_cfg, batch=batch, seq_len=seq_len).total),
-        hardware_flops_per_step=float(flops.hardware_flops_per_step(
+        hardware_flops_per_step=float(hardware_flops_per_step(
             model_cfg, mode=trial.cp_mode, chips=trial.chips, batch=batch, seq_len=seq_len,
             framework="jax", remat=trial.remat).total),
         compiled_flops_per_step_per_chip=float(plan["matmul_flops_per_chip"]),

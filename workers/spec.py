@@ -49,7 +49,7 @@ from gdn_core.config import LAYERS, Layers, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, Layout, check_layout
 from gdn_core.cp_modes import (ATTN_CP_MODES, CP_MODES, AttnCPMode, CPMode,
                                check_attention_cp_shape, check_cp_shape)
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import PRESETS, get_preset
 from gdn_core.train_config import ComputeDType, ParamSharding, Remat, TrainConfig
 
@@ -205,7 +205,7 @@ class SweepSpec(BaseModel):
     admit_over_memory: StrictBool = Field(default=False, description="run grid points "
                                           "predicted not to fit the chip's memory (else they "
                                           "are recorded skipped, with the prediction)")
-    """False: a point whose predicted memory per chip (gdn_core.memory_model) exceeds the
+    """False: a point whose predicted memory per chip (gdn_core.memory) exceeds the
     chip's memory (chip_memory_bytes) is recorded skipped, the reason naming both. True: run
     such points anyway (to find where the prediction is wrong, or to record the OOM)."""
 
@@ -555,7 +555,7 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, *, kind: str, framewor
     if predicted <= available:
         return None
     return (f"predicted memory {_gib(predicted)} per chip ({predicted} bytes, "
-            f"gdn_core.memory_model.predict_step_memory) exceeds {what}; set "
+            f"gdn_core.memory.step.predict_step_memory) exceeds {what}; set "
             "admit_over_memory: true to run it anyway")
 
 

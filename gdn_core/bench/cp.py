@@ -33,8 +33,6 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .virtual_chips import ensure_virtual_chips
-
 CHIPS = (1, 2, 4, 8)
 DEFAULTS = {"gdn_only": {"preset": "qwen3.5-0.8b", "local_tokens": 4096, "chips": list(CHIPS)},
             "hybrid": {"preset": "tiny", "local_tokens": 256, "chips": [1, 2, 4]}}
@@ -138,8 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .cp_hybrid import report
 
         if not args.no_measure:
-            os.environ.setdefault("JAX_PLATFORMS", "cpu")
-            ensure_virtual_chips(max(args.chips), benchmark="cp")
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before the import below loads JAX
+            from ..jax_gdn.virtual_chips import ensure_virtual_chips
+
+            ensure_virtual_chips(max(args.chips), fresh_process="python -m gdn_core.bench cp")
         report(get_preset(args.preset, layers="hybrid"), modes=args.modes,
                attn_cps=args.attn_cps, chips_list=args.chips, local_tokens=args.local_tokens,
                batch=args.batch, dtype=args.dtype, measure=not args.no_measure,
@@ -147,8 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # Virtual chips are CPU devices; on a GPU host the compiled CPU programs still give the
     # per-chip memory/flops/comm structure (time it on real chips through the sweep instead).
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    ensure_virtual_chips(max(args.chips), benchmark="cp")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before the import below loads JAX
+    from ..jax_gdn.virtual_chips import ensure_virtual_chips
+
+    ensure_virtual_chips(max(args.chips), fresh_process="python -m gdn_core.bench cp")
     import jax.numpy as jnp
 
     from ..cp_modes import check_cp_shape

@@ -5,18 +5,18 @@ layers, and how evenly causal attention spreads over the chips under each layout
 ANALYTIC columns (nothing compiled; the hybrid's whole CP step is compared against measurement
 by the sweep, `gdn-sweep run` with layers: hybrid, attn_cps, layouts). Per (mode, attn_cp, D),
 whole model, one training step:
-  memory/chip    gdn_core.memory_model.predict_step_memory at the fixed local shard
+  memory/chip    gdn_core.memory.step.predict_step_memory at the fixed local shard
   recv/chip      bytes a chip receives: the GDN layers by ARCHITECTURE.md's table (forward and
                  backward, conv halo included) + the attention layers'
                  (torch_gdn.cp.attention.attention_comm_bytes)
   flops ratio    hardware FLOPs of the CP step ÷ those of one chip over the whole sequence
-                 (gdn_core.flops: GDN CP work + attention CP's extra pairs)
+                 (gdn_core.flops.hardware: GDN CP work + attention CP's extra pairs)
   attn flop      attention layers' share of the token-mixer FLOPs, n_attn·F_attn ÷
                  (n_gdn·F_gdn + n_attn·F_attn) (model FLOPs: GDN projections, conv and rule;
                  attention projections and causal QKᵀ, AV): the time split if both kinds of
                  layer ran at the same FLOP rate
   imbal          max / min over chips of per-chip causal attention FLOPs
-                 (attention_flops.attention_imbalance), contiguous and zigzag
+                 (flops.attention.attention_imbalance), contiguous and zigzag
 
 MEASURED columns (unless --no-measure), JAX on D chips: virtual CPU chips unless
 JAX_PLATFORMS says otherwise (jax_num_cpu_devices), which share this host's cores, so a wall
@@ -41,10 +41,12 @@ import os
 import statistics
 import time
 
-from ..attention_flops import attention_imbalance
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from ..flops import hardware_flops_per_step, model_flops_per_step
-from ..memory_model import COMPUTE_BYTES, predict_step_memory
+from ..flops.attention import attention_imbalance
+from ..flops.hardware import hardware_flops_per_step
+from ..flops.model import model_flops_per_step
+from ..memory.activations import COMPUTE_BYTES
+from ..memory.step import predict_step_memory
 from ..train_config import TrainConfig
 
 MIB = 2 ** 20
@@ -143,12 +145,11 @@ def measure_layer_s(model_cfg: ModelConfig, *, kind: str, cp_mode: str | None, c
     import jax
     import jax.numpy as jnp
 
-    from ..jax_gdn.attention import (causal_attention, gated_attention, init_attention_params,
-                                     rotary_cos_sin)
+    from ..jax_gdn.attention import causal_attention, gated_attention, rotary_cos_sin
     from ..jax_gdn.cp.attention import attend_fn, local_token_positions
     from ..jax_gdn.cp.layer import cp_gdn_layer
     from ..jax_gdn.layer import gdn_layer
-    from ..jax_gdn.params import cast_floating, init_layer_params
+    from ..jax_gdn.params import cast_floating, init_attention_params, init_layer_params
 
     compute = jnp.dtype(dtype)
     seq_len, key = local_tokens * chips, jax.random.PRNGKey(0)
@@ -194,7 +195,7 @@ def report(model_cfg: ModelConfig, *, modes, attn_cps, chips_list, local_tokens:
         f"layers ({model_cfg.attention.num_heads}/{model_cfg.attention.num_kv_heads} heads, "
         f"head_dim {model_cfg.attention.head_dim}); local shard {local_tokens} tokens x batch "
         f"{batch}; {dtype}")
-    out("ANALYTIC (memory_model, flops, ARCHITECTURE.md's comm table; not measured): "
+    out("ANALYTIC (memory, flops, ARCHITECTURE.md's comm table; not measured): "
         "memory/chip, recv/chip, flops ratio, attn flop (attention's share of the mixer "
         "FLOPs), imbal (max/min per-chip attention FLOPs); whole-model training step per chip")
     if measure:

@@ -18,7 +18,7 @@ in the timed dtype, against the float64 token-by-token recurrence; a column of t
 ((I − L)(I + L²)…, exact only for small L): timed beside it to show the change, never checked
 (it fails on such keys), and the inverse alone is compared after the table (256 blocks of 64).
 
-Achieved FLOP/s uses gdn_core.flops.gdn_rule_flops × 3 (forward + backward) for every
+Achieved FLOP/s uses gdn_core.flops.model.gdn_rule_flops × 3 (forward + backward) for every
 implementation: the useful work of the problem, not what each implementation executes
 (transformers' solve and our JAX inverse, built explicitly, do more). Fractions are of float32
 GEMM peaks (the dtype all three compute in) measured on the same device: once up front, and by a
@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..flops import gdn_rule_flops
+from ..flops.model import gdn_rule_flops
 from ..hardware import (accelerator_type_from_device_name, measure_gemm_flops_per_s,
                         peak_flops_per_chip, peak_source)
 from ..testing import rel_err

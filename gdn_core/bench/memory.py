@@ -3,13 +3,13 @@
     python -m gdn_core.bench memory [--preset qwen3.5-9b] [--local-tokens 32768] [--chips 8]
                                     [--dtype bfloat16] [--mode p2p] [--compile-depths 4 32]
 
-Compile-only (nothing is allocated): the full-depth step of gdn_core.jax_gdn.cp.train —
+Compile-only (nothing is allocated): the full-depth step of gdn_core.jax_gdn.cp.step —
 forward, backward, gradient reduction, AdamW — over D virtual CPU chips in this fresh process,
 the sequence split over them and the weights laid out by each param_sharding. Per row:
   args / temps   XLA memory_analysis per chip: arguments (weights, AdamW state, tokens) and
                  temporaries (activations, gathered weights, gradients)
   peak           compiled_peak_bytes: arguments + outputs + temporaries − aliased (donated)
-  predicted      gdn_core.memory_model.predict_step_memory of the same step (analytic, no
+  predicted      gdn_core.memory.step.predict_step_memory of the same step (analytic, no
                  compile): the figure admission, the planner and verify use
   headroom       usable memory of the chip minus peak, for an H200 (139 GiB as the runtime
                  reports it), a v5p (95 GiB) and an H100 (80 GiB); "-" where it does not fit
@@ -29,7 +29,6 @@ import time
 from collections.abc import Sequence
 
 from ..hardware import GIB, HBM_BYTES_PER_CHIP
-from .virtual_chips import ensure_virtual_chips
 
 USABLE_BYTES = {"H200": 139 * GIB, "v5p": HBM_BYTES_PER_CHIP["v5p"],
                 "H100": HBM_BYTES_PER_CHIP["h100"]}
@@ -68,7 +67,8 @@ def compile_step(model_cfg, train_cfg, *, chips: int, mode: str):
     import numpy as np
     from jax.sharding import Mesh
 
-    from ..jax_gdn.cp.train import FAST, cp_step_shapes, make_cp_train_step
+    from ..jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
+    from ..jax_gdn.cp.train import FAST
 
     jax.clear_caches()
     mesh = Mesh(np.array(jax.devices()[:chips]), ("cp",))
@@ -87,7 +87,7 @@ def _headroom(peak: int) -> str:
 
 def _memory_table(model_cfg, args) -> None:
     from ..jax_gdn.train import compiled_peak_bytes
-    from ..memory_model import predict_step_memory
+    from ..memory.step import predict_step_memory
     from ..train_config import TrainConfig
 
     print(f"{'sharding':<11}{'remat':<6}{'dtype':<10}{'args GiB':>9}{'temps GiB':>10}"
@@ -123,8 +123,10 @@ def _compile_times(model_cfg, args) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    ensure_virtual_chips(args.chips, benchmark="memory")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before the import below loads JAX
+    from ..jax_gdn.virtual_chips import ensure_virtual_chips
+
+    ensure_virtual_chips(args.chips, fresh_process="python -m gdn_core.bench memory")
     import jax
 
     from ..jax_gdn.cp.param_sharding import replicated_leaves

@@ -14,7 +14,7 @@ are reported as such. Rows run dtype by dtype (bf16 first: the dtype a team trai
 Columns (ARCHITECTURE.md, Metrics):
   step s        median wall time of the measured steps (after warm-up), device synchronised
   tokens/s      batch × seq_len / step s (one chip)
-  MFU           gdn_core.flops.model_flops_per_step / (step s × peak). Peak: the GPU's
+  MFU           gdn_core.flops.model.model_flops_per_step / (step s × peak). Peak: the GPU's
                 datasheet figure in the row's dtype (hardware.peak_flops_per_chip; float32 is
                 FP32 without TF32); on CPU, or a GPU the table lacks, a GEMM calibration in the
                 row's framework and dtype on that device
@@ -211,7 +211,7 @@ def _datasheet_peak(device_name: str, dtype: str) -> tuple[float, str] | None:
 
 def run_row(args, framework: str, dtype: str) -> StepRow:
     """Run one row in this process (the child's work) and return it, complete."""
-    from ..flops import gdn_rule_flops, model_flops_per_step
+    from ..flops.model import gdn_rule_flops, model_flops_per_step
     from ..train_config import TrainConfig
 
     model_cfg = _model_cfg(args)

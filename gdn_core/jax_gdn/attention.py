@@ -30,17 +30,11 @@ import numpy as np
 from jax import lax
 
 from ..config import AttentionConfig
-from .layer import linear
-from .naive import HIGHEST
+from .linear import linear, precision
 from .params import Params
 
 MASKED = -1e30
 """Score of a masked (future) key: finite, so a row with no key yet gives 0 weights, not NaN."""
-
-
-def precision(dtype):
-    """HIGHEST for float32 (no bf16 passes or TF32 on accelerators), DEFAULT below."""
-    return HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
 def zero_centered_rms_norm(weight, x, eps: float):
@@ -361,19 +355,3 @@ def gated_attention(params: Params, x_BTD, cfg: AttentionConfig, *, eps: float, 
     of cos/sin [T, R]; attend(q, k, v) -> o is the token-mixing step (a CP mode swaps it)."""
     q_BTHE, k_BTGE, v_BTGE, gate_BTX = project(params, x_BTD, cos_TR, sin_TR, cfg, eps)
     return output(params, attend(q_BTHE, k_BTGE, v_BTGE), gate_BTX)
-
-
-def init_attention_params(cfg: AttentionConfig, hidden_size: int, key: jax.Array,
-                          std: float = 0.02) -> Params:
-    """Fresh float32 parameters: linears N(0, std), biases and zero-centred norms 0."""
-    H, G, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    shapes = {"q_proj": (2 * H * E, hidden_size), "k_proj": (G * E, hidden_size),
-              "v_proj": (G * E, hidden_size), "o_proj": (hidden_size, H * E)}
-    params: Params = {}
-    for k, (name, shape) in zip(jax.random.split(key, 4), shapes.items()):
-        params[name] = {"weight": std * jax.random.normal(k, shape, jnp.float32)}
-        if cfg.attention_bias:
-            params[name]["bias"] = jnp.zeros((shape[0],), jnp.float32)
-    params["q_norm"] = {"weight": jnp.zeros((E,), jnp.float32)}
-    params["k_norm"] = {"weight": jnp.zeros((E,), jnp.float32)}
-    return params

@@ -41,7 +41,8 @@ from .attention import (
     rotary_cos_sin,
     zero_centered_rms_norm,
 )
-from .layer import GDN_OUTPUT, GDN_PROJECTIONS, gdn_layer, linear
+from .layer import GDN_OUTPUT, GDN_PROJECTIONS, gdn_layer
+from .linear import linear
 from .params import Params, cast_floating, is_hf_tree
 
 GDNLayerFn = Callable[..., jax.Array]  # (params, x_BTD, cfg, *, dtype) -> [B, T, D]

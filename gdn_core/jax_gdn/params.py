@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..config import FULL_ATTENTION, GDNConfig, ModelConfig
+from ..config import FULL_ATTENTION, AttentionConfig, GDNConfig, ModelConfig
 
 INIT_STD = 0.02  # transformers' initializer_range: Linear and Embedding weights
 A_INIT_RANGE = (1.0, 16.0)  # A = exp(A_log) ~ U(1, 16)
@@ -181,6 +181,23 @@ def init_layer_params(cfg: GDNConfig, key: jax.Array) -> Params:
     }
 
 
+def init_attention_params(cfg: AttentionConfig, hidden_size: int, key: jax.Array,
+                          std: float = INIT_STD) -> Params:
+    """Fresh float32 gated-attention parameters (attention.py's tree): linears N(0, std),
+    biases and zero-centred norms 0."""
+    H, G, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    shapes = {"q_proj": (2 * H * E, hidden_size), "k_proj": (G * E, hidden_size),
+              "v_proj": (G * E, hidden_size), "o_proj": (hidden_size, H * E)}
+    params: Params = {}
+    for k, (name, shape) in zip(jax.random.split(key, 4), shapes.items()):
+        params[name] = {"weight": std * jax.random.normal(k, shape, jnp.float32)}
+        if cfg.attention_bias:
+            params[name]["bias"] = jnp.zeros((shape[0],), jnp.float32)
+    params["q_norm"] = {"weight": jnp.zeros((E,), jnp.float32)}
+    params["k_norm"] = {"weight": jnp.zeros((E,), jnp.float32)}
+    return params
+
+
 def _init_mlp(k_layer, D, F):
     k_gate, k_up, k_down = jax.random.split(k_layer, 3)
     return {"gate_proj": {"weight": _normal(k_gate, (F, D))},
@@ -191,8 +208,6 @@ def _init_mlp(k_layer, D, F):
 def init_hybrid_params(model_cfg: ModelConfig, key: jax.Array) -> Params:
     """Fresh float32 parameters of the hybrid decoder (HF names, model_cfg.layer_pattern):
     zero-centred norms 0, linears and embedding N(0, 0.02), GDN layers as init_layer_params."""
-    from .attention import init_attention_params  # attention imports this module
-
     D, F, V = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
     k_embed, k_head, *k_layers = jax.random.split(key, 2 + model_cfg.num_layers)
     zeros = {"weight": jnp.zeros((D,), jnp.float32)}

@@ -179,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     request = json.loads(args.request)
     chips = int(request["chips"])
-    from ..bench.virtual_chips import ensure_virtual_chips
+    from .virtual_chips import ensure_virtual_chips
 
-    ensure_virtual_chips(chips, benchmark="plan")
+    ensure_virtual_chips(chips, fresh_process="python -m gdn_core.jax_gdn.plan")
     model_cfg, train_cfg = _configs(request)
     if args.budget_bytes is None:
         out = plan_cp_step(model_cfg, train_cfg, mode=request["mode"], chips=chips).to_json()

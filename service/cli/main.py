@@ -26,7 +26,9 @@ FRAMEWORKS = ("torch", "jax")
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gdn_core import flops, hardware
+    from gdn_core import hardware
+    from gdn_core.flops.model import model_flops_per_step
+    from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
     from gdn_core.presets import get_preset
     from gdn_core.train_config import TrainConfig
 
@@ -41,17 +43,17 @@ def _train(args: argparse.Namespace) -> int:
     # The peak of this process in the step's dtype, with the framework's own GEMM.
     peak = (hardware.measure_jax_gemm_flops_per_s(dtype=args.dtype) if args.framework == "jax"
             else hardware.calibrate_cpu_peak_flops(dtype=args.dtype))
-    model_flops = flops.model_flops_per_step(model_cfg, batch=args.batch_size,
-                                             seq_len=args.seq_len).total
+    model_flops = model_flops_per_step(model_cfg, batch=args.batch_size,
+                                       seq_len=args.seq_len).total
     step_time = report.step_time_s
     print(f"framework={args.framework} preset={model_cfg.name} layers={model_cfg.num_layers} "
           f"batch={args.batch_size} seq_len={args.seq_len} dtype={args.dtype} "
           f"remat={args.remat} chips=1")
     print(f"loss: first={report.losses[0]:.4f} last={report.losses[-1]:.4f}")
     print(f"step_time_s={step_time:.4f}  tokens_per_s_per_chip="
-          f"{flops.tokens_per_s_per_chip(args.batch_size, args.seq_len, step_time, 1):.1f}")
+          f"{tokens_per_s_per_chip(args.batch_size, args.seq_len, step_time, 1):.1f}")
     print(f"model_flops_per_step={model_flops:.4g}  mfu="
-          f"{flops.mfu(model_flops, step_time, 1, peak.flops_per_s):.4f}  "
+          f"{mfu(model_flops, step_time, 1, peak.flops_per_s):.4f}  "
           f"(peak {peak.flops_per_s:.3g} FLOP/s from {peak.source})")
     print(f"peak_memory_bytes_per_chip={report.peak_memory_bytes} ({report.memory_source})")
     return 0

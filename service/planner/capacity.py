@@ -14,9 +14,11 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from gdn_core import flops, hardware
+from gdn_core import hardware
 from gdn_core.cp_modes import check_cp_shape
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.model import model_flops_per_step
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import (
     TrainConfig,
 )
@@ -104,7 +106,7 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
         [o for o in same_mode if not o.memory_is_peak], point.chips)
     if fit is None:
         return Figure(value=predicted, basis="predicted",
-                      note="gdn_core.memory_model.predict_step_memory; no trial to refine it")
+                      note="gdn_core.memory.step.predict_step_memory; no trial to refine it")
     local = request.batch_size * request.seq_len / point.chips
     basis, why = _basis(local, fit.x_max, fit.x_min)
     what = "measured peaks" if measured_fit else "XLA's estimates"
@@ -155,7 +157,7 @@ def _step(request, model_cfg, point: Point, on_chip, exact, compute: TimeCurve |
     if timed:
         return Figure(value=statistics.median(o.step_time_s for o in timed), basis="measured",
                       trial_ids=[o.trial_id for o in timed])
-    per_chip = flops.hardware_flops_per_step(
+    per_chip = hardware_flops_per_step(
         model_cfg, mode=point.mode, chips=point.chips, batch=request.batch_size,
         seq_len=request.seq_len, framework=point.framework, remat=point.remat).total / point.chips
     same = time_curve([o for o in on_chip if o.chips == point.chips and o.cp_mode == point.mode])
@@ -322,8 +324,8 @@ def _candidate(request, model_cfg, point, group, local, memory, capacity, step, 
                           trial_ids=ids)
         total = Figure(value=tokens / step.value, basis=step.basis, trial_ids=ids)
         peak = _peak(request, group)
-        model_flops = flops.model_flops_per_step(model_cfg, batch=request.batch_size,
-                                                 seq_len=request.seq_len).total
+        model_flops = model_flops_per_step(model_cfg, batch=request.batch_size,
+                                           seq_len=request.seq_len).total
         value = model_flops / (step.value * point.chips * peak) if peak else None
         if value is not None and value > 1:
             mfu = Figure(value=None, basis="refused", trial_ids=ids,

@@ -3,8 +3,8 @@ split between one GDN and one attention layer on virtual chips."""
 
 import pytest
 
-from gdn_core.attention_flops import attention_imbalance
 from gdn_core.bench.cp import main
+from gdn_core.flops.attention import attention_imbalance
 from gdn_core.presets import get_preset
 
 # Columns after mode, attn_cp, D: memory, recv, flops ratio, attn flop (analytic), gdn ms,

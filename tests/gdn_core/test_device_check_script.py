@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gdn_core.bench import step
-from gdn_core.flops import model_flops_per_step
+from gdn_core.flops.model import model_flops_per_step
 from gdn_core.presets import get_preset
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import torch
 
 from gdn_core import device_memory
 from gdn_core.config import GDNConfig, ModelConfig
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import TrainConfig
 
 MIB = 2 ** 20

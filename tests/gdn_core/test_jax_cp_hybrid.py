@@ -24,12 +24,8 @@ from jax.sharding import PartitionSpec as P
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, shard_order
 from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES
-from gdn_core.jax_gdn.cp.train import (
-    cp_loss_and_grads_fn,
-    cp_training_inputs,
-    make_cp_train_step,
-    synthetic_batch,
-)
+from gdn_core.jax_gdn.cp.step import cp_training_inputs, make_cp_train_step, synthetic_batch
+from gdn_core.jax_gdn.cp.verify import cp_loss_and_grads_fn
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import make_optimizer, make_train_step

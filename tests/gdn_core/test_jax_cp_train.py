@@ -24,17 +24,18 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.jax_gdn.cp import make_cp_train_step, run_cp_training
-from gdn_core.jax_gdn.cp.train import (
-    compile_cp_train_step,
-    cp_training_inputs,
-    synthetic_batch,
-    verify_against_single_chip,
-)
+from gdn_core.jax_gdn.cp.attention import check_attention_shape
+from gdn_core.jax_gdn.cp.layer import check_layer_shape
+from gdn_core.jax_gdn.cp.rule import check_cp_rule_shape
+from gdn_core.jax_gdn.cp.step import cp_settings, cp_training_inputs, synthetic_batch
+from gdn_core.jax_gdn.cp.train import compile_cp_train_step
+from gdn_core.jax_gdn.cp.verify import verify_against_single_chip
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import make_optimizer, make_train_step
-from gdn_core.memory_model import predict_step_memory, verify_reference_memory
+from gdn_core.memory.step import predict_step_memory
+from gdn_core.memory.verify import verify_reference_memory
 from gdn_core.testing import assert_close
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, TrainConfig
 
@@ -194,6 +195,48 @@ def test_validation_errors_name_numbers():
         make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode="ring")
     with pytest.raises(ValueError, match=r"steps=0 must be >= 1"):
         run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=0)
+
+
+def count_calls(monkeypatch, fn) -> list:
+    """Count fn's calls from every gdn_core module that bound it by name (a `from … import`);
+    returns the list each call appends to."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args or kwargs)
+        return fn(*args, **kwargs)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("gdn_core")]:
+        for name, value in list(vars(module).items()):
+            if value is fn:
+                monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+# One GDN layer then one gated attention layer: both kinds of CP layer in one trial.
+HYBRID = ModelConfig(
+    name="cp-hybrid-test", gdn=GDNConfig(hidden_size=32, num_k_heads=4, num_v_heads=8,
+                                         head_k_dim=8, head_v_dim=8, chunk_size=16),
+    num_layers=2, intermediate_size=64, vocab_size=64, layers="hybrid",
+    attention=AttentionConfig(num_heads=8, num_kv_heads=2, head_dim=8,
+                              partial_rotary_factor=0.5, full_attention_interval=2))
+
+
+@pytest.mark.timeout(600)
+def test_a_trial_validates_its_settings_once(monkeypatch):
+    # run_cp_training checks mode, attn_cp, layout and the shape once (step.cp_settings), not
+    # again for verify, the compile, the comm reference, or in each layer at every trace
+    # (issue 22: it was 6 whole checks, plus 9 layer, 9 attention and 3 rule checks).
+    counts = {fn.__name__: count_calls(monkeypatch, fn) for fn in (
+        cp_settings, check_layer_shape, check_attention_shape, check_cp_rule_shape)}
+    train_cfg = TrainConfig(batch_size=1, seq_len=64, seed=3)
+    report = run_cp_training(HYBRID, train_cfg, mesh=mesh_of("D2"), axis="cp", mode="log_scan",
+                             attn_cp="ulysses", layout="zigzag", steps=1, warmup_steps=0,
+                             verify=True)
+    assert report.max_rel_err < TOL
+    assert {name: len(calls) for name, calls in counts.items()} == {
+        "cp_settings": 1,  # the one validation, which runs the two below once each
+        "check_layer_shape": 1, "check_attention_shape": 1, "check_cp_rule_shape": 0}
 
 
 def weight_traffic_bytes(sharding, remat, D):

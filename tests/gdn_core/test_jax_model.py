@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn_core.data import synthetic_tokens
-from gdn_core.jax_gdn.layer import linear
+from gdn_core.jax_gdn.linear import linear
 from gdn_core.jax_gdn.model import (
     chunked_token_loss_sum,
     decoder_layer,

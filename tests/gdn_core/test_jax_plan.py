@@ -1,7 +1,7 @@
 """Compile-only plans of the JAX CP step (gdn_core.jax_gdn.plan) and the FLOPs read from HLO.
 
 The plans compile for D of this process's 8 virtual CPU chips (tests/conftest.py). Oracles:
-the analytic counts of gdn_core.flops and memory_model, and independent compiles at the
+the analytic counts of gdn_core.flops and gdn_core.memory, and independent compiles at the
 bisection's boundary.
 """
 
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gdn_core import flops
+from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.jax_gdn.hlo_flops import matmul_flops_per_chip
 from gdn_core.jax_gdn.plan import largest_fitting_seq_len, plan_cp_step, seq_len_granule
 from gdn_core.presets import get_preset
@@ -72,9 +72,9 @@ def test_plans_at_a_fixed_local_shard(chip_counts):
     assert max(memory) <= 1.05 * min(memory), memory
     for D, plan in plans.items():
         assert plan.chips == D and plan.seq_len == D * LOCAL_TOKENS
-        analytic = flops.hardware_flops_per_step(MODEL, mode="p2p", chips=D, batch=1,
-                                                 seq_len=D * LOCAL_TOKENS, framework="jax",
-                                                 remat="none").total / D
+        analytic = hardware_flops_per_step(MODEL, mode="p2p", chips=D, batch=1,
+                                           seq_len=D * LOCAL_TOKENS, framework="jax",
+                                           remat="none").total / D
         assert 0.8 <= plan.matmul_flops_per_chip / analytic <= 1.25, (D, plan, analytic)
         assert not plan.trip_count_unknown
         assert plan.grad_sync_bytes_per_step > 0  # replicated weights: gradient all-reduce

@@ -17,7 +17,8 @@ import pytest
 from jax.sharding import Mesh
 
 from gdn_core.config import GDNConfig, ModelConfig
-from gdn_core.jax_gdn.cp.train import FAST, cp_step_shapes, make_cp_train_step
+from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
+from gdn_core.jax_gdn.cp.train import FAST
 from gdn_core.jax_gdn.hlo_comm import received_bytes_per_chip
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params

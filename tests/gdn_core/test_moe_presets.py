@@ -17,11 +17,8 @@ import pytest
 import torch
 
 from gdn_core.jax_gdn.params import init_model_params
-from gdn_core.memory_model import (
-    active_parameter_count,
-    parameter_count,
-    predict_step_memory,
-)
+from gdn_core.memory.parameters import active_parameter_count, parameter_count
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import PRESETS
 from gdn_core.train_config import TrainConfig
 

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 from gdn_core.data import synthetic_tokens
-from gdn_core.memory_model import predict_step_memory, verify_reference_memory
+from gdn_core.memory.step import predict_step_memory
+from gdn_core.memory.verify import verify_reference_memory
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import (
     GatedDeltaNet,

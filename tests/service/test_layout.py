@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import service
+from tests.layout_rules import find_circles
 
 ROOT = Path(service.__file__).parent
 
@@ -54,26 +55,6 @@ def test_imports_point_down_the_layers():
     upward = [f"{m} imports {dep}" for m, deps in GRAPH.items() for dep in deps
               if _layer(m) is not None and _layer(dep) is not None and _layer(dep) < _layer(m)]
     assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
-
-
-def find_circles(graph: dict[str, set[str]]) -> list[str]:
-    """Every import circle a depth-first walk of `graph` meets, as `a → b → a`."""
-    state: dict[str, str] = {}
-    circles = []
-
-    def visit(module: str, trail: list[str]) -> None:
-        state[module] = "open"
-        for dep in sorted(graph.get(module, ())):
-            if state.get(dep) == "open":
-                circles.append(" → ".join(trail[trail.index(dep):] + [dep]))
-            elif dep in graph and dep not in state:
-                visit(dep, trail + [dep])
-        state[module] = "done"
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [module])
-    return circles
 
 
 def test_no_import_circle():

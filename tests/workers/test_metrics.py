@@ -8,9 +8,10 @@ import math
 
 import pytest
 
-from gdn_core import flops
+from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.model import model_flops_per_step
 from gdn_core.hardware import PeakMeasurement
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import CPTrainReport
 from workers import metrics
@@ -46,7 +47,7 @@ def test_two_ranks_fold_as_architecture_says():
     assert (m.loss_first, m.loss_last) == (4.0, 3.0)  # measured steps only
     assert m.max_rel_err == 3e-6
     model_cfg = get_preset("tiny", num_layers=1)
-    expected = flops.model_flops_per_step(model_cfg, batch=1, seq_len=64).total
+    expected = model_flops_per_step(model_cfg, batch=1, seq_len=64).total
     assert m.model_flops_per_step == expected
     assert m.mfu == pytest.approx(expected / (0.25 * 2 * 1e12))
     assert math.isclose(m.tokens_per_s_per_chip * m.step_time_s * 2, 64)
@@ -87,7 +88,7 @@ def test_hfu_counts_the_trials_framework():
     reports = [_report([0.1, 0.1], 1, "x", 1), _report([0.1, 0.1], 1, "x", 1)]
     for framework in ("jax", "torch"):
         cast = trial.model_copy(update={"framework": framework})
-        expected = flops.hardware_flops_per_step(
+        expected = hardware_flops_per_step(
             cast.to_model_config(), mode=cast.mode, chips=2, batch=1, seq_len=64,
             framework=framework, remat=cast.remat).total
         assert metrics.trial_metrics(cast, reports, peak=None).hardware_flops_per_step == \

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from gdn_core import hardware
-from gdn_core.memory_model import predict_step_memory
+from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import TrainConfig
 from service.demo import demo_sweep

@@ -7,8 +7,9 @@ all_gather, log_scan — and `CP_RULES` maps each mode name to its per-shard rul
 point takes `layout` (gdn_core.cp_layout: contiguous, or zigzag — two segments per chip, the
 global arrays in shard order).
 The layer and training step: `cp_gdn_layer` (this chip's shard, inside a shard_map) and
-`gdn_layer_cp` (global arrays); `make_cp_train_step` / `run_cp_training` run the whole model in
-one shard_map over the sequence axis. A hybrid model's attention layers run `attention_cp`
+`gdn_layer_cp` (global arrays); `make_cp_train_step` (step.py) runs the whole model in one
+shard_map over the sequence axis, `run_cp_training` (train.py) one trial of it, checked against
+one chip by verify.py. A hybrid model's attention layers run `attention_cp`
 (attention.py: all_gather_kv, ring, ulysses) beside the GDN layers' mode.
 """
 
@@ -16,8 +17,9 @@ from .attention import attention_cp
 from .halo import conv_halo
 from .layer import cp_gdn_layer, cp_layer_fn, gdn_layer_cp
 from .rule import CP_RULES, chunk_gated_delta_rule_cp, chunk_gated_delta_rule_cp_shard
-from .train import make_cp_train_step, run_cp_training
+from .step import make_cp_train_step
+from .train import run_cp_training
 
-__all__ = ["CP_RULES", "attention_cp", "chunk_gated_delta_rule_cp", "chunk_gated_delta_rule_cp_shard",
-           "conv_halo", "cp_gdn_layer", "cp_layer_fn", "gdn_layer_cp", "make_cp_train_step",
-           "run_cp_training"]
+__all__ = ["CP_RULES", "attention_cp", "chunk_gated_delta_rule_cp",
+           "chunk_gated_delta_rule_cp_shard", "conv_halo", "cp_gdn_layer", "cp_layer_fn",
+           "gdn_layer_cp", "make_cp_train_step", "run_cp_training"]

@@ -180,10 +180,7 @@ def ulysses_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
     """all_to_all to H/D query heads (and their KV heads) over the whole sequence, attend
     (attention.causal_attention at the shard-order positions), all_to_all back."""
     D, t = chip_count(axis), q_BtHE.shape[1]
-    H, G = q_BtHE.shape[2], k_BtGE.shape[2]
-    check_attention_shape(attn_cp="ulysses", chips=D, seq_len=D * t, num_heads=H,
-                          num_kv_heads=G, layout=layout)
-    plan = UlyssesHeads(num_k_heads=G, num_v_heads=H, chips=D)
+    plan = UlyssesHeads(num_k_heads=k_BtGE.shape[2], num_v_heads=q_BtHE.shape[2], chips=D)
 
     def to_heads(x):  # [B, t, D·h, E] -> [B, T, h, E], T in shard order
         return lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True)
@@ -335,6 +332,8 @@ def ring_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
 
 ATTENTION_CP = {"all_gather_kv": all_gather_kv_attention, "ring": ring_attention,
                 "ulysses": ulysses_attention}
+"""attn_cp → this chip's attention under that mode, unchecked (attention_cp validates; a CP
+step validates its settings once, cp/step.py's cp_settings, and binds these directly)."""
 
 
 def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,
@@ -346,6 +345,9 @@ def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,
     divisible by the chips)."""
     check_attn_cp(mode)
     check_layout(layout)
+    D = chip_count(axis)
+    check_attention_shape(attn_cp=mode, chips=D, seq_len=D * q_BtHE.shape[1],
+                          num_heads=q_BtHE.shape[2], num_kv_heads=k_BtGE.shape[2], layout=layout)
     return ATTENTION_CP[mode](q_BtHE, k_BtGE, v_BtGE, axis=axis, layout=layout, block=block)
 
 

@@ -45,7 +45,7 @@ from ..params import Params, cast_floating
 from .common import (AxisName, batch_as_segments, chip_count, chip_index, mesh_chip_count,
                      place_on_mesh, segments_as_batch, vary_like)
 from .halo import segment_halos
-from .rule import chunk_gated_delta_rule_cp_shard
+from .rule import cp_rule_shard_unchecked
 from .ulysses import key_heads_for_chips, segments_in_sequence_order
 
 
@@ -100,7 +100,7 @@ def _sequence_sharded_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: Axis
     conv_BtC = _segmented_conv(params["conv1d"]["weight"], mixed_BtC, halos_SBKC)
     q, k, v, g, beta = split_heads(params, conv_BtC, a_BtH, b_BtH, cfg)
     o_BtHV = run_rule(q, k, v, g, beta, cfg, rule=partial(
-        chunk_gated_delta_rule_cp_shard, axis=axis, mode=mode, layout=layout))
+        cp_rule_shard_unchecked, axis=axis, mode=mode, layout=layout))
     return output(params, o_BtHV, z_BtHV, cfg)
 
 
@@ -165,6 +165,14 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
     check_mode(mode)
     D = chip_count(axis)
     check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BtD.shape[1] * D, layout=layout)
+    return cp_gdn_layer_unchecked(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
+                                  dtype=dtype)
+
+
+def cp_gdn_layer_unchecked(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
+                           mode: CPMode, layout: Layout = "contiguous", dtype=jnp.float32):
+    """cp_gdn_layer without its checks: for a step that validated mode, layout and shape once
+    (cp/step.py's cp_settings), so its layers do not check them again at every trace."""
     if mode == "ulysses":
         return _ulysses_layer(params, x_BtD, cfg, axis=axis, layout=layout, dtype=dtype)
     return _sequence_sharded_layer(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
@@ -194,6 +202,7 @@ def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName,
     axis = axis if isinstance(axis, str) else tuple(axis)
     check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BTD.shape[1], layout=layout)
     seq_spec = P(None, axis)
-    layer = partial(cp_gdn_layer, cfg=cfg, axis=axis, mode=mode, layout=layout, dtype=dtype)
+    layer = partial(cp_gdn_layer_unchecked, cfg=cfg, axis=axis, mode=mode, layout=layout,
+                    dtype=dtype)  # checked above, once
     return jax.shard_map(layer, mesh=mesh, in_specs=(P(), seq_spec), out_specs=seq_spec)(
         place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis))

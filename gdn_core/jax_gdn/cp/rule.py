@@ -2,7 +2,8 @@
 
 `chunk_gated_delta_rule_cp_shard` runs inside an enclosing shard_map (the CP layer and model run
 the whole model in one); `chunk_gated_delta_rule_cp` wraps it in a shard_map over `mesh` for
-global arrays. Both validate with gdn_core.cp_modes.check_cp_shape.
+global arrays. Both validate (check_cp_rule_shape); `cp_rule_shard_unchecked` is the per-shard
+rule past those checks, for a CP layer whose caller validated the trial's settings once.
 """
 
 from __future__ import annotations
@@ -66,11 +67,24 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
         [B, Hv, Dk, Dv] (replicated) if asked.
     """
     check_mode(mode)
-    B, T_local, Hk, Hv, Dk, Dv = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
-                                                 _state_shape(initial_state), chunk_size)
+    _, T_local, Hk, Hv, _, _ = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
+                                               _state_shape(initial_state), chunk_size)
     D = chip_count(axis)
     check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T_local * D,
                         num_k_heads=Hk, num_v_heads=Hv)
+    return cp_rule_shard_unchecked(q, k, v, g, beta, axis=axis, mode=mode,
+                                   initial_state=initial_state,
+                                   output_final_state=output_final_state,
+                                   use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                                   layout=layout)
+
+
+def cp_rule_shard_unchecked(q, k, v, g, beta, *, axis: AxisName, mode: str, initial_state=None,
+                            output_final_state=False, use_qk_l2norm=False, chunk_size=64,
+                            layout: Layout = "contiguous"):
+    """chunk_gated_delta_rule_cp_shard without its checks: for a caller that has validated
+    mode, layout and shapes (the CP layer of a step whose settings were checked once)."""
+    (B, _, _, Dk), (_, _, Hv, Dv) = q.shape, v.shape
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)
     return CP_RULES[mode](q, k, v, g, beta, h0_BHKV, axis=axis,
                           output_final_state=output_final_state,
@@ -109,8 +123,8 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
         args.append(place_on_mesh(initial_state, mesh, P(), axis))
         in_specs.append(P())
 
-    def shard(q, k, v, g, beta, *maybe_h0):
-        o, final = chunk_gated_delta_rule_cp_shard(
+    def shard(q, k, v, g, beta, *maybe_h0):  # checked above, once
+        o, final = cp_rule_shard_unchecked(
             q, k, v, g, beta, initial_state=maybe_h0[0] if maybe_h0 else None, **kwargs)
         return (o, final) if output_final_state else o
 

@@ -26,7 +26,7 @@ from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout, check_layout, local_positions
 from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_cp_shape
 from ...data import synthetic_tokens
-from ...memory_model import verify_seq_len
+from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..train import build_model, language_model, train_step
@@ -181,7 +181,7 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
 
 def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                     device: torch.device, budget_bytes: int | None) -> int | None:
-    """Tokens per sequence the verify compares (memory_model.verify_seq_len), decided by rank
+    """Tokens per sequence the verify compares (memory.verify.verify_seq_len), decided by rank
     0, whose chip runs the reference, within budget_bytes (default: that chip's capacity,
     device_memory.torch_chip_capacity, on CPU shared over the group's ranks as an upper bound
     on those of its host), and broadcast so every rank runs the same CP verify step."""

@@ -1,15 +1,15 @@
-"""Analytical FLOP counts of the hybrid decoder's gated full-attention layers, MaxText's
-convention beside ours, and what attention context parallelism runs beyond them.
+"""Analytical FLOP counts of the hybrid decoder's gated full-attention layers, and what
+attention context parallelism runs beyond them.
 
-Same conventions as gdn_core.flops (2 FLOPs per MAC, matmuls only, forward; × 3 for a
-training step; global batch). Elementwise work is neglected: q_norm / k_norm, the rotary
+Same conventions as the rest of gdn_core.flops (2 FLOPs per MAC, matmuls only, forward; × 3
+for a training step; global batch). Elementwise work is neglected: q_norm / k_norm, the rotary
 embedding, softmax, the sigmoid output gate.
 
 Causal attention is counted over the (query, key) pairs the causal mask lets through:
 P(T) = T·(T + 1)/2 pairs per sequence and query head, each one q·k dot product (QKᵀ) and one
 weighted add of a value row (AV), head_dim MACs each. MaxText counts half the square instead,
-T²/2 (its `causal_attention_flops = noncausal / 2`); the difference, T/2 pairs, is kept in
-the MaxText figure so each convention is exactly its own.
+T²/2 (its `causal_attention_flops = noncausal / 2`, maxtext.py); the difference, T/2 pairs, is
+kept in the MaxText figure so each convention is exactly its own.
 
 Letters: B batch, T tokens, E hidden size, H query heads, G key/value heads, hd head_dim,
 D chips, t = T/D local tokens, s = T/(2D) tokens of a zigzag segment.
@@ -19,21 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from .cp_layout import check_layout, segments
-from .cp_modes import check_attn_cp
-
-FLOPS_PER_MAC = 2
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+from ..cp_layout import check_layout, segments
+from ..cp_modes import check_attn_cp
+from .conventions import FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_positive
 
 
 def causal_pairs(seq_len: int) -> int:
     """(query, key) pairs a causal mask keeps in a sequence of seq_len tokens: T·(T + 1)/2."""
-    _check_positive(seq_len=seq_len)
+    check_positive(seq_len=seq_len)
     return seq_len * (seq_len + 1) // 2
 
 
@@ -70,8 +63,8 @@ def attention_layer_flops(*, batch: int, seq_len: int, hidden_size: int, num_hea
                           num_kv_heads: int, head_dim: int) -> AttentionLayerFlops:
     """Count the forward FLOPs of one gated full-attention layer (Qwen3.5 / Qwen3-Next):
     q_proj yields H query heads and an H·hd output gate, GQA k/v with G heads, causal."""
-    _check_positive(batch=batch, seq_len=seq_len, hidden_size=hidden_size, num_heads=num_heads,
-                    num_kv_heads=num_kv_heads, head_dim=head_dim)
+    check_positive(batch=batch, seq_len=seq_len, hidden_size=hidden_size, num_heads=num_heads,
+                   num_kv_heads=num_kv_heads, head_dim=head_dim)
     tokens, E, H, G, hd = batch * seq_len, hidden_size, num_heads, num_kv_heads, head_dim
     pair_macs = batch * H * hd * causal_pairs(seq_len)
     return AttentionLayerFlops(
@@ -80,32 +73,6 @@ def attention_layer_flops(*, batch: int, seq_len: int, hidden_size: int, num_hea
         o_proj=FLOPS_PER_MAC * tokens * H * hd * E,
         scores=FLOPS_PER_MAC * pair_macs,
         weighted_values=FLOPS_PER_MAC * pair_macs)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class MaxTextAttentionFlops:
-    """Forward FLOPs of one full-attention layer as MaxText's calculate_tflops_training_per_
-    device counts it (QWEN3_NEXT branch), split as MaxText splits them."""
-
-    weight: int
-    """qkv_flops 2·B·T·E·(H + 2·G)·hd (the output gate's half of q_proj is not counted) +
-    projection_flops 2·B·T·E·H·hd (o_proj)."""
-    attention: int
-    """causal_attention_flops: 4·B·T²·H·hd / 2 (half the square)."""
-
-    @property
-    def total(self) -> int:
-        return self.weight + self.attention
-
-
-def maxtext_attention_flops(*, batch: int, seq_len: int, hidden_size: int, num_heads: int,
-                            num_kv_heads: int, head_dim: int) -> MaxTextAttentionFlops:
-    """MaxText's count of one full-attention layer, on explicit integers (see the class)."""
-    _check_positive(batch=batch, seq_len=seq_len, hidden_size=hidden_size, num_heads=num_heads,
-                    num_kv_heads=num_kv_heads, head_dim=head_dim)
-    B, T, E, H, G, hd = batch, seq_len, hidden_size, num_heads, num_kv_heads, head_dim
-    return MaxTextAttentionFlops(weight=2 * B * T * E * (H + 2 * G) * hd + 2 * B * T * E * H * hd,
-                                 attention=4 * B * T * T * H * hd // 2)
 
 
 # --------------------------------------------------------------------------- under CP
@@ -156,15 +123,16 @@ def attention_cp_extra_flops(attn_cp: str, *, chips: int, batch: int, seq_len: i
     """FLOPs attention CP runs beyond the causal count, per training step (× 3: forward +
     backward), over `num_layers` attention layers: (computed_pairs − P(T)) pairs, each a QKᵀ
     and an AV of head_dim MACs, for every batch row and query head."""
-    _check_positive(chips=chips, batch=batch, seq_len=seq_len, num_heads=num_heads,
-                    head_dim=head_dim)
+    check_positive(chips=chips, batch=batch, seq_len=seq_len, num_heads=num_heads,
+                   head_dim=head_dim)
     if num_layers == 0:
         return 0
     extra = computed_pairs(attn_cp, chips=chips, seq_len=seq_len, layout=layout) \
         - causal_pairs(seq_len)
-    return 3 * 2 * FLOPS_PER_MAC * batch * num_heads * head_dim * extra * num_layers
+    qk_and_av = 2
+    return (FWD_BWD_MULTIPLIER * qk_and_av * FLOPS_PER_MAC * batch * num_heads * head_dim * extra
+            * num_layers)
 
 
-__all__ = ["AttentionLayerFlops", "MaxTextAttentionFlops", "attention_cp_extra_flops",
-           "attention_imbalance", "attention_layer_flops", "causal_pairs", "computed_pairs",
-           "maxtext_attention_flops", "rank_causal_pairs"]
+__all__ = ["AttentionLayerFlops", "attention_cp_extra_flops", "attention_imbalance",
+           "attention_layer_flops", "causal_pairs", "computed_pairs", "rank_causal_pairs"]

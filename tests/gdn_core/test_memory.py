@@ -1,7 +1,7 @@
 """The analytic memory predictor against what the frameworks save and what XLA allocates.
 
 Four checks, from the inside out:
-- activations per token and layer: memory_model's tables against the tensors each framework
+- activations per token and layer: memory.activations' tables against the tensors each framework
   really keeps for backward (JAX: jax's saved-residuals analysis of model_loss; torch: the
   tensors autograd packs, counted by storage) — the count the predictor is built from;
 - the whole step: predict_step_memory against XLA's memory analysis of the compiled JAX CP
@@ -36,16 +36,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.data import synthetic_tokens
-from gdn_core.jax_gdn.cp.train import FAST, cp_step_shapes, make_cp_train_step
+from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
+from gdn_core.jax_gdn.cp.train import FAST
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import compiled_peak_bytes
-from gdn_core.memory_model import (
-    predict_step_memory,
-    saved_bytes_per_token,
-    verify_reference_memory,
-    verify_seq_len,
-)
+from gdn_core.memory.activations import saved_bytes_per_token
+from gdn_core.memory.step import predict_step_memory
+from gdn_core.memory.verify import verify_reference_memory, verify_seq_len
 from gdn_core.torch_gdn.train import autocast_context, build_model, build_training, train_step
 from gdn_core.train_config import TrainConfig
 

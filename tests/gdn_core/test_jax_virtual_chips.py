@@ -9,8 +9,8 @@ import pytest
 SCRIPT = """
 import jax
 jax.config.update("jax_num_cpu_devices", 8)
-from gdn_core.bench.virtual_chips import ensure_virtual_chips
-ensure_virtual_chips(2, benchmark="cp")
+from gdn_core.jax_gdn.virtual_chips import ensure_virtual_chips
+ensure_virtual_chips(2, fresh_process="python -m gdn_core.bench cp")
 print(len(jax.devices()))
 """
 

@@ -1,0 +1,250 @@
+"""The context-parallel JAX training step: the whole model in one shard_map over the sequence.
+
+Every chip holds a sequence shard of the batch (tokens [B, T] split on T over `axis`; under
+layout="zigzag" the global arrays hold the sequence in cp_layout.shard_order, so chip r's shard
+is segments r and 2D−1−r — laid out once by whoever feeds the step, as cp_training_inputs does)
+and the weights laid out by train_cfg.param_sharding (param_sharding.py: replicated, zero1 or
+fsdp over the same chips). Its loss is (sum of its token losses) / (global token count), so the
+chips' losses and parameter gradients each sum to the single-chip ones: the step psums the loss
+and reduces the gradients once (WeightLayout.reduce_grads, as train.build_step_fn's
+grad_transform), then applies AdamW (zero1: to its slice).
+
+The shard_map runs with check_vma=False: with the check on, JAX would sum each replicated
+parameter's gradient itself (the transpose of its implicit per-chip cast, one psum per use),
+and the gradient sync would be neither explicit nor separable from the CP exchanges.
+A hybrid model (params.is_hf_tree, ModelConfig.layers "hybrid") runs its GDN layers with the
+GDN `mode` and its attention layers with `attn_cp` (cp/attention.py), on the same chips, the
+rotary embedding at each token's global position.
+
+The settings (mode, attn_cp, layout, the shape they split) are validated once, by cp_settings,
+which every public entry point calls first; what it returns, a CPSettings, is what the step's
+internals take, and the layers they bind (cp_gdn_layer_unchecked, attention.ATTENTION_CP) do
+not check again at every trace.
+Legend: B batch, T global tokens, t = T/D tokens per chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ...config import FULL_ATTENTION, ModelConfig
+from ...cp_layout import Layout, check_layout, shard_order
+from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_mode
+from ...data import synthetic_tokens
+from ...train_config import TrainConfig
+from ..params import init_model_params
+from ..train import StepFn, build_step_fn, make_optimizer
+from .attention import ATTENTION_CP, check_attention_shape, local_token_positions
+from .common import AxisName, mesh_chip_count
+from .layer import check_layer_shape, cp_gdn_layer_unchecked
+from .param_sharding import WeightLayout, weight_layout
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CPSettings:
+    """Where and how a CP step splits the sequence, validated: build it with cp_settings."""
+
+    mesh: Any
+    axis: str | tuple[str, ...]
+    """The mesh axis (or axes, flattened major-to-minor) the sequence is split over."""
+    chips: int
+    """D: the product of the axes' sizes."""
+    mode: CPMode
+    attn_cp: AttnCPMode
+    layout: Layout
+
+
+def cp_settings(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode: str,
+                attn_cp: str = "all_gather_kv", layout: str = "contiguous") -> CPSettings:
+    """Validate a CP step's settings for model_cfg at seq_len global tokens, once per trial.
+
+    Raises ValueError naming the numbers: an axis the mesh lacks, an unknown mode, attn_cp or
+    layout, or a shape they cannot split (the GDN layers: cp/layer.check_layer_shape; a
+    hybrid's attention layers: cp/attention.check_attention_shape).
+    """
+    check_mode(mode)
+    check_attn_cp(attn_cp)
+    check_layout(layout)
+    chips = mesh_chip_count(mesh, axis)
+    check_layer_shape(model_cfg.gdn, mode=mode, chips=chips, seq_len=seq_len, layout=layout)
+    if FULL_ATTENTION in model_cfg.layer_pattern:
+        check_attention_shape(attn_cp=attn_cp, chips=chips, seq_len=seq_len,
+                              num_heads=model_cfg.attention.num_heads,
+                              num_kv_heads=model_cfg.attention.num_kv_heads, layout=layout)
+    return CPSettings(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis),
+                      chips=chips, mode=mode, attn_cp=attn_cp, layout=layout)
+
+
+def model_hooks(cp: CPSettings, seq_len: int) -> dict:
+    """The CP layers of build_step_fn / model_loss: GDN under cp.mode, attention under
+    cp.attn_cp (both unchecked: cp_settings validated them), and this chip's global token
+    positions (rotary)."""
+    return {"gdn_layer_fn": functools.partial(cp_gdn_layer_unchecked, axis=cp.axis,
+                                              mode=cp.mode, layout=cp.layout),
+            "attend_fn": functools.partial(ATTENTION_CP[cp.attn_cp], axis=cp.axis,
+                                           layout=cp.layout),
+            "positions_fn": lambda: local_token_positions(cp.axis, seq_len // cp.chips,
+                                                          cp.layout)}
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(model_cfg: ModelConfig):
+    """The model's parameters as jax.ShapeDtypeStruct (nothing allocated)."""
+    return jax.eval_shape(lambda: init_model_params(model_cfg, jax.random.PRNGKey(0)))
+
+
+def weight_specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis,
+                 chips: int) -> tuple[WeightLayout, Any, Any]:
+    """(WeightLayout, param specs, opt_state specs) of the step's weights."""
+    layout = weight_layout(train_cfg.param_sharding, _param_shapes(model_cfg), chips=chips,
+                           axis=axis)
+    optimizer = make_optimizer(train_cfg)
+    opt_shapes = jax.eval_shape(optimizer.init, _param_shapes(model_cfg))
+    return layout, layout.param_specs(), layout.opt_state_specs(optimizer, opt_shapes)
+
+
+def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
+                     mode: CPMode, sync_grads: bool = True, attn_cp: AttnCPMode = "all_gather_kv",
+                     layout: Layout = "contiguous") -> StepFn:
+    """The un-jitted, shard_mapped step; see make_cp_train_step.
+
+    sync_grads=False builds the reference that prices the weights' traffic: replicated weights
+    (whatever train_cfg.param_sharding says) and no gradient reduction, each chip updating with
+    its own share — only for counting bytes, never for training.
+    """
+    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                     attn_cp=attn_cp, layout=layout)
+    return _shard_mapped_step(model_cfg, train_cfg, cp, sync_grads)
+
+
+def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings,
+                       sync_grads: bool) -> StepFn:
+    if not sync_grads:
+        train_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
+    weights, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, cp.axis, cp.chips)
+    step = build_step_fn(
+        model_cfg, train_cfg, global_tokens=train_cfg.batch_size * train_cfg.seq_len,
+        grad_transform=weights.reduce_grads if sync_grads else None, fetch=weights.fetch(),
+        apply_update=weights.apply_update(make_optimizer(train_cfg)),
+        **model_hooks(cp, train_cfg.seq_len))
+
+    def shard_step(params, opt_state, inputs_Bt, targets_Bt):
+        params, opt_state, loss_share = step(params, opt_state, inputs_Bt, targets_Bt)
+        return params, opt_state, lax.psum(loss_share, cp.axis)
+
+    seq = P(None, cp.axis)
+    return jax.shard_map(shard_step, mesh=cp.mesh, in_specs=(param_specs, opt_specs, seq, seq),
+                         out_specs=(param_specs, opt_specs, P()), check_vma=False)
+
+
+def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
+                       axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
+                       layout: Layout = "contiguous") -> StepFn:
+    """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
+
+    params, opt_state: global arrays laid out as cp_training_inputs makes them (per
+    train_cfg.param_sharding; donated: do not reuse the passed-in ones). inputs_BT,
+    targets_BT: int [B, T] global, T split over mesh axis `axis` (a name or a tuple flattened
+    major-to-minor; D = the product of their sizes), in cp_layout.shard_order(layout) (the
+    identity for contiguous). attn_cp: the attention layers' CP mode (hybrid models). loss:
+    the global mean loss (float32, replicated). The update equals one chip's AdamW step on the
+    summed gradients. The same arguments return the same jitted function, so
+    `.lower(...).compile()` of equal shapes and shardings compiles once per process
+    (compile_cp_train_step relies on it).
+    Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D.
+    """
+    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                     attn_cp=attn_cp, layout=layout)
+    return jitted_step(model_cfg, train_cfg, cp, True)
+
+
+@functools.lru_cache(maxsize=32)
+def jitted_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings,
+                sync_grads: bool) -> StepFn:
+    """make_cp_train_step for validated settings (sync_grads: as build_cp_step_fn). Cached:
+    pass the same arguments positionally, as the callers do, to hit the same entry."""
+    return jax.jit(_shard_mapped_step(model_cfg, train_cfg, cp, sync_grads),
+                   donate_argnums=(0, 1) if sync_grads else ())
+
+
+def global_arrays(tree, shardings):
+    """Global arrays from host values that every process holds in full.
+
+    make_array_from_callback asks each process only for its own devices' shards, so the same
+    code feeds a single- or multi-process mesh. shardings: one, or a tree matching `tree`.
+    """
+    def one(x, sharding):
+        x_np = np.asarray(x)
+        return jax.make_array_from_callback(x_np.shape, sharding, lambda index: x_np[index])
+
+    if isinstance(shardings, NamedSharding):
+        return jax.tree.map(lambda x: one(x, shardings), tree)
+    return jax.tree.map(one, tree, shardings)
+
+
+def host_copy(tree, mesh=None):
+    """numpy copies of global arrays; sharded ones (pass their mesh) are gathered first."""
+    if mesh is not None:
+        tree = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
+def synthetic_batch(model_cfg: ModelConfig, train_cfg: TrainConfig) -> np.ndarray:
+    """The run's token ids [B, T+1] (int32, host): gdn_core.data.synthetic_tokens of the config."""
+    return synthetic_tokens(batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
+                            vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
+
+
+def _named(mesh, specs):
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
+                       axis: AxisName, params=None, layout: Layout = "contiguous"):
+    """(params, opt_state, inputs_BT, targets_BT) as global arrays for make_cp_train_step.
+
+    Fresh weights (seed train_cfg.seed), or the host pytree `params` given (e.g.
+    params.from_state_dict of a checkpoint), and fresh AdamW state, laid out by
+    train_cfg.param_sharding; the synthetic batch's inputs tokens[:, :-1] and targets
+    tokens[:, 1:] [B, T], T split over `axis` in cp_layout.shard_order(layout). Call on every
+    process of a multi-process mesh (each feeds only its own devices).
+    """
+    axis = axis if isinstance(axis, str) else tuple(axis)
+    D = mesh_chip_count(mesh, axis)
+    _, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, axis, D)
+    tokens_BT1 = synthetic_batch(model_cfg, train_cfg)
+    order = shard_order(chips=D, seq_len=train_cfg.seq_len, layout=layout)
+    if params is None:
+        params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
+    opt_state = make_optimizer(train_cfg).init(params)
+    return (global_arrays(params, _named(mesh, param_specs)),
+            global_arrays(opt_state, _named(mesh, opt_specs)),
+            *global_arrays((tokens_BT1[:, :-1][:, order], tokens_BT1[:, 1:][:, order]),
+                           NamedSharding(mesh, P(None, axis))))
+
+
+def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName):
+    """cp_training_inputs as jax.ShapeDtypeStruct (shapes, dtypes, shardings; no data)."""
+    axis = axis if isinstance(axis, str) else tuple(axis)
+    _, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, axis,
+                                             mesh_chip_count(mesh, axis))
+    params = _param_shapes(model_cfg)
+    opt_state = jax.eval_shape(make_optimizer(train_cfg).init, params)
+
+    def shaped(tree, specs):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            tree, _named(mesh, specs))
+
+    tokens_BT = jax.ShapeDtypeStruct((train_cfg.batch_size, train_cfg.seq_len), jnp.int32,
+                                     sharding=NamedSharding(mesh, P(None, axis)))
+    return shaped(params, param_specs), shaped(opt_state, opt_specs), tokens_BT, tokens_BT
