@@ -36,7 +36,8 @@ from service.db.schemas import (
 )
 from workers.result import FINAL_STATUSES, TRIAL_STATUSES
 from service.core.cron import next_due
-from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import AcceleratorSpec, ModelSpec, SweepSpec
 
 
 def create_sweep(*, session: Session, sweep_create: SweepSpec,

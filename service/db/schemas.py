@@ -11,7 +11,7 @@ from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
 from service.core.cron import check_cron, check_timezone
-from workers.spec import Name, PlainText, SweepSpec
+from workers.sweep_spec import Name, PlainText, SweepSpec
 
 
 def _as_utc(value: dt.datetime) -> dt.datetime:

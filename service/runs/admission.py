@@ -3,7 +3,7 @@ own validation, with one message each: today the grid cap."""
 
 from __future__ import annotations
 
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 
 def grid_cap_error(spec: SweepSpec, grid_cap: int) -> dict | None:

@@ -42,9 +42,10 @@ from service.runs.admission import grid_cap_error, validation_text
 from service.runs.ray_setup import RayConnection
 from service.runs.sink import DatabaseSink, clean_error, is_transient
 from workers.events import TrialFinished
+from workers.grid import expand_trials
 from workers.result import FINAL_STATUSES, TrialResult
-from workers.sink import JsonLinesError, JsonLinesSink, read_jsonl
-from workers.spec import SweepSpec, expand_trials
+from workers.result_sink import JsonLinesError, JsonLinesSink, read_jsonl
+from workers.sweep_spec import SweepSpec
 
 EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 SUCCESSFUL = frozenset({"succeeded", "skipped"})

@@ -30,8 +30,9 @@ from service.db import crud
 from service.db.models import Result, Sweep, Trial
 from service.runs.foreground import EXIT_BAD_INPUT, EXIT_OK, database_error
 from service.runs.sink import record_result
-from workers.sink import JsonLinesError, JsonLinesFile, read_jsonl
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.result_sink import JsonLinesError, JsonLinesFile, read_jsonl
+from workers.sweep_spec import SweepSpec
 
 IDEMPOTENCY_PREFIX = "jsonl:"
 

@@ -27,7 +27,7 @@ from service.runs import sweep_run
 from service.runs.ray_setup import RayConnection
 from service.runs.sink import DatabaseSink, clean_error, is_transient, replay_spool
 from service.runs.spool import Spool
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ from service.db import crud
 from service.db.models import Schedule, ScheduleRun, Sweep
 from service.runs.admission import grid_cap_error
 from service.runs.sink import clean_error, is_transient
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 log = logging.getLogger(__name__)
 

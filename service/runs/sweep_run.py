@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.db import crud
 from service.db.models import Sweep, Trial, utcnow
 from service.runs.sink import DatabaseSink, clean_error, is_transient, retry_transient, without_sql
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 log = logging.getLogger(__name__)
 RUNNER_MAX = 128

@@ -34,8 +34,9 @@ from service.runs.scheduler import Scheduler
 from service.runs.sink import DatabaseSink, clean_error, record_result, replay_spool
 from service.runs.spool import Spool, unstored_results
 from workers.events import TrialStarted
+from workers.grid import expand_trials
 from workers.result import TrialMetrics, TrialResult
-from workers.spec import SweepSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 from .private_postgres import PrivatePostgres, free_port

@@ -28,7 +28,7 @@ from service.runs.scheduler import Scheduler
 from service.runs.sink import DatabaseSink
 from workers.driver import run_sweep
 from workers.events import TrialFinished, TrialStarted
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP, api_settings
 

@@ -23,7 +23,7 @@ from service.db.schemas import ScheduleCreate, ScheduleUpdate
 from service.runs.schedule_loop import ScheduleLoop
 from service.runs.schedules import fire_due, sweep_name
 from service.runs.sink import is_transient
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 

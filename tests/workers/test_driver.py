@@ -9,7 +9,7 @@ import pytest
 
 from workers.driver import run_sweep
 from workers.events import SweepFinished, TrialFinished, TrialStarted
-from workers.sink import JsonLinesSink
+from workers.result_sink import JsonLinesSink
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
