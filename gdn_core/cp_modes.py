@@ -1,4 +1,5 @@
-"""The closed set of context-parallel modes and the shape rules each one imposes.
+"""The closed set of context-parallel modes, the shape rules each one imposes, and the one
+config a CP training step takes (CPSettings).
 
 Same names in both frameworks, the API, the database and the dashboard.
 """
@@ -7,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Literal, get_args
+
+from .cp_layout import Layout, check_layout
 
 CPMode = Literal["ulysses", "p2p", "all_gather", "log_scan"]
 CP_MODES: tuple[str, ...] = get_args(CPMode)
@@ -28,6 +31,32 @@ def check_mode(mode: str) -> None:
 def check_attn_cp(attn_cp: str) -> None:
     if attn_cp not in ATTN_CP_MODES:
         raise ValueError(f"attn_cp={attn_cp!r} is not one of: {', '.join(ATTN_CP_MODES)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CPSettings:
+    """How a training step splits its sequence over chips: what run_cp_training takes (torch
+    and JAX), checked once here instead of at every call it passes through. Shape rules that
+    need the model and seq_len (check_cp_shape, cp_layout.check_layout) stay with the step."""
+
+    mode: CPMode
+    """The GDN layers' CP mode (CP_MODES)."""
+    chips: int
+    """Chips of the CP group (D); the process group or mesh the step runs on has this many."""
+    attn_cp: AttnCPMode = "all_gather_kv"
+    """The full-attention layers' CP mode (ATTN_CP_MODES); a gdn_only model has no attention
+    layers and ignores it."""
+    layout: Layout = "contiguous"
+    """Which tokens each chip holds (cp_layout.LAYOUTS)."""
+    # `kernels` (reference | fused, ARCHITECTURE.md "Kernels") joins these fields with issue
+    # 15: which implementation a step runs travels with how it is split.
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
+        check_attn_cp(self.attn_cp)
+        check_layout(self.layout)
+        if isinstance(self.chips, bool) or not isinstance(self.chips, int) or self.chips < 1:
+            raise ValueError(f"chips={self.chips!r} is not a chip count; use an integer >= 1")
 
 
 def check_cp_shape(*, mode: str, chips: int, seq_len: int, num_k_heads: int, num_v_heads: int,

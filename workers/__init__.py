@@ -2,12 +2,14 @@
 
 Main entry point: `run_sweep(spec, sink, ...)` / `SweepDriver` (driver.py). One concern per
 module: placement (placement groups), torch_ranks (one actor per rank), jax_hosts (one actor per
-host), worker_group (starting them all-or-nothing), warm_pool (reuse between trials),
+host), chip_process (what those two actors share), worker_group (starting them all-or-nothing), warm_pool (reuse between trials),
 trial_runner (one trial to a result), failures (status from an error), metrics (reports to
 TrialMetrics), events, cluster (connecting to Ray), bench_scheduling (`gdn-sweep bench
-scheduling`). spec / result / sink are the contracts shared with the service.
+scheduling`). The contracts shared with the service: sweep_spec (what a sweep asks for), grid
+(the trials it expands to), memory_admission (will a trial fit its chip), result, result_sink
+(where results go).
 
-Names are imported lazily so `from workers.spec import SweepSpec` does not import Ray.
+Names are imported lazily so `from workers.sweep_spec import SweepSpec` does not import Ray.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import importlib
 
 _EXPORTS = {
     "run_sweep": "driver", "SweepDriver": "driver", "DriverOptions": "options",
-    "connect_ray": "cluster", "JsonLinesSink": "sink", "ResultSink": "sink",
-    "SweepSpec": "spec", "TrialSpec": "spec", "expand_trials": "spec",
+    "connect_ray": "cluster", "JsonLinesSink": "result_sink", "ResultSink": "result_sink",
+    "SweepSpec": "sweep_spec", "TrialSpec": "grid", "expand_trials": "grid",
     "TrialResult": "result", "TrialMetrics": "result",
     "TrialStarted": "events", "TrialRetrying": "events", "TrialFinished": "events",
     "SweepFinished": "events",

@@ -22,9 +22,10 @@ import time
 import ray
 
 from .cluster import connect_ray
+from .grid import expand_trials
 from .options import DriverOptions
 from .placement import ChipRequest, TrialChips
-from .spec import SweepSpec, expand_trials
+from .sweep_spec import SweepSpec
 from .worker_group import WorkerGroup, WorkerGroupContext
 
 def _timed(fn):

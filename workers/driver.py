@@ -24,11 +24,12 @@ import ray
 from .cluster import connect_ray, cpu_chip_warnings
 from .errors import ChipCapacityError
 from .events import SweepEvent, SweepFinished, TrialFinished
+from .grid import TrialSpec, expand_trials
 from .options import DriverOptions
 from .placement import ChipRequest, chip_resource
 from .result import TrialResult
-from .sink import ResultSink
-from .spec import SweepSpec, TrialSpec, expand_trials
+from .result_sink import ResultSink
+from .sweep_spec import SweepSpec
 from .trial_runner import TrialRunner, now
 from .warm_pool import WarmPool
 from .worker_group import WorkerGroup

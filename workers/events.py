@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from .grid import TrialSpec
 from .process_probe import WorkerInfo
 from .result import TrialResult
-from .spec import TrialSpec
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,38 +12,32 @@ group), its process id the slice's worker id. The CP mesh follows the hardware
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import os
 
 import ray
 
-from . import cpu_cores, process_probe
+from . import process_probe
+from .chip_process import ChipProcess
 from .compile_cache import jax_cache_env
-from .errors import RankOutOfMemoryError
-from .failures import looks_like_oom
+from .grid import TrialSpec
 from .options import DriverOptions
 from .placement import cuda_device_index, tpu_worker_id
-from .spec import TrialSpec
 
 MESH_AXIS = "cp"
 _PLATFORM = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
-class JaxHostActor:
+class JaxHostActor(ChipProcess):
     """One JAX process: its local chips, and (with others) a mesh over all the trial's chips."""
 
     def __init__(self, process_index: int, num_processes: int, bundles: tuple[int, ...],
                  accelerator_kind: str, local_chips: int, total_chips: int) -> None:
-        self.process_index, self.num_processes = process_index, num_processes
-        self.bundles, self.kind = tuple(bundles), accelerator_kind
+        # On CPU: pinned to the union of its chips' cores before JAX creates its CPU client.
+        super().__init__(index=process_index, bundles=bundles,
+                         accelerator_kind=accelerator_kind, cpu_chips=local_chips)
+        self.num_processes, self.label = num_processes, f"JAX process {process_index}"
         self.local_chips, self.total_chips = local_chips, total_chips
-        self.cpu = None
-        if accelerator_kind == "cpu":
-            # Pinned to the union of its chips' cores before JAX creates its CPU client, which
-            # sizes XLA's intra-op thread pool from the CPUs the process may run on.
-            self.cpu = cpu_cores.claim_and_pin(local_chips)
         import jax
 
         if accelerator_kind == "cpu":  # no-ops when the env vars already did it
@@ -55,15 +49,6 @@ class JaxHostActor:
         self.mesh = None
         import gdn_core.jax_gdn.cp.train  # noqa: F401 - load the training code with the worker
 
-    def info(self) -> process_probe.WorkerInfo:
-        return process_probe.describe_self(self.process_index, self.bundles)
-
-    def oom_counter(self) -> tuple[str | None, int | None]:
-        return process_probe.oom_kill_counter()
-
-    def versions(self) -> dict[str, str]:
-        return process_probe.software_versions()
-
     def rendezvous_address(self) -> str:
         return f"{ray.util.get_node_ip_address()}:{process_probe.free_port()}"
 
@@ -73,7 +58,7 @@ class JaxHostActor:
         from jax.experimental import mesh_utils
         from jax.sharding import Mesh
 
-        process_id = distributed_process_id(self.kind, self.process_index, self.num_processes)
+        process_id = distributed_process_id(self.kind, self.index, self.num_processes)
         local_device_ids = None
         if self.kind == "gpu":  # every GPU of the node is visible: drive the one Ray gave us
             local_device_ids = [cuda_device_index(ray.get_gpu_ids(),
@@ -88,7 +73,7 @@ class JaxHostActor:
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
         if len(jax.local_devices()) != self.local_chips or len(devices) != self.total_chips:
             raise RuntimeError(
-                f"JAX process {self.process_index} sees {len(jax.local_devices())} local / "
+                f"{self.label} sees {len(jax.local_devices())} local / "
                 f"{len(devices)} global devices, expected {self.local_chips} / "
                 f"{self.total_chips}; was JAX initialised before the actor set "
                 f"JAX_NUM_CPU_DEVICES?")
@@ -97,52 +82,33 @@ class JaxHostActor:
         self.mesh = Mesh(mesh_utils.create_device_mesh((len(devices),), devices), (MESH_AXIS,))
         return len(devices)
 
-    def identity(self) -> process_probe.ProcessIdentity:
-        """The devices this process drives, and its CPU affinity (checked by the runner)."""
+    def _device_name(self) -> str:
         import jax
 
-        name = (process_probe.cpu_model_name() if self.kind == "cpu" else
-                ", ".join(sorted({d.device_kind for d in jax.local_devices()})))
-        return process_probe.ProcessIdentity(
-            device_name=name, affinity=tuple(sorted(os.sched_getaffinity(0))),
-            cpu_chips=self.cpu.chips if self.cpu else (),
-            cpu_partition=self.cpu.describe() if self.cpu else None)
+        return ", ".join(sorted({d.device_kind for d in jax.local_devices()}))
 
-    def calibrate_gemm(self, seconds: float, dtype: str = "float32"):
-        """This process's jitted-matmul rate in `dtype` on one local device; XLA runs it on
-        the whole process's pool (its chips' cores), so a chip's share is this / local chips."""
+    def _measure_gemm(self, seconds: float, dtype: str):
+        """The jitted-matmul rate on one local device; XLA runs it on the whole process's
+        pool (its chips' cores), so a chip's share is this / local chips."""
         from gdn_core.hardware import measure_jax_gemm_flops_per_s
 
-        measured = measure_jax_gemm_flops_per_s(seconds=seconds, dtype=dtype)
-        where = self.cpu.describe() if self.cpu else "unpinned"
-        return dataclasses.replace(measured, source=f"{measured.source}:{where}")
+        return measure_jax_gemm_flops_per_s(seconds=seconds, dtype=dtype)
 
-    def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
+    def _train(self, trial: TrialSpec):
         from gdn_core.jax_gdn.cp.train import run_cp_training
 
-        model_cfg, train_cfg = trial.to_model_config(), trial.to_train_config()
-        try:
-            with process_probe.address_space_cap(
-                    process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
-                return run_cp_training(model_cfg, train_cfg, mesh=self.mesh, axis=MESH_AXIS,
-                                       mode=trial.cp_mode, steps=trial.steps,
-                                       warmup_steps=trial.warmup_steps, verify=trial.verify,
-                                       **trial.step_kwargs())
-        except Exception as exc:
-            if not looks_like_oom(exc):
-                raise
-            import jax
+        return run_cp_training(trial.to_model_config(), trial.to_train_config(), mesh=self.mesh,
+                               axis=MESH_AXIS, cp=trial.cp_settings(), steps=trial.steps,
+                               warmup_steps=trial.warmup_steps, verify=trial.verify)
 
-            from gdn_core.device_memory import jax_peak_memory
+    def _peak_memory(self) -> tuple[int | None, str]:
+        """Per chip, labelled: the device peak on GPU/TPU, on CPU the process's RSS mark
+        shared over its chips (the source names the division)."""
+        import jax
 
-            # Per chip, labelled: the device peak on GPU/TPU, on CPU the process's RSS mark
-            # shared over its chips (the source names the division).
-            peak, source = jax_peak_memory(jax.local_devices())
-            raise RankOutOfMemoryError(f"JAX process {self.process_index}: "
-                                       f"{type(exc).__name__}: {exc}", peak, source,
-                                       memory_limit_bytes) from None
-        finally:
-            gc.collect()
+        from gdn_core.device_memory import jax_peak_memory
+
+        return jax_peak_memory(jax.local_devices())
 
 
 def distributed_process_id(accelerator_kind: str, process_index: int,

@@ -20,8 +20,8 @@ from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import CPTrainReport
 
+from .grid import TrialSpec
 from .result import TrialMetrics
-from .spec import TrialSpec
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,9 +119,10 @@ def memory_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport]) -> dict:
     gdn_core's prediction, and the verified length (the same on every process)."""
     measured = _largest(reports, "peak_memory_bytes")
     estimated = _largest(reports, "estimated_memory_bytes")
+    cp = trial.cp_settings()
     predicted = predict_step_memory(trial.to_model_config().stand_in, trial.to_train_config(),
-                                    mode=trial.cp_mode, chips=trial.chips,
-                                    framework=trial.framework, **trial.step_kwargs())
+                                    mode=cp.mode, chips=cp.chips, framework=trial.framework,
+                                    attn_cp=cp.attn_cp, layout=cp.layout)
     return dict(
         peak_memory_bytes_per_chip=measured.peak_memory_bytes if measured else None,
         memory_source=measured.memory_source if measured else None,
@@ -147,11 +148,11 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     compile_times = [t for t in (getattr(r, "compile_time_s", None) for r in reports)
                      if t is not None]
     model_flops = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
-    hardware_flops = hardware_flops_per_step(model_cfg, mode=trial.cp_mode, chips=chips,
+    cp = trial.cp_settings()
+    hardware_flops = hardware_flops_per_step(model_cfg, mode=cp.mode, chips=chips,
                                              batch=batch, seq_len=seq_len,
-                                             framework=trial.framework,
-                                             remat=trial.remat,
-                                             **trial.step_kwargs()).total
+                                             framework=trial.framework, remat=trial.remat,
+                                             attn_cp=cp.attn_cp, layout=cp.layout).total
     losses = reports[0].losses  # the global loss: the same on every process
     measured = losses[trial.warmup_steps:] or losses
     errs = [r.max_rel_err for r in reports if r.max_rel_err is not None]

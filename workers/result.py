@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .spec import TrialSpec
+from .grid import TrialSpec
 
 TrialStatus = Literal["pending", "running", "succeeded", "failed", "oom", "timeout", "skipped",
                       "cancelled"]

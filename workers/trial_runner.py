@@ -18,10 +18,10 @@ from . import metrics, plan_runner
 from .errors import PlacementCancelledError
 from .events import SweepEvent, TrialRetrying, TrialStarted
 from .failures import classify, kernel_oom_kill_seen
+from .grid import TrialSpec
 from .options import DriverOptions
 from .placement import ChipRequest, TrialChips
 from .result import AttemptRecord, TrialMetrics, TrialResult
-from .spec import TrialSpec
 from .warm_pool import WarmPool
 from .worker_group import WorkerGroup, WorkerGroupContext
 

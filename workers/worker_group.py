@@ -16,10 +16,10 @@ from gdn_core.hardware import device_mismatch
 
 from . import jax_hosts, torch_ranks
 from .errors import DeviceMismatchError, WorkerStartupError
+from .grid import TrialSpec
 from .options import DriverOptions
 from .placement import TrialChips
 from .process_probe import ProcessIdentity, WorkerInfo, memory_cap_for
-from .spec import TrialSpec
 
 _FRAMEWORKS = {"torch": torch_ranks, "jax": jax_hosts}
 

@@ -9,7 +9,7 @@ the planning views by them.
 - `layout` ('contiguous' | 'zigzag'): which tokens each chip held; existing rows ran
   contiguous shards.
 - Trial keys are unchanged: a key names these dimensions only when they differ from the values
-  above (workers.spec.trial_key), so stored keys keep meaning what they meant and resume finds
+  above (workers.grid.trial_key), so stored keys keep meaning what they meant and resume finds
   them. Stored sweep specs need no rewrite: their missing `layers`, `attn_cps`, `layouts`
   default to gdn_only / all_gather_kv (unused without attention) / contiguous, which expand to
   exactly the trials they were created with.

@@ -27,8 +27,8 @@ from workers.cluster import connect_ray
 from workers.driver import run_sweep
 from workers.options import DriverOptions
 from workers.result import TrialResult
-from workers.sink import JsonLinesSink
-from workers.spec import SweepSpec
+from workers.result_sink import JsonLinesSink
+from workers.sweep_spec import SweepSpec
 
 
 def summarize(results: list[TrialResult], wall_s: float) -> dict[str, float]:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from gdn_core.presets import PRESETS
 from service.db.engine import make_engine, upgrade_database
 from service.db.models import FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, utcnow
-from workers.spec import trial_key
+from workers.grid import trial_key
 
 FRAMEWORKS, MODES = ("jax", "torch"), ("ulysses", "p2p", "all_gather", "log_scan")
 CHIPS = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -8,7 +8,8 @@ from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
-from workers.spec import FRAMEWORKS, TRIAL_KINDS, TRIAL_MODES
+from workers.grid import TRIAL_MODES
+from workers.sweep_spec import FRAMEWORKS, TRIAL_KINDS
 
 DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
 LOG_LEVELS = ("debug", "info", "warning", "error")

@@ -37,7 +37,8 @@ from service.db.schemas import (
     trials_from_mappings,
 )
 from workers.result import FINAL_STATUSES, TRIAL_STATUSES
-from workers.spec import AcceleratorSpec, ModelSpec, SweepSpec, TrialSpec, expand_trials
+from workers.grid import TrialSpec, expand_trials
+from workers.sweep_spec import AcceleratorSpec, ModelSpec, SweepSpec
 
 
 def create_sweep(*, session: Session, sweep_create: SweepSpec,

@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from workers.result import TrialMetrics
-from workers.spec import TrialSpec
+from workers.grid import TrialSpec
 
 
 def utcnow() -> dt.datetime:
@@ -318,12 +318,12 @@ FACT_COLUMNS: tuple[str, ...] = (
 """Trial columns copied into its result row."""
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats"})
-"""workers.spec.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
+"""workers.grid.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
 
 
 def trial_row(*, sweep_id: int, spec: TrialSpec, status: str,
               created_at: dt.datetime) -> Trial:
-    """A trial row for a workers.spec.TrialSpec (its key, grid coordinates and settings)."""
+    """A trial row for a workers.grid.TrialSpec (its key, grid coordinates and settings)."""
     return Trial(sweep_id=sweep_id, key=spec.key, status=status, created_at=created_at,
                  **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
 

@@ -28,8 +28,8 @@ from service.db.bounds import DB_INT_MAX, DbInt
 from service.db.crud import public_trials
 from service.db.models import Result
 from service.db.schemas import TrialPublic
-from workers.spec import (AcceleratorKind, DType, Framework, TrialKind, TrialMode,
-                          check_plain_text)
+from workers.grid import TrialMode
+from workers.sweep_spec import AcceleratorKind, DType, Framework, TrialKind, check_plain_text
 
 SORT_FIELDS = {
     "tokens_per_s_per_chip": Result.tokens_per_s_per_chip, "mfu": Result.mfu,

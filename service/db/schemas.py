@@ -12,7 +12,7 @@ from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
 from service.core.cron import check_cron, check_timezone
 from workers.result import TrialMetrics
-from workers.spec import Name, PlainText, SweepSpec
+from workers.sweep_spec import Name, PlainText, SweepSpec
 
 
 def _as_utc(value: dt.datetime) -> dt.datetime:

@@ -42,10 +42,8 @@ from service.planner.schemas import (
     Figure,
     PlanCheck,
 )
-from workers.spec import (
-    AcceleratorSpec,
-    chip_memory_bytes,
-)
+from workers.memory_admission import chip_memory_bytes
+from workers.sweep_spec import AcceleratorSpec
 
 EXTRAPOLATION_LIMIT = 16
 """A fit is used at most this many times past the largest local shard (memory), per-chip

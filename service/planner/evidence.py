@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from gdn_core.hardware import canonical_accelerator_type
 from service.db.models import Result
+from workers.grid import trial_cp_settings
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,7 +53,9 @@ class Observation:
 
     @property
     def cp_mode(self) -> str:
-        return "p2p" if self.mode == "none" else self.mode
+        """The GDN mode gdn_core ran (a baseline's "none" named as grid.trial_cp_settings does)."""
+        return trial_cp_settings(mode=self.mode, attn_cp=None, layout="contiguous",
+                                 chips=self.chips).mode
 
     def settings(self) -> tuple:
         """What a fit may not mix: the model, batch, dtype and step settings, the framework."""

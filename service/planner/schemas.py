@@ -13,7 +13,7 @@ from gdn_core.cp_modes import CP_MODES, CPMode
 from gdn_core.presets import PRESETS, get_preset
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, ComputeDType, ParamSharding, Remat
 from service.db.bounds import DbInt
-from workers.spec import MAX_CHIPS, MAX_SEQ_LEN, Framework, known_preset
+from workers.sweep_spec import MAX_CHIPS, MAX_SEQ_LEN, Framework, known_preset
 
 GDN_FIELDS = ("hidden_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
 SHAPE_FIELDS = (*GDN_FIELDS, "num_layers", "intermediate_size", "vocab_size")

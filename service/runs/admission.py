@@ -4,7 +4,8 @@ cannot build."""
 
 from __future__ import annotations
 
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 
 def grid_cap_error(spec: SweepSpec, grid_cap: int) -> dict | None:

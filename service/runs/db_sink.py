@@ -49,8 +49,8 @@ from service.db.models import (
     utcnow,
 )
 from service.runs.spool import Journal, Spool
+from workers.grid import TrialSpec
 from workers.result import FINAL_STATUSES, TrialResult
-from workers.spec import TrialSpec
 
 log = logging.getLogger(__name__)
 RAN_TO_AN_OUTCOME = FINAL_STATUSES - {"cancelled"}

@@ -31,8 +31,9 @@ from service.db import crud
 from service.db.models import Result, Sweep, Trial
 from service.runs.db_sink import record_result
 from service.runs.preflight import EXIT_BAD_INPUT, EXIT_OK, database_error
-from workers.sink import JsonLinesError, JsonLinesFile, read_jsonl
-from workers.spec import SweepSpec, TrialSpec, expand_trials
+from workers.result_sink import JsonLinesError, JsonLinesFile, read_jsonl
+from workers.grid import TrialSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 IDEMPOTENCY_PREFIX = "jsonl:"
 

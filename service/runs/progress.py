@@ -14,8 +14,8 @@ from sqlalchemy import select
 from service.db.models import Result, Trial
 from workers.events import TrialFinished
 from workers.result import TrialResult
-from workers.sink import read_jsonl
-from workers.spec import TrialSpec
+from workers.result_sink import read_jsonl
+from workers.grid import TrialSpec
 
 
 class ProgressBar:

@@ -50,8 +50,9 @@ from service.runs.progress import ProgressBar, db_rows, file_rows, print_summary
 from service.runs.ray_setup import RayConnection
 from service.runs.sweep_file import ResultsFileError, SweepFileError, jsonl_target, load_spec
 from workers.result import FINAL_STATUSES
-from workers.sink import JsonLinesError, JsonLinesSink, read_jsonl
-from workers.spec import SweepSpec, TrialSpec, expand_trials
+from workers.result_sink import JsonLinesError, JsonLinesSink, read_jsonl
+from workers.grid import TrialSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 SUCCESSFUL = frozenset({"succeeded", "skipped"})
 

@@ -38,7 +38,7 @@ from service.db import crud
 from service.db.errors import clean_error, is_transient
 from service.db.models import Schedule, ScheduleRun, Sweep, utcnow
 from service.runs.admission import grid_cap_error
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 log = logging.getLogger(__name__)
 

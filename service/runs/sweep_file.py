@@ -10,8 +10,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from service.runs.admission import grid_cap_error, validation_text
-from workers.sink import JsonLinesError, read_jsonl
-from workers.spec import SweepSpec, expand_trials
+from workers.result_sink import JsonLinesError, read_jsonl
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 
 class SweepFileError(ValueError):

@@ -29,7 +29,7 @@ from service.db import crud
 from service.db.errors import clean_error, is_transient, retry_transient, without_sql
 from service.db.models import Sweep, Trial, utcnow
 from service.runs.db_sink import DatabaseSink
-from workers.spec import TrialSpec
+from workers.grid import TrialSpec
 
 log = logging.getLogger(__name__)
 RUNNER_MAX = 128

@@ -28,8 +28,8 @@ from service.db.engine import make_engine, make_session_factory
 from service.db.models import Sweep, Trial
 from tests.service.conftest import scratch_postgres_database
 from workers.process_probe import free_port
-from workers.sink import JsonLinesSink
-from workers.spec import SweepSpec
+from workers.result_sink import JsonLinesSink
+from workers.sweep_spec import SweepSpec
 
 from .conftest import REPO_ROOT
 
@@ -297,7 +297,7 @@ def test_the_cron_example_runs_the_script_with_options_it_takes_on_files_that_ex
 def test_jsonl_on_the_cluster_a_file_per_run_resumed_when_asked_then_imported(
         ray_head_with_token, tmp_path):
     from service.runs.jsonl_import import import_command
-    from workers.sink import read_jsonl
+    from workers.result_sink import read_jsonl
 
     head = ray_head_with_token
     sweep = tmp_path / "two.yaml"

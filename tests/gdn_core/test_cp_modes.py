@@ -1,12 +1,14 @@
-"""The CP mode set's shape rules (gdn_core.cp_modes): check_cp_shape and the ulysses head plan."""
+"""The CP mode set's shape rules (gdn_core.cp_modes): check_cp_shape, the ulysses head plan,
+and CPSettings, the one config a CP training step takes."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
-from gdn_core.cp_modes import UlyssesHeads, check_cp_shape
+from gdn_core.cp_modes import CPSettings, UlyssesHeads, check_cp_shape
 
 # (Hk, Hv) × D with Hv % D == 0: D divides Hk, Hk divides D (copies), and neither.
 HEAD_GRID = [(Hk, Hv, D) for Hk, r, D in itertools.product((1, 2, 3, 4, 16), (1, 2, 3, 4),
@@ -51,3 +53,28 @@ def test_check_cp_shape_ulysses_needs_only_value_heads_divisible():
         UlyssesHeads(num_k_heads=3, num_v_heads=6, chips=4)
     with pytest.raises(ValueError, match=r"num_v_heads=6 must be a multiple of num_k_heads=4"):
         UlyssesHeads(num_k_heads=4, num_v_heads=6, chips=2)
+
+
+def test_cp_settings_defaults_and_frozen():
+    cp = CPSettings(mode="p2p", chips=4)
+    assert (cp.attn_cp, cp.layout) == ("all_gather_kv", "contiguous")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cp.mode = "ulysses"
+    with pytest.raises(TypeError):
+        CPSettings("p2p", 4)  # keyword-only: no positional mix-ups of mode and attn_cp
+
+
+@pytest.mark.parametrize("field,value,accepted", [
+    ("mode", "ring", "ulysses, p2p, all_gather, log_scan"),
+    ("mode", "none", "ulysses, p2p, all_gather, log_scan"),  # a trial's name, not gdn_core's
+    ("attn_cp", "p2p", "all_gather_kv, ring, ulysses"),
+    ("attn_cp", None, "all_gather_kv, ring, ulysses"),
+    ("layout", "spiral", "contiguous, zigzag"),
+    ("chips", 0, "integer >= 1"),
+    ("chips", True, "integer >= 1"),
+    ("chips", "2", "integer >= 1"),
+], ids=lambda x: repr(x))
+def test_cp_settings_refuse_bad_values_naming_them(field, value, accepted):
+    with pytest.raises(ValueError) as caught:
+        CPSettings(**{"mode": "p2p", "chips": 2, field: value})
+    assert f"{field}={value!r}" in str(caught.value) and accepted in str(caught.value)

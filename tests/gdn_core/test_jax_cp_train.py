@@ -25,11 +25,12 @@ import pytest
 from jax.sharding import Mesh
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
+from gdn_core.cp_modes import CPSettings
 from gdn_core.jax_gdn.cp import make_cp_train_step, run_cp_training
 from gdn_core.jax_gdn.cp.attention import check_attention_shape
 from gdn_core.jax_gdn.cp.layer import check_layer_shape
 from gdn_core.jax_gdn.cp.rule import check_cp_rule_shape
-from gdn_core.jax_gdn.cp.step import cp_settings, cp_training_inputs, synthetic_batch
+from gdn_core.jax_gdn.cp.step import cp_training_inputs, mesh_cp, synthetic_batch
 from gdn_core.jax_gdn.cp.train import compile_cp_train_step
 from gdn_core.jax_gdn.cp.verify import verify_against_single_chip
 from gdn_core.jax_gdn.params import init_model_params
@@ -121,8 +122,8 @@ def test_one_step_matches_single_chip(mode, layout):
 @pytest.mark.parametrize("mode,layout", CASES)
 def test_run_cp_training_report(mode, layout):
     D = LAYOUTS[layout]
-    report = run_cp_training(MODEL, TRAIN, mesh=mesh_of(layout), axis="cp", mode=mode,
-                             steps=2, warmup_steps=1)
+    report = run_cp_training(MODEL, TRAIN, mesh=mesh_of(layout), axis="cp",
+                             cp=CPSettings(mode=mode, chips=D), steps=2, warmup_steps=1)
     assert (report.mode, report.chips) == (mode, D)
     assert (report.attn_cp, report.layout) == (None, "contiguous")  # gdn_only: no attention
     assert len(report.losses) == 3 and np.isfinite(report.losses).all()
@@ -157,8 +158,9 @@ def test_cp_bytes_independent_of_seq_len(mode):
 
 @pytest.mark.timeout(240)
 def test_verify_against_single_chip():
-    report = run_cp_training(MODEL, TRAIN, mesh=mesh_of("D4"), axis="cp", mode="log_scan",
-                             steps=1, warmup_steps=0, verify=True)
+    report = run_cp_training(MODEL, TRAIN, mesh=mesh_of("D4"), axis="cp",
+                             cp=CPSettings(mode="log_scan", chips=4), steps=1, warmup_steps=0,
+                             verify=True)
     assert report.max_rel_err is not None and report.max_rel_err < TOL
     assert report.verified_seq_len == TRAIN.seq_len  # this host holds the whole sequence
 
@@ -172,29 +174,33 @@ def test_verify_on_the_prefix_one_chip_holds():
     resident = predict_step_memory(MODEL, TRAIN, mode="p2p", chips=D,
                                    framework="jax").resident_state
     reference = verify_reference_memory(MODEL, TRAIN, seq_len=64, framework="jax").total
-    tight = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=1,
+    p2p = CPSettings(mode="p2p", chips=D)
+    tight = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", cp=p2p, steps=1,
                             warmup_steps=0, verify=True,
                             verify_memory_budget_bytes=resident + reference)
     assert tight.verified_seq_len == 64
     assert tight.max_rel_err is not None and tight.max_rel_err < TOL
-    ample = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=1,
+    ample = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", cp=p2p, steps=1,
                             warmup_steps=0, verify=True, verify_memory_budget_bytes=2**40)
     assert ample.verified_seq_len == TRAIN.seq_len and ample.max_rel_err < TOL
-    nothing = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=1,
+    nothing = run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", cp=p2p, steps=1,
                               warmup_steps=0, verify=True, verify_memory_budget_bytes=0)
     assert nothing.verified_seq_len is None and nothing.max_rel_err is None
 
 
 @pytest.mark.timeout(60)
 def test_validation_errors_name_numbers():
-    mesh = mesh_of("D4")
+    mesh, p2p = mesh_of("D4"), CPSettings(mode="p2p", chips=4)
     train_cfg = TrainConfig(batch_size=1, seq_len=118)
     with pytest.raises(ValueError, match="seq_len=118 is not divisible by chips=4"):
-        run_cp_training(MODEL, train_cfg, mesh=mesh, axis="cp", mode="p2p", steps=1)
+        run_cp_training(MODEL, train_cfg, mesh=mesh, axis="cp", cp=p2p, steps=1)
     with pytest.raises(ValueError, match="mode='ring' is not one of"):
         make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode="ring")
     with pytest.raises(ValueError, match=r"steps=0 must be >= 1"):
-        run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", steps=0)
+        run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", cp=p2p, steps=0)
+    with pytest.raises(ValueError, match=r"cp.chips=2 but mesh axis 'cp' spans 4 chips"):
+        run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", cp=CPSettings(mode="p2p", chips=2),
+                        steps=1)
 
 
 def count_calls(monkeypatch, fn) -> list:
@@ -224,18 +230,18 @@ HYBRID = ModelConfig(
 
 @pytest.mark.timeout(600)
 def test_a_trial_validates_its_settings_once(monkeypatch):
-    # run_cp_training checks mode, attn_cp, layout and the shape once (step.cp_settings), not
+    # run_cp_training checks mode, attn_cp, layout and the shape once (step.mesh_cp), not
     # again for verify, the compile, the comm reference, or in each layer at every trace
     # (issue 22: it was 6 whole checks, plus 9 layer, 9 attention and 3 rule checks).
     counts = {fn.__name__: count_calls(monkeypatch, fn) for fn in (
-        cp_settings, check_layer_shape, check_attention_shape, check_cp_rule_shape)}
+        mesh_cp, check_layer_shape, check_attention_shape, check_cp_rule_shape)}
     train_cfg = TrainConfig(batch_size=1, seq_len=64, seed=3)
-    report = run_cp_training(HYBRID, train_cfg, mesh=mesh_of("D2"), axis="cp", mode="log_scan",
-                             attn_cp="ulysses", layout="zigzag", steps=1, warmup_steps=0,
-                             verify=True)
+    report = run_cp_training(HYBRID, train_cfg, mesh=mesh_of("D2"), axis="cp", cp=CPSettings(
+                                 mode="log_scan", chips=2, attn_cp="ulysses", layout="zigzag"),
+                             steps=1, warmup_steps=0, verify=True)
     assert report.max_rel_err < TOL
     assert {name: len(calls) for name, calls in counts.items()} == {
-        "cp_settings": 1,  # the one validation, which runs the two below once each
+        "mesh_cp": 1,  # the one validation, which runs the two below once each
         "check_layer_shape": 1, "check_attention_shape": 1, "check_cp_rule_shape": 0}
 
 
@@ -307,13 +313,14 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=int(
 import numpy as np
 from jax.sharding import Mesh
 from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.cp_modes import CPSettings
 from gdn_core.jax_gdn.cp import run_cp_training
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, TrainConfig
 model = json.loads(model)
 model_cfg = ModelConfig(**{**model, "gdn": GDNConfig(**model["gdn"])})
 report = run_cp_training(model_cfg, TrainConfig(**json.loads(train)),
-                         mesh=Mesh(np.array(jax.devices()), ("cp",)), axis="cp", mode=mode,
-                         steps=2, verify=True)
+                         mesh=Mesh(np.array(jax.devices()), ("cp",)), axis="cp",
+                         cp=CPSettings(mode=mode, chips=4), steps=2, verify=True)
 print(json.dumps(dataclasses.asdict(report)), flush=True)
 jax.distributed.shutdown()
 """
@@ -337,7 +344,7 @@ def test_run_cp_training_across_two_processes():
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert reports[0]["losses"] == reports[1]["losses"]
     single = run_cp_training(MODEL, TRAIN, mesh=Mesh(np.array(jax.devices()[:4]), ("cp",)),
-                             axis="cp", mode="p2p", steps=2)
+                             axis="cp", cp=CPSettings(mode="p2p", chips=4), steps=2)
     for report in reports:
         assert report["chips"] == 4 and report["max_rel_err"] < TOL
         # Both processes agree on what to verify (the smallest budget of the two).

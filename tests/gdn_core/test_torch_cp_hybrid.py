@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from gdn_core.config import FULL_ATTENTION, LINEAR_ATTENTION, AttentionConfig, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, local_positions
-from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES
+from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES, CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.presets import get_preset
 from gdn_core.testing import assert_close
@@ -128,8 +128,9 @@ def hybrid_job(rank: int, D: int) -> dict:
     for run in RUNS:
         mode, attn_cp, layout, sharding, remat, dtype = run
         cfg = train_cfg(D, param_sharding=sharding, remat=remat, dtype=dtype)
-        report = run_cp_training(model_cfg(D), cfg, group=None, mode=mode, attn_cp=attn_cp,
-                                 layout=layout, steps=2, warmup_steps=0, verify=True)
+        cp = CPSettings(mode=mode, chips=D, attn_cp=attn_cp, layout=layout)
+        report = run_cp_training(model_cfg(D), cfg, group=None, cp=cp, steps=2, warmup_steps=0,
+                                 verify=True)
         out[run_key(run)] = report_dict(report)
     return out
 

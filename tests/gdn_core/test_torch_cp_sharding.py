@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gdn_core.cp_modes import CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import build_training, context_parallel, run_cp_training, train_step
@@ -115,8 +116,9 @@ def one_step(rank: int, D: int, sharding: str, remat: str) -> dict:
 
 def verified_run(D: int, mode: str, sharding: str, remat: str) -> dict:
     cfg = dataclasses.replace(train_cfg(D), param_sharding=sharding, remat=remat)
-    return dataclasses.asdict(run_cp_training(model_cfg(D), cfg, group=None, mode=mode,
-                                              steps=1, warmup_steps=0, verify=True))
+    return dataclasses.asdict(run_cp_training(model_cfg(D), cfg, group=None,
+                                              cp=CPSettings(mode=mode, chips=D), steps=1,
+                                              warmup_steps=0, verify=True))
 
 
 def sharding_job(rank: int, D: int, pairs, runs) -> dict:
@@ -282,8 +284,9 @@ def bf16_job(rank: int, D: int) -> dict:
     for sharding in ("replicated", "fsdp"):
         cfg = dataclasses.replace(train_cfg(D), param_sharding=sharding, remat="full",
                                   dtype="bfloat16")
-        report = run_cp_training(model_cfg(D), cfg, group=None, mode=MODE, steps=2,
-                                 warmup_steps=1, verify=True)
+        report = run_cp_training(model_cfg(D), cfg, group=None,
+                                 cp=CPSettings(mode=MODE, chips=D), steps=2, warmup_steps=1,
+                                 verify=True)
         out[sharding] = dataclasses.asdict(report)
     return out
 

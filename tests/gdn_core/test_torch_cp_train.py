@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gdn_core.cp_modes import CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.memory.verify import verify_reference_memory
@@ -96,15 +97,19 @@ def train_job(rank: int, D: int, runs: list[tuple[str, int, str]]) -> dict:
     out = {f"step-{m}": one_cp_step(rank, D, m) for m in MODES}
     for mode, t, dtype in runs:
         cfg = dataclasses.replace(train_cfg(D, t), dtype=dtype)
-        report = run_cp_training(model_cfg(D), cfg, group=None, mode=mode, steps=STEPS,
+        report = run_cp_training(model_cfg(D), cfg, group=None,
+                                 cp=CPSettings(mode=mode, chips=D), steps=STEPS,
                                  warmup_steps=WARMUP, verify=t == T_LOCAL)
         out[f"run-{mode}-t{t}-{dtype}"] = report_dict(report)
-    try:
-        run_cp_training(model_cfg(D), TrainConfig(batch_size=B, seq_len=D * T_LOCAL + 1),
-                        group=None, mode="p2p", steps=1)
-        out["indivisible"] = "no error"
-    except ValueError as e:
-        out["indivisible"] = str(e)
+    for name, cfg, chips in (
+            ("indivisible", TrainConfig(batch_size=B, seq_len=D * T_LOCAL + 1), D),
+            ("wrong_chips", train_cfg(D), D + 1)):
+        try:
+            run_cp_training(model_cfg(D), cfg, group=None,
+                            cp=CPSettings(mode="p2p", chips=chips), steps=1)
+            out[name] = "no error"
+        except ValueError as e:
+            out[name] = str(e)
     return out
 
 
@@ -229,14 +234,17 @@ def test_run_cp_training_bf16(mode):
 def test_run_cp_training_shape_error(D):
     msg = train_results(D)[0]["indivisible"]
     assert f"seq_len={D * T_LOCAL + 1} is not divisible by chips={D}" in msg, msg
+    msg = train_results(D)[0]["wrong_chips"]
+    assert f"cp.chips={D + 1} but the process group has {D} ranks" in msg, msg
 
 
 def verify_prefix_job(rank: int, D: int, mode: str, budgets: dict) -> dict:
     """verified_seq_len and max_rel_err of a verified run under each named budget."""
     out = {}
     for name, budget in budgets.items():
-        report = run_cp_training(model_cfg(D), train_cfg(D, 2 * T_LOCAL), group=None, mode=mode,
-                                 steps=1, warmup_steps=0, verify=True,
+        report = run_cp_training(model_cfg(D), train_cfg(D, 2 * T_LOCAL), group=None,
+                                 cp=CPSettings(mode=mode, chips=D), steps=1, warmup_steps=0,
+                                 verify=True,
                                  verify_memory_budget_bytes=budget)
         out[name] = (report.verified_seq_len, report.max_rel_err)
     return out

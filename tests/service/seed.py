@@ -6,8 +6,9 @@ import datetime as dt
 
 from service.db import crud
 from service.runs.db_sink import record_result
+from workers.grid import expand_trials
 from workers.result import AttemptRecord, TrialMetrics, TrialResult
-from workers.spec import SweepSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 

@@ -246,7 +246,7 @@ def in_process_run(*args: str) -> int:
 def test_new_always_makes_a_sweep_and_without_it_the_same_file_resumes_the_unfinished_one(
         tmp_path, migrated_db, capsys):
     from service.db import crud
-    from workers.spec import SweepSpec
+    from workers.sweep_spec import SweepSpec
 
     sweep = write_sweep(tmp_path, SKIPPED_ONLY)
     url = f"sqlite:///{tmp_path / 'cli.db'}"
@@ -270,7 +270,7 @@ def test_new_always_makes_a_sweep_and_without_it_the_same_file_resumes_the_unfin
 def test_resume_finishes_a_recorded_sweep_by_id_and_refuses_a_non_id(tmp_path, migrated_db,
                                                                       capsys):
     from service.db import crud
-    from workers.spec import SweepSpec
+    from workers.sweep_spec import SweepSpec
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     with migrated_db() as s:
@@ -295,7 +295,7 @@ def test_a_run_drives_the_sweeps_stored_trial_rows_not_a_new_expansion(tmp_path,
 
     from service.db import crud
     from service.db.models import Result
-    from workers.spec import SweepSpec
+    from workers.sweep_spec import SweepSpec
 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     reason = "marked skipped in its row after the sweep was created"
@@ -330,8 +330,8 @@ def made_up_results(spec) -> list:
     """A result per runnable trial, with a retried attempt: what a cluster run hands a sink."""
     import datetime as dt
 
+    from workers.grid import expand_trials
     from workers.result import AttemptRecord, TrialMetrics, TrialResult
-    from workers.spec import expand_trials
 
     at = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.UTC)
     results = []
@@ -352,7 +352,7 @@ def made_up_results(spec) -> list:
 
 
 def write_results_file(path: Path, spec, results) -> Path:
-    from workers.sink import JsonLinesSink
+    from workers.result_sink import JsonLinesSink
 
     sink = JsonLinesSink.create(path, spec)
     for result in results:
@@ -391,7 +391,7 @@ def test_import_writes_the_rows_a_db_run_writes(tmp_path, session_factory):
     from service.runs import sweep_run
     from service.runs.db_sink import DatabaseSink
     from service.runs.jsonl_import import import_files
-    from workers.spec import SweepSpec
+    from workers.sweep_spec import SweepSpec
 
     spec = SweepSpec(**IMPORT_SWEEP)
     results = made_up_results(spec)
@@ -434,8 +434,8 @@ def test_import_is_idempotent_and_a_grown_file_adds_only_what_it_gained(tmp_path
                                                                         session_factory):
     from service.db.models import Result
     from service.runs.jsonl_import import import_files
-    from workers.sink import JsonLinesSink
-    from workers.spec import SweepSpec
+    from workers.result_sink import JsonLinesSink
+    from workers.sweep_spec import SweepSpec
 
     spec = SweepSpec(**IMPORT_SWEEP)
     first, second = made_up_results(spec)
@@ -471,7 +471,7 @@ def test_import_is_idempotent_and_a_grown_file_adds_only_what_it_gained(tmp_path
 def test_import_of_a_bad_file_names_file_and_line_and_writes_nothing(tmp_path, db_url,
                                                                     session_factory, capsys):
     from service.runs.jsonl_import import import_command
-    from workers.spec import SweepSpec
+    from workers.sweep_spec import SweepSpec
 
     spec = SweepSpec(**IMPORT_SWEEP)
     good = write_results_file(tmp_path / "good.jsonl", spec, made_up_results(spec))
@@ -488,7 +488,7 @@ def test_import_of_a_bad_file_names_file_and_line_and_writes_nothing(tmp_path, d
 
 @pytest.mark.timeout(60)
 def test_gdn_sweep_import_as_a_process(tmp_path):
-    from workers.spec import SweepSpec
+    from workers.sweep_spec import SweepSpec
 
     spec = SweepSpec(**IMPORT_SWEEP)
     path = write_results_file(tmp_path / "run.jsonl", spec, made_up_results(spec))

@@ -12,8 +12,9 @@ from service.db import crud
 from service.db.models import Result, Sweep, Trial, TrialAttempt, result_for, utcnow
 from service.runs import sweep_run
 from service.runs.db_sink import DatabaseSink, record_result
+from workers.grid import expand_trials
 from workers.result import AttemptRecord, TrialMetrics, TrialResult
-from workers.spec import SweepSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 from .seed import seed_sweep

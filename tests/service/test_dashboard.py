@@ -19,7 +19,7 @@ from sqlalchemy import delete, select, update
 from service.core.config import Settings
 from service.db import crud
 from service.db.models import Result, Sweep, Trial, TrialAttempt
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP, api_settings, serving
 from .seed import seed_sweep

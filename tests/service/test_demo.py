@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from service import demo
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 
 @pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ from sqlalchemy import func, select, text
 from service.db import crud
 from service.db.engine import is_sqlite
 from service.db.models import IdempotencyKey, Sweep, utcnow
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP, api_settings, serving
 

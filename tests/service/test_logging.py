@@ -13,8 +13,9 @@ import pytest
 
 from service.core.logging import configure_logging, sweep_event_logger
 from workers.events import TrialFinished, TrialStarted
+from workers.grid import expand_trials
 from workers.result import TrialResult
-from workers.spec import SweepSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 

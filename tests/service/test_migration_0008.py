@@ -14,7 +14,8 @@ from service.db import crud
 from service.db.engine import alembic_config, current_revision, head_revision, make_engine, \
     make_session_factory
 from service.db.models import Sweep, Trial
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .test_migrations import OLD_SPEC, empty_url  # noqa: F401 - the fixture, both databases
 

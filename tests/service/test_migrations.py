@@ -23,7 +23,8 @@ from service.db.engine import (
     make_session_factory,
 )
 from service.db.models import Base, Trial
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import scratch_postgres_database
 

@@ -13,7 +13,8 @@ from sqlalchemy import BigInteger, Float, Integer, String, Text
 from service.db.models import METRIC_COLUMNS, Result, Trial, trial_row, trial_spec, utcnow
 from service.db.schemas import TrialPublic
 from workers.result import TrialMetrics
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 

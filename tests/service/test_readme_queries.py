@@ -22,7 +22,7 @@ from service.db.engine import make_engine, make_session_factory, upgrade_databas
 from service.db.models import Result
 from service.runs.db_sink import DatabaseSink, record_result
 from workers.driver import run_trials
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP, scratch_postgres_database
 

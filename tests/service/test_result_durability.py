@@ -35,8 +35,9 @@ from service.runs.db_sink import DatabaseSink, record_result, replay_spool
 from service.runs.spool import Spool, unstored_results
 from service.runs.sweep_queue import Scheduler
 from workers.events import TrialStarted
+from workers.grid import expand_trials
 from workers.result import TrialMetrics, TrialResult
-from workers.spec import SweepSpec, expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 from .private_postgres import PrivatePostgres, free_port

@@ -20,7 +20,8 @@ from sqlalchemy import select, update
 from service.db import crud
 from service.db.models import Sweep, Trial, utcnow
 from service.runs import sweep_run
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 

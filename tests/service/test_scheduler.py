@@ -28,7 +28,7 @@ from service.runs.db_sink import DatabaseSink
 from service.runs.sweep_queue import Scheduler
 from workers.driver import run_trials
 from workers.events import TrialFinished, TrialStarted
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP, api_settings
 

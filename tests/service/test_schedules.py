@@ -22,7 +22,7 @@ from service.db.errors import is_transient
 from service.db.models import Schedule, ScheduleRun, Sweep, Trial
 from service.db.schemas import ScheduleCreate, ScheduleUpdate
 from service.runs.schedule_firing import ScheduleLoop, fire_due, sweep_name
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
 

@@ -15,7 +15,8 @@ import time
 import pytest
 import ray
 
-from workers.spec import SweepSpec, TrialSpec
+from workers.grid import TrialSpec
+from workers.sweep_spec import SweepSpec
 
 OUR_ACTOR_CLASSES = ("TorchRankActor", "JaxHostActor")
 
@@ -39,7 +40,7 @@ def tiny_spec(**overrides) -> SweepSpec:
 
 
 class MemorySink:
-    """A ResultSink in memory (the protocol of workers.sink), optionally pre-finished keys."""
+    """A ResultSink in memory (the protocol of workers.result_sink), optionally pre-finished keys."""
 
     def __init__(self, finished: set[str] | None = None) -> None:
         self.finished = set(finished or ())

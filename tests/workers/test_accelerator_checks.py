@@ -11,7 +11,7 @@ from workers.failures import classify
 from workers.options import DriverOptions
 from workers.placement import ChipRequest, TrialChips
 from workers.process_probe import ProcessIdentity, memory_cap_for
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 from workers.worker_group import WorkerGroup, WorkerGroupContext
 
 

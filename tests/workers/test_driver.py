@@ -9,8 +9,8 @@ import pytest
 
 from workers.driver import run_sweep, run_trials
 from workers.events import SweepFinished, TrialFinished, TrialStarted
-from workers.sink import JsonLinesSink
-from workers.spec import expand_trials
+from workers.result_sink import JsonLinesSink
+from workers.grid import expand_trials
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 

@@ -15,7 +15,7 @@ from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import CPTrainReport
 from workers import metrics
-from workers.spec import expand_trials
+from workers.grid import expand_trials
 
 from .conftest import tiny_spec
 

@@ -7,7 +7,8 @@ import pytest
 
 from workers.driver import run_sweep
 from workers.events import TrialStarted
-from workers.spec import SweepSpec, expand_trials
+from workers.grid import expand_trials
+from workers.sweep_spec import SweepSpec
 
 from .conftest import MemorySink, assert_no_leaks, tiny_spec
 

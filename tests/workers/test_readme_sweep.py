@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from workers.spec import SweepSpec
+from workers.sweep_spec import SweepSpec
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -10,19 +10,14 @@ from pydantic import ValidationError
 
 from gdn_core import hardware
 from gdn_core.memory.step import predict_step_memory
+from gdn_core.cp_modes import CPSettings
 from gdn_core.presets import get_preset
 from gdn_core.train_config import TrainConfig
 from service.demo import demo_sweep
 from tests.service.conftest import TINY_SWEEP
-from workers.spec import (
-    MAX_CHIPS,
-    MAX_SEQ_LEN,
-    AcceleratorSpec,
-    SweepSpec,
-    chip_memory_bytes,
-    expand_trials,
-    host_memory_bytes,
-)
+from workers.grid import expand_trials
+from workers.memory_admission import chip_memory_bytes, host_memory_bytes
+from workers.sweep_spec import MAX_CHIPS, MAX_SEQ_LEN, AcceleratorSpec, SweepSpec
 
 H100_27B = dict(name="27b", frameworks=["jax"], modes=["all_gather"], chips=[8],
                 model={"preset": "qwen3.5-27b"}, dtypes=["bfloat16"],
@@ -147,7 +142,8 @@ def test_gdn_only_keys_stay_as_stored_and_hybrid_keys_name_attn_cp_and_layout():
     gdn_zigzag = next(t for t in trials if t.layers == "gdn_only" and t.layout == "zigzag")
     assert gdn_zigzag.attn_cp is None and gdn_zigzag.key.endswith("/remat=none/layout=zigzag")
     assert hybrid_zigzag.to_model_config().layers == "hybrid"
-    assert hybrid_zigzag.step_kwargs() == {"attn_cp": "ring", "layout": "zigzag"}
+    assert hybrid_zigzag.cp_settings() == CPSettings(mode="p2p", chips=2, attn_cp="ring",
+                                                     layout="zigzag")
 
 
 @pytest.mark.parametrize("changes, needle", [

@@ -333,7 +333,7 @@ def ring_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
 ATTENTION_CP = {"all_gather_kv": all_gather_kv_attention, "ring": ring_attention,
                 "ulysses": ulysses_attention}
 """attn_cp → this chip's attention under that mode, unchecked (attention_cp validates; a CP
-step validates its settings once, cp/step.py's cp_settings, and binds these directly)."""
+step validates its settings once, cp/step.py's mesh_cp, and binds these directly)."""
 
 
 def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,

@@ -172,7 +172,7 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
 def cp_gdn_layer_unchecked(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
                            mode: CPMode, layout: Layout = "contiguous", dtype=jnp.float32):
     """cp_gdn_layer without its checks: for a step that validated mode, layout and shape once
-    (cp/step.py's cp_settings), so its layers do not check them again at every trace."""
+    (cp/step.py's mesh_cp), so its layers do not check them again at every trace."""
     if mode == "ulysses":
         return _ulysses_layer(params, x_BtD, cfg, axis=axis, layout=layout, dtype=dtype)
     return _sequence_sharded_layer(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,

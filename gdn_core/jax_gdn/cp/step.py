@@ -16,8 +16,8 @@ A hybrid model (params.is_hf_tree, ModelConfig.layers "hybrid") runs its GDN lay
 GDN `mode` and its attention layers with `attn_cp` (cp/attention.py), on the same chips, the
 rotary embedding at each token's global position.
 
-The settings (mode, attn_cp, layout, the shape they split) are validated once, by cp_settings,
-which every public entry point calls first; what it returns, a CPSettings, is what the step's
+The settings (mode, attn_cp, layout, the shape they split) are validated once, by mesh_cp,
+which every public entry point calls first; what it returns, a MeshCP, is what the step's
 internals take, and the layers they bind (cp_gdn_layer_unchecked, attention.ATTENTION_CP) do
 not check again at every trace.
 Legend: B batch, T global tokens, t = T/D tokens per chip.
@@ -50,8 +50,8 @@ from .param_sharding import WeightLayout, weight_layout
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class CPSettings:
-    """Where and how a CP step splits the sequence, validated: build it with cp_settings."""
+class MeshCP:
+    """Where and how a CP step splits the sequence, validated: build it with mesh_cp."""
 
     mesh: Any
     axis: str | tuple[str, ...]
@@ -63,8 +63,8 @@ class CPSettings:
     layout: Layout
 
 
-def cp_settings(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode: str,
-                attn_cp: str = "all_gather_kv", layout: str = "contiguous") -> CPSettings:
+def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode: str,
+                attn_cp: str = "all_gather_kv", layout: str = "contiguous") -> MeshCP:
     """Validate a CP step's settings for model_cfg at seq_len global tokens, once per trial.
 
     Raises ValueError naming the numbers: an axis the mesh lacks, an unknown mode, attn_cp or
@@ -80,13 +80,13 @@ def cp_settings(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, m
         check_attention_shape(attn_cp=attn_cp, chips=chips, seq_len=seq_len,
                               num_heads=model_cfg.attention.num_heads,
                               num_kv_heads=model_cfg.attention.num_kv_heads, layout=layout)
-    return CPSettings(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis),
+    return MeshCP(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis),
                       chips=chips, mode=mode, attn_cp=attn_cp, layout=layout)
 
 
-def model_hooks(cp: CPSettings, seq_len: int) -> dict:
+def model_hooks(cp: MeshCP, seq_len: int) -> dict:
     """The CP layers of build_step_fn / model_loss: GDN under cp.mode, attention under
-    cp.attn_cp (both unchecked: cp_settings validated them), and this chip's global token
+    cp.attn_cp (both unchecked: mesh_cp validated them), and this chip's global token
     positions (rotary)."""
     return {"gdn_layer_fn": functools.partial(cp_gdn_layer_unchecked, axis=cp.axis,
                                               mode=cp.mode, layout=cp.layout),
@@ -121,12 +121,12 @@ def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, ax
     (whatever train_cfg.param_sharding says) and no gradient reduction, each chip updating with
     its own share — only for counting bytes, never for training.
     """
-    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                     attn_cp=attn_cp, layout=layout)
+    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                 attn_cp=attn_cp, layout=layout)
     return _shard_mapped_step(model_cfg, train_cfg, cp, sync_grads)
 
 
-def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings,
+def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
                        sync_grads: bool) -> StepFn:
     if not sync_grads:
         train_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
@@ -162,13 +162,13 @@ def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
     (compile_cp_train_step relies on it).
     Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D.
     """
-    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                     attn_cp=attn_cp, layout=layout)
+    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                 attn_cp=attn_cp, layout=layout)
     return jitted_step(model_cfg, train_cfg, cp, True)
 
 
 @functools.lru_cache(maxsize=32)
-def jitted_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings,
+def jitted_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
                 sync_grads: bool) -> StepFn:
     """make_cp_train_step for validated settings (sync_grads: as build_cp_step_fn). Cached:
     pass the same arguments positionally, as the callers do, to hit the same entry."""

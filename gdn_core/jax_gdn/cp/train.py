@@ -2,7 +2,7 @@
 
 `compile_cp_train_step` compiles the step without allocating anything and reads its memory
 and the bytes each chip receives (the CP exchanges apart from the weights' traffic);
-`run_cp_training` is one trial: validate the settings once (step.cp_settings), optionally
+`run_cp_training` is one trial: validate the settings once (step.mesh_cp), optionally
 verify against one chip (verify.py), compile, run the timed steps, measure peak memory.
 """
 
@@ -18,14 +18,14 @@ import numpy as np
 from ... import device_memory
 from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout
-from ...cp_modes import AttnCPMode, CPMode
+from ...cp_modes import AttnCPMode, CPMode, CPSettings
 from ...memory.verify import verify_seq_len
 from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
 from ..train import ESTIMATE_SOURCE, compiled_peak_bytes, run_timed_steps
 from .common import AxisName
-from .step import (CPSettings, cp_settings, cp_step_shapes, cp_training_inputs, host_copy,
-                   jitted_step, synthetic_batch)
+from .step import (MeshCP, cp_step_shapes, cp_training_inputs, host_copy, jitted_step,
+                   mesh_cp, synthetic_batch)
 from .verify import verify_budget, verify_error
 
 COMM_SOURCE = "xla_hlo"
@@ -64,12 +64,12 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     optimisation level for quick tests); they change code generation, not the collectives.
     The bytes also compile the sync_grads=False reference (at FAST).
     """
-    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                     attn_cp=attn_cp, layout=layout)
+    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                 attn_cp=attn_cp, layout=layout)
     return _compile(model_cfg, train_cfg, cp, compiler_options)
 
 
-def _compile(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings,
+def _compile(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
              compiler_options: dict | None = None) -> CompiledCPStep:
     start = time.perf_counter()
     shapes = cp_step_shapes(model_cfg, train_cfg, mesh=cp.mesh, axis=cp.axis)
@@ -112,11 +112,9 @@ def _local_devices(mesh) -> list:
 
 
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                    mode: CPMode, steps: int, warmup_steps: int = 1, verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None,
-                    attn_cp: AttnCPMode = "all_gather_kv",
-                    layout: Layout = "contiguous") -> CPTrainReport:
-    """Train under CP on one fixed synthetic batch; call on every process of `mesh`.
+                    cp: CPSettings, steps: int, warmup_steps: int = 1, verify: bool = False,
+                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+    """Train under CP (`cp`) on one fixed synthetic batch; call on every process of `mesh`.
 
     Every process builds the same weights (seed train_cfg.seed) and tokens, and feeds only its
     own devices' shards. warmup_steps untimed, then `steps` timed steps (outputs blocked on).
@@ -127,34 +125,36 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     at the initial weights against one chip (max_rel_err) on as much of the sequence as one
     chip holds beside the step's state (memory.verify.verify_seq_len within
     verify_memory_budget_bytes, default the chip's capacity; verified_seq_len). Losses: every
-    step, global mean. Raises ValueError naming the numbers when `mode` cannot split the
-    shape over the mesh.
+    step, global mean. Raises ValueError naming the numbers when `axis` is not cp.chips
+    chips, or when cp's modes or layout cannot split the shape over them.
     """
     if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
             or warmup_steps < 0:
         raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
-    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                     attn_cp=attn_cp, layout=layout)  # the trial's one validation
-    D = cp.chips
+    step_cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=cp.mode,
+                      attn_cp=cp.attn_cp, layout=cp.layout)  # the trial's one validation
+    D = step_cp.chips
+    if D != cp.chips:
+        raise ValueError(f"cp.chips={cp.chips} but mesh axis {axis!r} spans {D} chips")
     devices = _local_devices(mesh)
     baseline = device_memory.jax_reset_peak(devices)
     params, opt_state, inputs_BT, targets_BT = cp_training_inputs(
-        model_cfg, train_cfg, mesh=mesh, axis=cp.axis, layout=layout)
+        model_cfg, train_cfg, mesh=mesh, axis=step_cp.axis, layout=cp.layout)
     max_rel_err = verified_seq_len = None
     compile_time_s = 0.0
     if verify:
         budget = verify_budget(devices, verify_memory_budget_bytes)
         verified_seq_len = train_cfg.seq_len if budget is None else verify_seq_len(
-            model_cfg, train_cfg, mode=mode, chips=D, framework="jax", budget_bytes=budget)
-        if verified_seq_len is not None and layout == "zigzag":  # 2D segments of the prefix
+            model_cfg, train_cfg, mode=cp.mode, chips=D, framework="jax", budget_bytes=budget)
+        if verified_seq_len is not None and cp.layout == "zigzag":  # 2D segments of the prefix
             verified_seq_len = verified_seq_len - verified_seq_len % (2 * D) or None
         if verified_seq_len is not None:
             # A valid CP length by construction (verify_seq_len): the settings hold for it too.
             prefix_cfg = dataclasses.replace(train_cfg, seq_len=verified_seq_len)
             tokens_BT1 = synthetic_batch(model_cfg, train_cfg)[:, :verified_seq_len + 1]
             max_rel_err, compile_time_s = verify_error(params, tokens_BT1, model_cfg,
-                                                       prefix_cfg, cp)
-    program = _compile(model_cfg, train_cfg, cp)
+                                                       prefix_cfg, step_cp)
+    program = _compile(model_cfg, train_cfg, step_cp)
     estimate = program.estimated_memory_bytes
 
     losses, step_times_s = run_timed_steps(program.compiled, params, opt_state, inputs_BT,
@@ -165,8 +165,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
         losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
         memory_source=memory_source, estimated_memory_bytes=estimate,
         estimated_memory_source=ESTIMATE_SOURCE if estimate is not None else None,
-        compile_time_s=compile_time_s + program.compile_time_s, mode=mode, chips=D,
+        compile_time_s=compile_time_s + program.compile_time_s, mode=cp.mode, chips=D,
         cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
         grad_sync_bytes_per_step=program.grad_sync_bytes_per_step,
         comm_source=COMM_SOURCE, max_rel_err=max_rel_err, verified_seq_len=verified_seq_len,
-        attn_cp=attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=layout)
+        attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=cp.layout)

@@ -26,7 +26,7 @@ from ...testing import max_verify_error
 from ...train_config import TrainConfig
 from ..model import model_loss
 from .common import AxisName
-from .step import CPSettings, cp_settings, global_arrays, host_copy, model_hooks, weight_specs
+from .step import MeshCP, mesh_cp, global_arrays, host_copy, model_hooks, weight_specs
 
 
 def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
@@ -43,13 +43,13 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     gradient's error is relative to max(its norm, testing.VERIFY_GRAD_FLOOR × the whole
     reference gradient's norm). Every process returns the same.
     """
-    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                     attn_cp=attn_cp, layout=layout)
+    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                 attn_cp=attn_cp, layout=layout)
     return verify_error(params, tokens_BT1, model_cfg, train_cfg, cp)[0]
 
 
 def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                 cp: CPSettings) -> tuple[float, float]:
+                 cp: MeshCP) -> tuple[float, float]:
     """verify_against_single_chip for validated settings: (error, seconds spent lowering and
     compiling)."""
     dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
@@ -85,12 +85,12 @@ def cp_loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh
     """The step's loss and reduced gradients, without the update: a shard_mapped
     f(params, inputs_BT, targets_BT) -> (global mean loss, gradients laid out as the step's
     reduced ones: WeightLayout.grad_specs). Arguments as make_cp_train_step's."""
-    cp = cp_settings(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                     attn_cp=attn_cp, layout=layout)
+    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
+                 attn_cp=attn_cp, layout=layout)
     return _loss_and_grads_fn(model_cfg, train_cfg, cp)
 
 
-def _loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings):
+def _loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP):
     dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
     weights, param_specs, _ = weight_specs(model_cfg, train_cfg, cp.axis, cp.chips)
     hooks = model_hooks(cp, train_cfg.seq_len)

@@ -24,7 +24,7 @@ from torch import nn
 from ... import device_memory
 from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout, check_layout, local_positions
-from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_cp_shape
+from ...cp_modes import AttnCPMode, CPMode, CPSettings, check_attn_cp, check_cp_shape
 from ...data import synthetic_tokens
 from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
@@ -215,18 +215,17 @@ def check_cp_training_shape(model_cfg: ModelConfig, *, chips: int, seq_len: int,
                               num_kv_heads=attention.num_kv_heads)
 
 
-def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
+def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp: CPSettings,
                     steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
                     verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None,
-                    attn_cp: AttnCPMode = "all_gather_kv",
-                    layout: Layout = "contiguous") -> CPTrainReport:
-    """Train under CP on one fixed synthetic batch; call on every rank of `group`.
+                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+    """Train under CP on one fixed synthetic batch; call on every rank of `group` (cp.chips
+    ranks).
 
     Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
-    checked by a checksum; context-parallel with GDN `mode` and, in a hybrid decoder
-    (model_cfg.layers 'hybrid'), attention `attn_cp`; train_cfg.remat and param_sharding
-    applied), takes its shard of the train_cfg.seq_len tokens in `layout`
+    checked by a checksum; context-parallel with GDN cp.mode and, in a hybrid decoder
+    (model_cfg.layers 'hybrid'), attention cp.attn_cp; train_cfg.remat and param_sharding
+    applied), takes its shard of the train_cfg.seq_len tokens in cp.layout
     (shard_batch), and runs warmup_steps untimed
     then `steps` timed steps of train_step (grad_sync: gradient_sync). A step's time starts
     after a barrier (ranks start together) and ends with the device synchronised. CP bytes are
@@ -240,31 +239,34 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     Peak memory is measured over the whole run, verify included (device_memory: CUDA's
     allocator peak, on CPU the process's RSS high-water mark); torch has no compile-time
     estimate (estimated_memory_bytes None) and no compile (compile_time_s 0).
-    Raises ValueError naming the numbers when `mode`, `attn_cp` or `layout` cannot split the
-    shape over the group (check_cp_training_shape).
+    Raises ValueError naming the numbers when the group is not cp.chips ranks, or when cp's
+    modes or layout cannot split the shape over it (check_cp_training_shape).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
     rank, D = rank_size(group)
-    check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=mode,
-                            attn_cp=attn_cp, layout=layout)
+    if D != cp.chips:
+        raise ValueError(f"cp.chips={cp.chips} but the process group has {D} ranks")
+    check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=cp.mode,
+                            attn_cp=cp.attn_cp, layout=cp.layout)
     device = torch.device(device)
     device_memory.torch_reset_peak(device)
-    model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=mode,
-                                         device=device, attn_cp=attn_cp, layout=layout)
+    model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=cp.mode,
+                                         device=device, attn_cp=cp.attn_cp, layout=cp.layout)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
-    inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D, layout=layout)
+    inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D, layout=cp.layout)
     max_rel_err = verified_seq_len = None
     if verify:
-        verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=mode,
+        verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=cp.mode,
                                            device=device,
                                            budget_bytes=verify_memory_budget_bytes)
         if verified_seq_len is not None:
             prefix_BT1 = tokens_BT1[:, :verified_seq_len + 1]
             max_rel_err = verify_against_single_chip(
-                model, *shard_batch(prefix_BT1, rank=rank, chips=D, layout=layout), prefix_BT1,
+                model, *shard_batch(prefix_BT1, rank=rank, chips=D, layout=cp.layout),
+                prefix_BT1,
                 model_cfg=model_cfg, train_cfg=dataclasses.replace(
                     train_cfg, seq_len=verified_seq_len), group=group)
     grad_sync = gradient_sync(train_cfg.param_sharding, group=group)
@@ -292,9 +294,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
     return CPTrainReport(
         losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
-        mode=mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
+        mode=cp.mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
         grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
             model, optimizer, train_cfg, group=group),
         comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
         verified_seq_len=verified_seq_len,
-        attn_cp=attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=layout)
+        attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=cp.layout)

@@ -11,7 +11,9 @@ from service.api.deps import SettingsDep
 from service.db.results_query import SORT_FIELDS
 from service.db.schemas import OptionsPublic
 from workers.result import TRIAL_STATUSES
-from workers.spec import CP_MODES, FRAMEWORKS, TRIAL_KINDS, TRIAL_MODES
+from gdn_core.cp_modes import CP_MODES
+from workers.grid import TRIAL_MODES
+from workers.sweep_spec import FRAMEWORKS, TRIAL_KINDS
 
 router = APIRouter(tags=["options"])
 

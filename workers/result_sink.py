@@ -15,8 +15,9 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
+from .grid import TrialSpec
 from .result import FINAL_STATUSES, TrialResult
-from .spec import SweepSpec, TrialSpec
+from .sweep_spec import SweepSpec
 
 
 class ResultSink(Protocol):

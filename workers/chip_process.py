@@ -1,0 +1,96 @@
+"""The half of a trial's worker process that is the same in every framework: the base of
+TorchRankActor (torch_ranks) and JaxHostActor (jax_hosts).
+
+A process owns one or more chips of the trial's placement group. On CPU hosts it is pinned to
+its chips' cores (cpu_cores) as it starts; it reports where it runs, what it runs on, its
+software and its memory cgroup's OOM-kill count (process_probe), measures its GEMM peak under
+that affinity, and runs a trial's training step under the rank memory cap, turning an
+out-of-memory error into RankOutOfMemoryError with the peak it reached. The framework's half
+says how: its device name, its GEMM, its training step and its peak memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+
+from . import cpu_cores, process_probe
+from .errors import RankOutOfMemoryError
+from .failures import looks_like_oom
+from .grid import TrialSpec
+
+
+class ChipProcess:
+    """Shared methods of the actor classes (each subclass is the `ray.remote` one)."""
+
+    label: str
+    """How errors name this process, e.g. 'rank 3' or 'JAX process 0'."""
+
+    def __init__(self, *, index: int, bundles: tuple[int, ...], accelerator_kind: str,
+                 cpu_chips: int) -> None:
+        """index: the torch rank or JAX process index; bundles: the placement bundles (chips)
+        it drives; cpu_chips: virtual CPU chips it claims and pins to on a CPU host."""
+        self.index, self.bundles, self.kind = index, tuple(bundles), accelerator_kind
+        # Pinned before the framework starts: torch and XLA size their thread pools from the
+        # CPUs the process may run on.
+        self.cpu = cpu_cores.claim_and_pin(cpu_chips) if accelerator_kind == "cpu" else None
+
+    def info(self) -> process_probe.WorkerInfo:
+        return process_probe.describe_self(self.index, self.bundles)
+
+    def oom_counter(self) -> tuple[str | None, int | None]:
+        return process_probe.oom_kill_counter()
+
+    def versions(self) -> dict[str, str]:
+        return process_probe.software_versions()
+
+    def identity(self) -> process_probe.ProcessIdentity:
+        """The devices this process computes on, and its CPU affinity (checked by the runner)."""
+        name = process_probe.cpu_model_name() if self.kind == "cpu" else self._device_name()
+        return process_probe.ProcessIdentity(
+            device_name=name, affinity=tuple(sorted(os.sched_getaffinity(0))),
+            cpu_chips=self.cpu.chips if self.cpu else (),
+            cpu_partition=self.cpu.describe() if self.cpu else None)
+
+    def calibrate_gemm(self, seconds: float, dtype: str = "float32"):
+        """This process's GEMM rate in `dtype` under its own affinity, the source naming the
+        cores it ran on (PeakMeasurement)."""
+        measured = self._measure_gemm(seconds, dtype)
+        where = self.cpu.describe() if self.cpu else "unpinned"
+        return dataclasses.replace(measured, source=f"{measured.source}:{where}")
+
+    def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
+        """This process's CPTrainReport of the trial's training step."""
+        try:
+            with process_probe.address_space_cap(
+                    process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
+                return self._train(trial)
+        except Exception as exc:
+            if not looks_like_oom(exc):
+                raise
+            peak, source = self._peak_memory()
+            raise RankOutOfMemoryError(f"{self.label}: {type(exc).__name__}: {exc}", peak,
+                                       source, memory_limit_bytes) from None
+        finally:
+            gc.collect()
+
+    # The framework's half.
+
+    def _device_name(self) -> str:
+        """The accelerator this process drives, as its runtime names it (GPU / TPU)."""
+        raise NotImplementedError
+
+    def _measure_gemm(self, seconds: float, dtype: str):
+        raise NotImplementedError
+
+    def _train(self, trial: TrialSpec):
+        """Run gdn_core's run_cp_training for `trial` (trial.cp_settings()) on this process."""
+        raise NotImplementedError
+
+    def _peak_memory(self) -> tuple[int | None, str]:
+        """Peak memory per chip the run reached before it ran out, and its source."""
+        raise NotImplementedError
+
+
+__all__ = ["ChipProcess"]

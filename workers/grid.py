@@ -1,0 +1,261 @@
+"""The trials a sweep expands to: `TrialSpec`, its key, and `expand_trials`.
+
+A point a mode cannot serve is kept as a trial marked skipped with the reason, never dropped
+silently: a shape its CP modes or layout cannot split (cp_shape_problem), a plan of what the
+planner does not compile, or a measured point predicted not to fit its chip
+(memory_admission, unless the sweep sets `admit_over_memory`).
+
+One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
+(framework, seq_len, dtype, param_sharding, remat, layers, repeat) as trials of mode "none"
+(no attn_cp, layout contiguous): the one-chip baseline that every mode's chips > 1 trials
+name in `baseline_key`. What gdn_core runs for a trial's names (mode "none", attn_cp None) is
+decided in one place, trial_cp_settings.
+
+The decoder (`layers`): gdn_only (every layer GDN, what every sweep before issue 13 ran) or
+hybrid (the published pattern: GDN layers beside gated full attention). Hybrid trials add the
+attention layers' CP mode (`attn_cp`); every trial has a sequence `layout` (contiguous or
+zigzag). Trial keys name a dimension only when it differs from what every trial ran before it
+existed (gdn_only, contiguous, no attn_cp), as `repeat` and `plan/` do: stored sweeps' keys
+stay what they were (resume finds them) and no two points collide (trial_key).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gdn_core.config import Layers, ModelConfig
+from gdn_core.cp_layout import Layout, check_layout
+from gdn_core.cp_modes import (CP_MODES, AttnCPMode, CPMode, CPSettings,
+                               check_attention_cp_shape, check_cp_shape)
+from gdn_core.presets import get_preset
+from gdn_core.train_config import ParamSharding, Remat, TrainConfig
+
+from .memory_admission import memory_problem
+from .sweep_spec import AcceleratorKind, DType, Framework, SweepSpec, TrialKind
+
+TrialMode = Literal["none", CPMode]
+"""A trial's mode: a CP mode, or "none" for the one-chip baseline (no context parallelism)."""
+TRIAL_MODES: tuple[str, ...] = ("none", *CP_MODES)
+ONE_CHIP_CP_MODE: CPMode = "p2p"
+"""What gdn_core runs for a mode-"none" trial: p2p on one chip exchanges nothing (D−1 = 0
+rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step."""
+ONE_CHIP_ATTN_CP: AttnCPMode = "all_gather_kv"
+"""What gdn_core runs for the attention layers of a trial without attn_cp (the one-chip
+hybrid baseline): all_gather_kv on one chip gathers nothing, plain causal attention."""
+
+
+def trial_cp_settings(*, mode: TrialMode, attn_cp: AttnCPMode | None, layout: Layout,
+                      chips: int) -> CPSettings:
+    """What gdn_core runs for a trial point: the one place a trial's names become gdn_core's.
+    mode "none" (the one-chip baseline) runs as ONE_CHIP_CP_MODE; attn_cp None (no attention
+    layers, or the baseline) as ONE_CHIP_ATTN_CP, which a gdn_only model ignores."""
+    return CPSettings(mode=ONE_CHIP_CP_MODE if mode == "none" else mode,
+                      attn_cp=ONE_CHIP_ATTN_CP if attn_cp is None else attn_cp,
+                      layout=layout, chips=chips)
+
+
+def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
+              param_sharding: str, remat: str, repeat: int | None = None,
+              kind: str = "measure", layers: str = "gdn_only", attn_cp: str | None = None,
+              layout: str = "contiguous") -> str:
+    """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
+    every grid dimension, so no two points collide. A dimension added after keys were first
+    stored is named only when it differs from what every trial ran before it existed: plan
+    trials start with `plan/`, and `/layers=hybrid`, `/attn_cp=…` (hybrid trials with
+    attention CP), `/layout=zigzag` and `/repeat=r` (repeats > 1) follow the step settings —
+    so keys of sweeps that have none of them stay as they were, and resume finds them.
+    The omitted values are fixed (gdn_only, no attn_cp, contiguous), so keys stay distinct."""
+    key = (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
+           f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
+    key = key if kind == "measure" else f"{kind}/{key}"
+    if layers != "gdn_only":
+        key += f"/layers={layers}"
+    if attn_cp is not None:
+        key += f"/attn_cp={attn_cp}"
+    if layout != "contiguous":
+        key += f"/layout={layout}"
+    return key if repeat is None else f"{key}/repeat={repeat}"
+
+
+class TrialSpec(BaseModel):
+    """One point of a sweep: everything a worker needs to run it, nothing else."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: TrialKind = "measure"
+    framework: Framework
+    mode: TrialMode
+    """A CP mode, or "none": the one-chip baseline (chips=1), run as ONE_CHIP_CP_MODE."""
+    chips: int
+    seq_len: int
+    batch_size: int
+    preset: str
+    num_layers: int
+    vocab_size: int
+    dtype: DType
+    param_sharding: ParamSharding = "replicated"
+    remat: Remat = "none"
+    layers: Layers = "gdn_only"
+    """The decoder: gdn_only (every layer GDN) or hybrid (GDN + gated full attention)."""
+    attn_cp: AttnCPMode | None = None
+    """The attention layers' CP mode (hybrid, chips > 1); None: no attention layers, or the
+    one-chip baseline (run as ONE_CHIP_ATTN_CP)."""
+    layout: Layout = "contiguous"
+    """Which tokens each chip holds (gdn_core.cp_layout)."""
+    steps: int
+    warmup_steps: int
+    accelerator_kind: AcceleratorKind
+    accelerator_type: str
+    verify: bool
+    timeout_s: float
+    skip_reason: str | None = None
+    repeat: int = Field(default=0, ge=0)
+    """Which run of its grid point this is (0 … SweepSpec.repeats − 1)."""
+    repeats: int = Field(default=1, ge=1)
+    """How many runs its sweep asks of each point (the key names `repeat` when > 1)."""
+    baseline_key: str | None = None
+    """chips > 1: the key of the one-chip trial of the same framework, seq_len, step settings
+    and repeat (the baseline its speed-up is measured against); None without one."""
+
+    @model_validator(mode="after")
+    def _none_is_one_chip(self) -> "TrialSpec":
+        if self.mode == "none" and self.chips != 1:
+            raise ValueError(f"mode='none' (no context parallelism) needs chips=1, got "
+                             f"chips={self.chips}; use one of {', '.join(CP_MODES)}")
+        if self.repeat >= self.repeats:
+            raise ValueError(f"repeat={self.repeat} must be below repeats={self.repeats}")
+        if self.kind == "plan" and self.framework != "jax":
+            raise ValueError(f"kind='plan' compiles the JAX step; framework={self.framework!r}")
+        if self.attn_cp is not None and self.layers != "hybrid":
+            raise ValueError(f"attn_cp={self.attn_cp!r} needs layers='hybrid' (attention "
+                             f"layers to split), got layers={self.layers!r}")
+        if self.mode == "none" and (self.attn_cp is not None or self.layout != "contiguous"):
+            raise ValueError(f"mode='none' (one chip, no context parallelism) takes no attn_cp "
+                             f"or layout, got attn_cp={self.attn_cp!r}, layout={self.layout!r}")
+        return self
+
+    @property
+    def key(self) -> str:
+        """Identity of the point within its sweep (trial_key)."""
+        return trial_key(framework=self.framework, mode=self.mode, chips=self.chips,
+                         seq_len=self.seq_len, dtype=self.dtype,
+                         param_sharding=self.param_sharding, remat=self.remat,
+                         repeat=self.repeat if self.repeats > 1 else None, kind=self.kind,
+                         layers=self.layers, attn_cp=self.attn_cp, layout=self.layout)
+
+    def cp_settings(self) -> CPSettings:
+        """How gdn_core splits this trial's step over its chips (trial_cp_settings)."""
+        return trial_cp_settings(mode=self.mode, attn_cp=self.attn_cp, layout=self.layout,
+                                 chips=self.chips)
+
+    def to_model_config(self) -> ModelConfig:
+        """The model this trial trains (its preset, depth, vocabulary and decoder `layers`)."""
+        return get_preset(self.preset, num_layers=self.num_layers, vocab_size=self.vocab_size,
+                          layers=self.layers)
+
+    def to_train_config(self) -> TrainConfig:
+        """The training-step settings this trial runs with."""
+        return TrainConfig(batch_size=self.batch_size, seq_len=self.seq_len, dtype=self.dtype,
+                           param_sharding=self.param_sharding, remat=self.remat)
+
+
+def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
+    """All trials in a stable order; points a mode cannot serve carry skip_reason, and so do
+    points predicted not to fit the chip's memory (unless spec.admit_over_memory).
+
+    Repeats are the outer loop (every point once, then every point again, …), so a noisy
+    spell of the machine spreads over different points rather than all runs of one. With the
+    baseline, a chips=1 point appears once, as mode "none" (no attn_cp, contiguous), where its
+    first mode had it."""
+    model_cfgs = {layers: get_preset(spec.model.preset, num_layers=spec.model.num_layers,
+                                     vocab_size=spec.model.vocab_size, layers=layers)
+                  for layers in spec.layers}
+    skip_reasons: dict[tuple, str | None] = {}  # per point, shared by its repeats
+    trials = []
+    for repeat, kind in itertools.product(range(spec.repeats), spec.kinds):
+        if kind == "plan" and repeat > 0:
+            continue  # a compile says the same every time
+        seen_baselines = set()
+        for (framework, layers, mode, attn_cp, layout, chips, seq_len, dtype, param_sharding,
+             remat) in spec.grid(kind):
+            settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
+                            param_sharding=param_sharding, remat=remat, layers=layers)
+            if chips == 1 and spec.has_baseline:
+                if tuple(settings.values()) in seen_baselines:
+                    continue
+                seen_baselines.add(tuple(settings.values()))
+                mode, attn_cp, layout = "none", None, "contiguous"
+            baseline_key = None
+            if chips > 1 and 1 in spec.chips and kind == "measure":
+                one_chip = (dict(mode="none") if spec.has_baseline
+                            else dict(mode=mode, attn_cp=attn_cp, layout=layout))
+                baseline_key = trial_key(**one_chip, chips=1, **settings,
+                                         repeat=repeat if spec.repeats > 1 else None)
+            point = (kind, mode, attn_cp, layout, chips, *settings.values())
+            model_cfg = model_cfgs[layers]
+            if point not in skip_reasons:
+                cp = trial_cp_settings(mode=mode, attn_cp=attn_cp, layout=layout, chips=chips)
+                skip_reasons[point] = _skip_reason(spec, model_cfg, cp, kind=kind, **settings)
+            trials.append(TrialSpec(
+                kind=kind, framework=framework, mode=mode, chips=chips, seq_len=seq_len,
+                batch_size=spec.batch_size, preset=model_cfg.name,
+                num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
+                param_sharding=param_sharding, remat=remat, layers=layers, attn_cp=attn_cp,
+                layout=layout, steps=spec.steps,
+                warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
+                accelerator_type=spec.accelerator.type,
+                verify=spec.verify and chips > 1 and kind == "measure",  # 1 chip: own reference
+                timeout_s=spec.trial_timeout_s, repeat=repeat,
+                repeats=spec.repeats if kind == "measure" else 1,
+                baseline_key=baseline_key, skip_reason=skip_reasons[point]))
+    return trials
+
+
+def cp_shape_problem(model_cfg: ModelConfig, cp: CPSettings, *, seq_len: int) -> str | None:
+    """Why the GDN mode, the attention layers' attn_cp (hybrid) or the layout of `cp` cannot
+    split seq_len tokens of this model over cp.chips (None: they can). Zigzag cuts the
+    sequence into 2·chips segments, each of which needs the conv halo of tokens before it;
+    ulysses attention needs query heads divisible by chips."""
+    gdn, mode, layout, chips = model_cfg.gdn, cp.mode, cp.layout, cp.chips
+    try:
+        check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
+                       num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+        check_layout(layout, chips=chips, seq_len=seq_len)
+        halo = gdn.conv_kernel_size - 1
+        if layout == "zigzag" and chips > 1 and seq_len // (2 * chips) < halo:
+            raise ValueError(f"layout='zigzag' segment of {seq_len // (2 * chips)} tokens "
+                             f"(seq_len={seq_len} / (2 × chips={chips})) is shorter than the conv "
+                             f"halo of {halo} tokens; use fewer chips or a longer sequence")
+        if model_cfg.layers == "hybrid":
+            check_attention_cp_shape(attn_cp=cp.attn_cp, chips=chips,
+                                     num_heads=model_cfg.attention.num_heads)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kind: str,
+                 framework: str, seq_len: int, dtype: str, param_sharding: str, remat: str,
+                 layers: str) -> str | None:
+    """Why the point cannot run: a shape its CP modes or layout cannot split, a plan of what
+    the JAX planner does not compile (only the gdn_only contiguous step), or (unless
+    spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —
+    a plan allocates nothing, so any size may be planned."""
+    problem = cp_shape_problem(model_cfg, cp, seq_len=seq_len)
+    if problem is not None:
+        return problem
+    if kind == "plan" and (layers != "gdn_only" or cp.layout != "contiguous"):
+        return (f"plan trials compile the gdn_only contiguous JAX step (gdn_core.jax_gdn.plan); "
+                f"layers={layers!r}, layout={cp.layout!r} is not planned; use kinds: [measure]")
+    if spec.admit_over_memory or kind == "plan":
+        return None
+    train_cfg = TrainConfig(batch_size=spec.batch_size, seq_len=seq_len, dtype=dtype,
+                            param_sharding=param_sharding, remat=remat)
+    return memory_problem(model_cfg, train_cfg, cp, framework=framework,
+                          accelerator=spec.accelerator)
+
+
+__all__ = ["ONE_CHIP_ATTN_CP", "ONE_CHIP_CP_MODE", "TRIAL_MODES", "TrialMode", "TrialSpec",
+           "cp_shape_problem", "expand_trials", "trial_cp_settings", "trial_key"]

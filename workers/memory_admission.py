@@ -1,0 +1,68 @@
+"""Memory admission: will a trial's step fit its chip? Run by workers.grid.expand_trials, so
+every way a sweep comes in (the API, `gdn-sweep run`, the JSONL path) is checked the same.
+
+A measured point whose predicted memory per chip (gdn_core.memory) exceeds the chip's
+(chip_memory_bytes) is kept as skipped with the prediction, unless the sweep sets
+`admit_over_memory`. (Not service.runs.admission: what every way in refuses beyond the
+SweepSpec's own checks, the grid cap.)
+"""
+
+from __future__ import annotations
+
+import os
+
+from gdn_core import hardware
+from gdn_core.config import ModelConfig
+from gdn_core.cp_modes import CPSettings
+from gdn_core.memory.step import predict_step_memory
+from gdn_core.train_config import TrainConfig
+
+from .sweep_spec import AcceleratorSpec
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of the host this process runs on (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int) -> tuple[int | None, str]:
+    """(bytes, what they are) of one chip of a `chips`-chip trial: the HBM of a GPU/TPU type
+    (gdn_core.hardware.CHIP_SPECS); for CPU chips, the physical memory of the host that
+    expands the sweep (the service's, or `gdn-sweep run`'s) shared by the trial's chips,
+    virtual CPU chips being partitions of one host. None: unknown, nothing is refused."""
+    if accelerator.kind != "cpu":
+        hbm = hardware.hbm_bytes_per_chip(accelerator.type)
+        return hbm, f"the {_gib(hbm)} HBM of one {accelerator.type} chip"
+    host = host_memory_bytes()
+    if host is None:
+        return None, "unknown"
+    return host // chips, (f"{_gib(host // chips)} per chip: this host's {_gib(host)} of RAM "
+                           f"shared by {chips} CPU chip(s)")
+
+
+def _gib(n: int) -> str:
+    return f"{n / hardware.GIB:.1f} GiB"
+
+
+def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings, *,
+                   framework: str, accelerator: AcceleratorSpec) -> str | None:
+    """Why the step is predicted not to fit one of the accelerator's chips (None: it fits, or
+    the chip's memory is unknown)."""
+    available, what = chip_memory_bytes(accelerator, cp.chips)
+    if available is None:
+        return None
+    # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).
+    predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp.mode, chips=cp.chips,
+                                    framework=framework, attn_cp=cp.attn_cp,
+                                    layout=cp.layout).total
+    if predicted <= available:
+        return None
+    return (f"predicted memory {_gib(predicted)} per chip ({predicted} bytes, "
+            f"gdn_core.memory.step.predict_step_memory) exceeds {what}; set "
+            "admit_over_memory: true to run it anyway")
+
+
+__all__ = ["chip_memory_bytes", "host_memory_bytes", "memory_problem"]
