@@ -150,6 +150,7 @@ def loop_hidden_states(params, tokens_BT, model_cfg, *, dtype=jnp.float32):
     return rms_norm(params["norm"]["weight"].astype(dtype), x_BTD, model_cfg.gdn.rms_norm_eps)
 
 
+@pytest.mark.slow  # two whole-model compiles (over the default tier's 20 s cold)
 @pytest.mark.timeout(180)
 def test_layer_scan_equals_python_loop():
     model_cfg = dataclasses.replace(MODEL, num_layers=3)
@@ -215,6 +216,8 @@ BF16_LOSS_TOL = 1e-3  # bf16 step vs fp32 step, relative; measured 2.4e-5
 BF16_GRAD_TOL = 5e-2  # per gradient leaf, relative to its norm (8-bit mantissa); measured 3.2e-2
 
 
+@pytest.mark.slow  # two step compiles; bf16's stated tolerances run by default at the rule,
+# layer and CP level (test_correlated_keys, test_jax_cp.test_bf16_inputs)
 @pytest.mark.timeout(180)
 def test_bf16_step_close_to_fp32_step():
     params = init_model_params(MODEL, jax.random.PRNGKey(6))

@@ -51,6 +51,7 @@ def grad_memory(num_layers, remat):
         FAST).memory_analysis()
 
 
+@pytest.mark.slow  # seven compiles; remat's memory runs by default in test_memory.py
 @pytest.mark.timeout(240)
 def test_remat_full_keeps_one_hidden_state_per_layer():
     hidden_bytes = B * T * GDN.hidden_size * 4  # the layer input the scan keeps (float32)

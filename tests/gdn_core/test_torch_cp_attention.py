@@ -181,7 +181,7 @@ def test_attention_cp_bytes(mode, D):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("D", [2, 4])
+@pytest.mark.parametrize("D", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_ring_saves_only_its_own_blocks(D):
     """The ring's forward saves this rank's q, k, v, o and log-sum-exp: the same bytes at every
     D for a fixed local shard; all_gather_kv keeps the gathered K/V, which grows with D."""

@@ -151,9 +151,10 @@ TINY_SWEEP = {
 """A sweep that runs in well under a second per trial once its workers are warm."""
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser():
-    """A real chromium (tests/service/browser.py)."""
+    """A real chromium (tests/service/browser.py), one per test module (each test has tabs of
+    its own, in a context of its own)."""
     from .browser import chromium
 
     with chromium() as launched:
@@ -165,7 +166,9 @@ def page(browser):
     """A 1400×900 en-US tab."""
     from .browser import window_page
 
-    return window_page(browser)
+    tab = window_page(browser)
+    yield tab
+    tab.context.close()
 
 
 @pytest.fixture
@@ -173,4 +176,6 @@ def csp_page(browser):
     """A 1400×900 en-US tab that records what the CSP refused in window.__csp."""
     from .browser import window_page
 
-    return window_page(browser, record_csp=True)
+    tab = window_page(browser, record_csp=True)
+    yield tab
+    tab.context.close()

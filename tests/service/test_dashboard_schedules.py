@@ -34,7 +34,8 @@ def page(browser):
     differ) that records what the CSP refused."""
     tab = browser.new_page(viewport=WINDOW, locale="en-US", timezone_id=BERLIN)
     tab.add_init_script(RECORD_CSP)
-    return tab
+    yield tab
+    tab.context.close()
 
 
 def open_schedules(page, url: str) -> None:

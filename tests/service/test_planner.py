@@ -34,6 +34,9 @@ PLANS = {**MEASURED, "name": "planner fixture: plans on 2-8 chips", "kinds": ["p
          "chips": [2, 4, 8], "seq_lens": [1024, 2048, 4096]}
 
 
+# The fixture runs 21 real trials (about 80 s here): the tests on it are the slow tier's. The
+# default tier keeps the planner's API and page on seeded rows (test_dashboard_planner.py), a
+# shape given by hand below, and plan trials themselves (tests/workers/test_plan_trials.py).
 @pytest.fixture(scope="module")
 def planner_db(tmp_path_factory, local_ray) -> str:
     """SQLite URL of a database holding the two sweeps' real results."""
@@ -74,6 +77,7 @@ def _candidate(answer, chips: int):
     return next(c for c in answer.candidates if c.chips == chips)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_plan_results_hold_estimates_never_peaks(planner_db):
     rows = _rows(planner_db)
@@ -94,6 +98,7 @@ def test_plan_results_hold_estimates_never_peaks(planner_db):
         assert m.peak_memory_bytes_per_chip > 0 and m.memory_source.startswith("process_rss")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_results_api_and_csv_show_the_kind(planner_db):
     with TestClient(create_app(api_settings(planner_db))) as client:
@@ -114,6 +119,7 @@ def test_results_api_and_csv_show_the_kind(planner_db):
     assert bad.status_code == 422 and "measure" in bad.text and "plan" in bad.text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_capacity_labels_every_figure_with_what_it_rests_on(planner_db):
     rows = {(r.kind, r.chips, r.seq_len): r for r in _rows(planner_db)}
@@ -147,6 +153,7 @@ def test_capacity_labels_every_figure_with_what_it_rests_on(planner_db):
         c.tokens_per_s.value for c in answer.candidates if c.fits and c.tokens_per_s.value)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_capacity_refuses_to_extrapolate_past_what_the_data_carries(planner_db):
     answer = _answer(planner_db, seq_len=2 ** 22, max_chips=2)
@@ -157,6 +164,7 @@ def test_capacity_refuses_to_extrapolate_past_what_the_data_carries(planner_db):
     assert one.memory_bytes_per_chip.value > 0  # memory always has the analytic prediction
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_fit_interpolates_a_plan_it_did_not_see_within_five_percent(planner_db):
     """Held out: the plan at 4 chips × 2048 tokens; the fit over the other plans (same mode,
@@ -179,6 +187,7 @@ def test_a_fit_interpolates_a_plan_it_did_not_see_within_five_percent(planner_db
         0.05 * held.estimated_memory_bytes_per_chip)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_plan_validate_prints_the_error_of_each_held_out_level(planner_db, capsys):
     sweeps = {s.name: s.id for s in _sweeps(planner_db)}
@@ -207,6 +216,7 @@ def _sweeps(url: str):
         engine.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_plan_command_prints_the_three_picks(planner_db, capsys):
     assert gdn_sweep(["plan", "--db", planner_db, "--preset", "tiny", "--seq-len", "1024",
@@ -222,6 +232,7 @@ def test_plan_command_prints_the_three_picks(planner_db, capsys):
     assert "preset='nope' is not one of" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_capacity_api_answers_and_names_bad_input(planner_db, backend):
@@ -274,6 +285,7 @@ def _copy_database(source: str, target: str) -> None:
         dst.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_plan_fit_bisects_compiles_for_the_longest_sequence_that_fits(capsys):
     base = ["plan", "--fit", "--preset", "tiny", "--num-layers", "1", "--seq-len", "512",
