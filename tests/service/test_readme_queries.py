@@ -1,7 +1,8 @@
-"""The SQL the READMEs document, run as written on SQLite and PostgreSQL holding the results of
-real sweeps (the workers' driver on a local Ray, stored by the service's sink): every statement
-parses and returns rows, and the planner queries answer what their comments promise, checked
-against the results table itself.
+"""The SQL the READMEs document, run as written on SQLite and PostgreSQL holding sweeps' results
+as the service stores them (crud's trial rows, the sink's writer; seed.py's traceable metrics:
+a real trial's numbers would change nothing the queries are checked for, and cost a minute of
+trials): every statement parses and returns rows, and the planner queries answer what their
+comments promise, checked against the results table itself.
 
 The documented example asks about the 27B shapes on v5p in bfloat16 at 1M tokens; the fixture
 sweeps run the tiny model on CPU chips in float32, so those literals are swapped for the
@@ -17,14 +18,11 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service.db import crud
 from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.models import Result
-from service.runs.db_sink import DatabaseSink, record_result
-from workers.driver import run_trials
-from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP, scratch_postgres_database
+from .seed import seed_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 READMES = (ROOT / "service" / "README.md", ROOT / "README.md")
@@ -68,52 +66,32 @@ def documented(comment_start: str) -> str:
     return found[0]
 
 
-def run_real_sweeps(session_factory) -> list[tuple[SweepSpec, list]]:
-    """Run SWEEPS on the local Ray into `session_factory`'s database, as the scheduler does
-    (the driver, the database sink): each spec with its TrialResults."""
-    ran = []
+def seed_sweeps(session_factory) -> None:
+    """SWEEPS in `session_factory`'s database as the scheduler leaves them (crud's trial rows,
+    the sink's writer), each trial with seed.py's made-up, traceable metrics: the documented
+    SQL runs on the real database, and which row it should pick is known in advance."""
     for sweep in SWEEPS:
-        spec = SweepSpec.model_validate(sweep)
-        with session_factory() as session:
-            sweep_id = crud.create_sweep(session=session, sweep_create=spec).id
-            trials = crud.sweep_trials(session=session, sweep_id=sweep_id)
-        sink = DatabaseSink(session_factory, sweep_id, spool=None)
-        results = run_trials(trials, sink, name=spec.name, max_concurrent_trials=2)
-        assert sink.close(timeout_s=30), "results not stored"
-        failed = [(r.trial.key, r.status, r.error) for r in results if r.status != "succeeded"]
-        assert results and not failed, failed
-        ran.append((spec, results))
-    return ran
-
-
-def store(ran: list[tuple[SweepSpec, list]], session_factory) -> None:
-    """Store the same sweeps and results in another database, through the sink's writer."""
-    for spec, results in ran:
-        with session_factory() as session:
-            sweep_id = crud.create_sweep(session=session, sweep_create=spec).id
-        for result in results:
-            assert record_result(session_factory=session_factory, sweep_id=sweep_id,
-                                 result=result)
+        seed_sweep(session_factory, **sweep)
 
 
 @pytest.fixture(scope="module")
-def measured(local_ray, tmp_path_factory):
-    """A SQLite database holding the real sweeps' results, and the sweeps with their results."""
+def measured(tmp_path_factory):
+    """A SQLite database holding the sweeps' results."""
     url = f"sqlite:///{tmp_path_factory.mktemp('readme') / 'measured.db'}"
     upgrade_database(url)
     engine = make_engine(url)
-    ran = run_real_sweeps(make_session_factory(engine))
+    seed_sweeps(make_session_factory(engine))
     engine.dispose()
-    return url, ran
+    return url
 
 
 @pytest.fixture(scope="module")
-def measured_postgresql(measured):
+def measured_postgresql():
     """A PostgreSQL database holding the same sweeps and results."""
     with scratch_postgres_database("gdn_sweep_readme") as url:
         upgrade_database(url)
         engine = make_engine(url)
-        store(measured[1], make_session_factory(engine))
+        seed_sweeps(make_session_factory(engine))
         engine.dispose()
         yield url
 
@@ -121,7 +99,7 @@ def measured_postgresql(measured):
 @pytest.fixture(params=["sqlite", "postgresql"])
 def planner_db(request):
     """An engine on each kind of database, both holding the measured results."""
-    url = (request.getfixturevalue("measured")[0] if request.param == "sqlite"
+    url = (request.getfixturevalue("measured") if request.param == "sqlite"
            else request.getfixturevalue("measured_postgresql"))
     engine = make_engine(url)
     yield engine
@@ -145,7 +123,7 @@ def columns(row, names) -> tuple:
     return tuple(row[n] if isinstance(row, dict) else getattr(row, n) for n in names)
 
 
-@pytest.mark.timeout(300)  # the first test of the module runs the sweeps
+@pytest.mark.timeout(120)
 def test_every_documented_statement_parses_and_returns_rows(planner_db):
     statements = documented_statements()
     assert len(statements) >= 3
