@@ -22,6 +22,7 @@ def test_cache_env_turns_the_cache_on_or_off(monkeypatch):
     assert default_jax_cache_dir().endswith("gdn-sweep/jax-compile")
 
 
+@pytest.mark.slow  # two JAX trials in fresh processes, one compiling cold: ~25 s here
 @pytest.mark.timeout(240)
 def test_second_sweep_reuses_every_compiled_program(local_ray, tmp_path):
     cache = tmp_path / "jax-cache"
