@@ -71,6 +71,8 @@ def test_torch_every_mode_on_2_and_4_chips(local_ray):
     assert_no_leaks()
 
 
+@pytest.mark.slow  # 4 JAX compiles at D = 4; JAX trials through Ray run by default in
+# test_plan_trials.py and test_cpu_partition.py
 @pytest.mark.timeout(300)
 def test_jax_every_mode_on_4_chips(local_ray):
     events, sink = [], MemorySink()
@@ -120,7 +122,8 @@ def test_step_settings_reach_the_step(local_ray, framework):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("framework", [
+    "torch", pytest.param("jax", marks=pytest.mark.slow)])  # jax: 3 compiles, ~45 s here
 def test_one_chip_runs_once_as_the_baseline_every_mode_refers_to(local_ray, framework):
     spec = tiny_spec(frameworks=[framework], modes=["all_gather", "p2p"], chips=[1, 2])
     results = run_sweep(spec, MemorySink())
