@@ -99,20 +99,26 @@ class JsonLinesSink:
                       "result": result.model_dump(mode="json")})
 
 
+def read_text(path: str | Path, error: type[ValueError]) -> str:
+    """A UTF-8 text file's content; `error` naming the path when it is missing, not text, or
+    cannot be read (a results file here, a sweep file in the service)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a text file (UTF-8)") from None
+    except OSError as err:
+        raise error(f"{path}: cannot read it ({err.strerror or err})") from None
+
+
 def read_jsonl(path: str | Path) -> JsonLinesFile:
     """Read and check a results file; JsonLinesError (naming file:line) for anything wrong in
     it: not JSON, not an object, an unknown event, a header that is not the first line or
     holds no valid sweep, a result that is not a final TrialResult. A last line cut short
     (the writer died mid-line) is an error too: a file is read whole or not at all."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise JsonLinesError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise JsonLinesError(f"{path}: not a text file (UTF-8)") from None
-    except OSError as err:
-        raise JsonLinesError(f"{path}: cannot read it ({err.strerror or err})") from None
+    lines = read_text(path, JsonLinesError).splitlines()
     header, results = None, []
     for number, line in enumerate(lines, 1):
         where = f"{path}:{number}"

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from service.runs.admission import grid_cap_error, validation_text
-from workers.result_sink import JsonLinesError, read_jsonl
+from workers.result_sink import JsonLinesError, read_jsonl, read_text
 from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
 
@@ -24,14 +24,7 @@ def load_spec(path: str | Path, *, grid_cap: int | None = None) -> SweepSpec:
     spec, the grid cap (when given) and the model's presets. SweepFileError if any fails."""
     import yaml
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SweepFileError(f"{path}: no such file") from None
-    except UnicodeDecodeError:
-        raise SweepFileError(f"{path}: not a text file (UTF-8)") from None
-    except OSError as err:
-        raise SweepFileError(f"{path}: cannot read it ({err.strerror or err})") from None
+    text = read_text(path, SweepFileError)
     try:
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as err:
