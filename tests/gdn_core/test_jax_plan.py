@@ -56,9 +56,10 @@ def test_matmul_flops_count_every_loop_trip_where_xla_counts_the_body_once():
     assert matmul_flops_per_chip(conv)["flops"] == 2 * (2 * 100 * 24) * 4
 
 
+@pytest.mark.slow  # 5 to 9 compiles (40 s at D = 2, 3, 4 cold); plan trials run by default in
+# tests/workers/test_plan_trials.py and test_matmul_flops_* above
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("chip_counts", [(2, 3, 4), pytest.param(tuple(range(2, 9)),
-                                                                  marks=pytest.mark.slow)],
+@pytest.mark.parametrize("chip_counts", [(2, 3, 4), tuple(range(2, 9))],
                          ids=lambda ds: f"D{ds[0]}-{ds[-1]}x{len(ds)}")
 def test_plans_at_a_fixed_local_shard(chip_counts):
     """Sequence-sharded modes: memory per chip flat in D at a fixed local shard, compiled FLOPs

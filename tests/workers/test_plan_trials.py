@@ -37,18 +37,16 @@ def test_plans_are_not_refused_for_memory_a_measured_point_would_not_fit():
     assert "exceeds" in measured.skip_reason and plan.skip_reason is None
 
 
+SPEC = dict(kinds=["measure", "plan"], frameworks=["jax"], modes=["p2p"], chips=[2],
+            seq_lens=[128])
+
+
 @pytest.mark.timeout(400)
-def test_plan_trials_beside_measured_ones_and_beyond_the_cluster(local_ray):
+def test_a_plan_trial_beside_the_measured_one_compiles_the_same_program(local_ray):
     """A plan compiles the same program the measured trial runs: XLA's estimate and the
-    collective bytes agree exactly; it records no measurement. 16 chips, more than this
-    Ray cluster has, plan all the same."""
+    collective bytes agree exactly; it records no measurement."""
     sink, events = MemorySink(), []
-    spec = tiny_spec(kinds=["measure", "plan"], frameworks=["jax"], modes=["p2p"], chips=[2],
-                     seq_lens=[128])
-    run_sweep(spec, sink, on_event=events.append)
-    wide = SweepSpec(**{**spec.model_dump(), "name": "wide", "kinds": ["plan"], "chips": [16],
-                        "seq_lens": [16 * 64]})
-    run_sweep(wide, sink, on_event=events.append)
+    run_sweep(tiny_spec(**SPEC), sink, on_event=events.append)
     by_key = sink.by_key()
     measured, plan = by_key[POINT], by_key[f"plan/{POINT}"]
     assert measured.status == plan.status == "succeeded", (measured.error, plan.error)
@@ -64,11 +62,22 @@ def test_plan_trials_beside_measured_ones_and_beyond_the_cluster(local_ray):
                        "peak_memory_bytes_per_chip", "memory_source", "loss_first"):
         assert getattr(p, unmeasured) is None, unmeasured
     assert plan.hosts and plan.versions.get("jax")
+    plan_starts = [e for e in events if isinstance(e, TrialStarted) and e.trial.kind == "plan"]
+    assert len(plan_starts) == 1 and all(e.workers == () for e in plan_starts)
+    assert_no_leaks()
 
-    far = by_key["plan/jax/p2p/chips=16/seq_len=1024/dtype=float32/param_sharding=replicated/"
+
+@pytest.mark.timeout(400)
+def test_a_plan_trial_beyond_the_cluster_holds_no_chips(local_ray):
+    """16 chips, more than this Ray cluster has: planned all the same, on no chip."""
+    sink, events = MemorySink(), []
+    wide = SweepSpec(**{**tiny_spec(**SPEC).model_dump(), "name": "wide", "kinds": ["plan"],
+                        "chips": [16], "seq_lens": [16 * 64]})
+    run_sweep(wide, sink, on_event=events.append)
+    far = sink.by_key()["plan/jax/p2p/chips=16/seq_len=1024/dtype=float32/param_sharding=replicated/"
                  "remat=none"]
     assert far.status == "succeeded", far.error
     assert "16 virtual chips" in far.metrics.estimated_memory_source
-    plan_starts = [e for e in events if isinstance(e, TrialStarted) and e.trial.kind == "plan"]
-    assert len(plan_starts) == 2 and all(e.workers == () for e in plan_starts)
+    (start,) = [e for e in events if isinstance(e, TrialStarted)]
+    assert start.workers == ()
     assert_no_leaks()

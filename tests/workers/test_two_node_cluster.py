@@ -56,6 +56,7 @@ def test_torch_ranks_span_both_nodes(two_nodes):
     assert_no_leaks()
 
 
+@pytest.mark.slow  # 21 s cold (two JAX processes compiling); torch across nodes runs by default
 @pytest.mark.timeout(300)
 def test_jax_two_processes_of_two_chips(two_nodes):
     result, started = _run_spanning(tiny_spec(frameworks=["jax"], modes=["all_gather"],
