@@ -256,8 +256,8 @@ def test_blockwise_attention_matches_single_chip(layout, block):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("D", [2, 4])
-def test_ulysses_refuses_more_ranks_than_heads(D):
+@pytest.mark.parametrize("D", [2, pytest.param(4, marks=pytest.mark.slow)])  # D = 4: the
+def test_ulysses_refuses_more_ranks_than_heads(D):  # 4-rank job the slow tier runs anyway
     heads = D // 2
     assert all(r["few_heads"] == f"attn_cp='ulysses' needs query heads ({heads}) divisible "
                f"by chips={D}: more chips ({D}) than query heads ({heads}); chips must be one "
@@ -278,6 +278,7 @@ def test_ulysses_refuses_more_ranks_than_heads(D):
                               num_heads=4, num_kv_heads=2)
 
 
+@pytest.mark.slow  # the world-of-4 job (every D = 4 case with it): the slow tier's
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ATTN_CP_MODES)
