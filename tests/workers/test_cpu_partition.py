@@ -184,7 +184,8 @@ def test_warm_group_keeps_its_cores_and_a_dead_one_frees_them(ray_one_chip_per_c
 def test_one_chip_mfu_is_at_most_one(ray_one_chip_per_core, framework):
     sink = MemorySink()
     spec = tiny_spec(frameworks=[framework], chips=[1], seq_lens=[1024],
-                     model={"preset": "tiny", "num_layers": 2}, steps=3, warmup_steps=1, trial_timeout_s=300)
+                     model={"preset": "tiny", "num_layers": 2}, steps=3, warmup_steps=1,
+                     trial_timeout_s=300)
     results = run_sweep(spec, sink)
     assert len(results) == 1
     for result in results:
