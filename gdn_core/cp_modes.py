@@ -10,6 +10,7 @@ import dataclasses
 from typing import Literal, get_args
 
 from .cp_layout import Layout, check_layout
+from .kernels import DEFAULT_KERNELS, Kernels, check_kernels
 
 CPMode = Literal["ulysses", "p2p", "all_gather", "log_scan"]
 CP_MODES: tuple[str, ...] = get_args(CPMode)
@@ -48,13 +49,15 @@ class CPSettings:
     layers and ignores it."""
     layout: Layout = "contiguous"
     """Which tokens each chip holds (cp_layout.LAYOUTS)."""
-    # `kernels` (reference | fused, ARCHITECTURE.md "Kernels") joins these fields with issue
-    # 15: which implementation a step runs travels with how it is split.
+    kernels: Kernels = DEFAULT_KERNELS
+    """Which implementation the step runs (kernels.KERNELS): it travels with how the step is
+    split, since a fused kernel composes with the CP exchanges."""
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
         check_attn_cp(self.attn_cp)
         check_layout(self.layout)
+        check_kernels(self.kernels)
         if isinstance(self.chips, bool) or not isinstance(self.chips, int) or self.chips < 1:
             raise ValueError(f"chips={self.chips!r} is not a chip count; use an integer >= 1")
 
