@@ -118,8 +118,14 @@ def test_one_step_matches_single_chip(mode, layout):
         assert_close(f"opt_state{name}", ref, got, TOL)
 
 
+# The report's figures per mode; every mode's step runs by default in the test above.
+REPORT_CASES = [case if case in (("ulysses", "D2"), ("p2p", "D2"))
+                else pytest.param(*getattr(case, "values", case), marks=pytest.mark.slow)
+                for case in CASES]
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("mode,layout", CASES)
+@pytest.mark.parametrize("mode,layout", REPORT_CASES)
 def test_run_cp_training_report(mode, layout):
     D = LAYOUTS[layout]
     report = run_cp_training(MODEL, TRAIN, mesh=mesh_of(layout), axis="cp",

@@ -104,7 +104,10 @@ def torch_saved_bytes(model_cfg, T, *, dtype, remat):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+# Each shape traces the model 12 times (≈8 s here): "base" by default, the others slow.
+@pytest.mark.parametrize("shape", [shape if shape == "base" else
+                                   pytest.param(shape, marks=pytest.mark.slow)
+                                   for shape in SHAPES])
 def test_jax_table_is_what_jax_saves(shape):
     # L = 3 (no dim of the shapes is 3, so the scan's stacked residuals are unambiguous);
     # the per-token figure is the difference between 8 and 4 chunks (no padding either way).
@@ -310,7 +313,9 @@ def torch_predicted(name):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", TORCH_POINTS)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow)
+                                  if name == "weights-heavy" else name
+                                  for name in TORCH_POINTS])
 def test_torch_prediction_within_bounds_of_its_allocator(name):
     # One chip on CPU (the profiler sees every tensor allocation; no process RSS noise).
     # Measured 0.97-1.07. On CUDA the foreach AdamW's temporary list (counted) is real; on

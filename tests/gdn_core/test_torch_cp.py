@@ -25,7 +25,7 @@ from .torch_dist import run_in_process_group
 
 MODES = ("ulysses", "p2p", "all_gather", "log_scan")
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-DS = [2, 4, pytest.param(8, marks=pytest.mark.slow)]
+DS = [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)]
 CHUNK, T_LOCAL, B, DK, DV = 16, 24, 2, 16, 24  # t = 24: not a multiple of the chunk
 HALO_T, HALO_C, HALO = 5, 6, 3
 TOL = 1e-4
@@ -340,6 +340,7 @@ def test_validation_errors(D):
     assert "chips must be one of 1" in msg, msg
 
 
+@pytest.mark.slow  # the world-of-4 job
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("mode", MODES)
 def test_modes_on_cp_subgroups(mode):

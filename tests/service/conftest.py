@@ -91,6 +91,16 @@ def sqlite_url(tmp_path_factory) -> str:
     return url
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items) -> None:
+    """A browser test's PostgreSQL case runs in the slow tier: the browser reaches the database
+    only through the API, whose own tests run on both kinds by default."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "browser" in getattr(item, "fixturenames", ()) and params.get("db_url") == "postgresql":
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request) -> str:
     """A migrated, emptied database of each kind."""
