@@ -1,8 +1,10 @@
-"""Context-parallel training: the gradient sum over the CP group and a per-rank runner.
+"""Context-parallel training: a per-rank runner, its verify against one chip, and the choice of
+gradient sum over the CP group (cp.grad_sync).
 
 Every rank of the CP group holds a sequence shard of the batch (cp_layout: contiguous, or the
 zigzag segments r and 2D−1−r) and the model (GDN-only, or the hybrid decoder whose attention
-layers run under `attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding: replicated, zero1 or fsdp over the group).
+layers run under `attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding:
+replicated, zero1 or fsdp over the group).
 Its loss is (sum of its token losses) / (global token count) (train_step's global_tokens), so
 the ranks' losses and parameter gradients each sum to the single-chip ones: the gradients are
 all-reduced (SUM; gloo has no AVG) while backward runs and waited for before the optimizer step
