@@ -147,12 +147,14 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     step = statistics.median(step_times)
     compile_times = [t for t in (getattr(r, "compile_time_s", None) for r in reports)
                      if t is not None]
+    # MFU's numerator is the model's cost whatever kernel ran; HFU's counts what `kernels` ran
     model_flops = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
     cp = trial.cp_settings()
     hardware_flops = hardware_flops_per_step(model_cfg, mode=cp.mode, chips=chips,
                                              batch=batch, seq_len=seq_len,
                                              framework=trial.framework, remat=trial.remat,
-                                             attn_cp=cp.attn_cp, layout=cp.layout).total
+                                             attn_cp=cp.attn_cp, layout=cp.layout,
+                                             kernels=cp.kernels).total
     losses = reports[0].losses  # the global loss: the same on every process
     measured = losses[trial.warmup_steps:] or losses
     errs = [r.max_rel_err for r in reports if r.max_rel_err is not None]

@@ -95,7 +95,8 @@ def plan_metrics(trial: TrialSpec, plan: dict) -> TrialMetrics:
             model_cfg, batch=batch, seq_len=seq_len).total),
         hardware_flops_per_step=float(hardware_flops_per_step(
             model_cfg, mode=cp.mode, chips=cp.chips, batch=batch, seq_len=seq_len,
-            framework="jax", remat=trial.remat, attn_cp=cp.attn_cp, layout=cp.layout).total),
+            framework="jax", remat=trial.remat, attn_cp=cp.attn_cp, layout=cp.layout,
+            kernels=cp.kernels).total),
         compiled_flops_per_step_per_chip=float(plan["matmul_flops_per_chip"]),
         compile_time_s=plan["compile_time_s"],
         estimated_memory_bytes_per_chip=plan["estimated_memory_bytes"],

@@ -26,8 +26,10 @@ class TrialMetrics(BaseModel):
     """Median wall time of the measured steps (a full training step, the device synchronised)."""
     tokens_per_s_per_chip: float | None = None
     model_flops_per_step: float | None = None
+    """MFU's numerator: the model's cost (gdn_core.flops.model), the same under every kernel."""
     maxtext_flops_per_step: float | None = None
     hardware_flops_per_step: float | None = None
+    """HFU's numerator: what the trial's framework and kernels ran (gdn_core.flops.hardware)."""
     peak_flops_per_chip: float | None = None
     peak_flops_source: str | None = None
     peak_flops_dtype: str | None = None

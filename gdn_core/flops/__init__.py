@@ -1,9 +1,12 @@
 """Analytical FLOP counts of a training step, by job:
 
-    model.py        model_flops_per_step: our count of the model (GDN rule, layers, MLP, LM head)
+    model.py        model_flops_per_step: the model's cost (GDN rule, layers, MLP, LM head),
+                    MFU's numerator: independent of the kernel, the framework and CP
     maxtext.py      the same step as MaxText counts it, stored beside ours for comparison
     attention.py    the hybrid decoder's full-attention layers, and the pairs attention CP runs
-    hardware.py     hardware_flops_per_step: what really runs (CP work, recompute, the solve)
+    rule.py         the GDN rule as each kernel runs it (reference: ours; fused: fla's)
+    hardware.py     hardware_flops_per_step: what really runs (the rule as its kernel runs it,
+                    CP work, recompute, the solve): HFU's numerator
     utilisation.py  mfu and tokens_per_s_per_chip
     conventions.py  the constants and argument checks they share
 
@@ -17,9 +20,14 @@ Conventions (one definition for code, database and dashboard; see ARCHITECTURE.m
 - Counts cover the whole global batch of one step (`batch` sequences of `seq_len` tokens).
   For a per-chip figure the caller divides by the chip count: every chip of a CP group does
   1/chips of the sequence.
-- The GDN rule is counted as our chunked implementation runs it (gdn_core.torch_gdn.chunk),
-  once, with the sequence padded up to a multiple of the chunk as the code pads it. No CP
-  overhead is included there; hardware.cp_overhead_flops counts that extra work separately.
+- Model FLOPs count the GDN rule in the standard chunked WY form (the form fla's
+  chunk_gated_delta_rule computes: C²·(3·Dk + 2·Dv) + 3·C·Dk·Dv MACs per chunk and value
+  head), per token, once: no kernel, CP mode or chip count changes it, so MFU moves only with
+  the step time. What an implementation runs beyond it is hardware FLOPs: the reference
+  rule's per-chunk Dk×Dk transition and state scan and its chunk padding, fla's inverse and
+  backward recomputation (rule.py), CP work (hardware.cp_overhead_flops), recomputation and
+  each framework's solve. MaxText's convention (maxtext.py: the rule in its recurrent view,
+  8·Hv·Dk·Dv per token) is stored beside the model count for comparison.
 - The hybrid decoder (ModelConfig.layers "hybrid") counts its gated full-attention layers
   with attention.py: projections, and QKᵀ and AV over the causal pairs T·(T + 1)/2
   (MaxText's figure: half the square, T²/2); GDN work only in its GDN layers.

@@ -1,9 +1,12 @@
 """hardware_flops_per_step: what a step really runs, beyond the model count.
 
-model_flops_per_step (model.py) plus, as each framework runs them: the CP modes' extra work
-over the single-chip rule (fold, prefix, state application, shard padding), what remat and the
-chunked loss recompute, the (I + L)⁻¹ work in place of the model count's dense-apply
-convention, and the pairs attention CP computes beyond the causal count (attention.py).
+model_flops_per_step (model.py) plus, as each framework and kernel runs them: the GDN rule as
+its kernel runs it in place of the model's standard form (rule.py: the reference rule's Dk×Dk
+transitions and state scan and its chunk padding, or fla's inverse and recomputation), the CP
+modes' extra work over the single-chip rule (fold, prefix, state application, shard padding),
+what remat and the chunked loss recompute, the reference's (I + L)⁻¹ work in place of the
+dense-apply convention, and the pairs attention CP computes beyond the causal count
+(attention.py).
 Conventions and letters: the package docstring (gdn_core.flops).
 """
 
@@ -19,8 +22,8 @@ from ..train_config import check_framework
 from .attention import attention_cp_extra_flops
 from .conventions import (FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_chunk, check_positive,
                           sum_fields)
-from .model import (ModelFlops, layer_counts, model_flops_per_step, model_forward_flops,
-                    rule_macs_per_block)
+from .model import ModelFlops, layer_counts, model_flops_per_step, model_forward_flops
+from .rule import RuleFlops, check_gdn_kernel, gdn_kernel, rule_block_macs, rule_flops
 
 
 def unit_lower_inverse_flops(*, batch: int, seq_len: int, num_v_heads: int,
@@ -53,15 +56,24 @@ class CPOverheadFlops:
     """One A·h + b per chip: the incoming map (p2p: the chip's own pair) applied to a state."""
     shard_padding: int
     """Rule work on chunks added by padding each shard, not the whole sequence, to C tokens."""
+    shard_padding_forward: int = 0
+    """The forward part of shard_padding (what remat recomputes); not added to total."""
 
     @property
     def total(self) -> int:
-        return sum_fields(self)
+        return self.fold + self.prefix + self.state_apply + self.shard_padding
+
+    @property
+    def forward(self) -> int:
+        """The forward part: a third of the exchanges' work (fold, prefix, state_apply: their
+        backward is two forwards), the shard padding's forward as its kernel runs it."""
+        return ((self.fold + self.prefix + self.state_apply) // FWD_BWD_MULTIPLIER
+                + self.shard_padding_forward)
 
 
 def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_heads: int,
-                      head_k_dim: int, head_v_dim: int, chunk_size: int,
-                      num_layers: int) -> CPOverheadFlops:
+                      head_k_dim: int, head_v_dim: int, chunk_size: int, num_layers: int,
+                      kernel: str = "reference") -> CPOverheadFlops:
     """Count the work a CP mode adds on top of the single-chip rule (× 3 for forward + backward).
 
     seq_len is the global sequence; each of the D = chips chips holds T/D tokens in
@@ -80,13 +92,17 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
                                                  torch skips chips that received nothing)
         state_apply   p2p, all_gather, log_scan  D applications, one per chip
         shard_padding p2p, all_gather, log_scan  rule MACs of the D·n − ceil(T / C) chunks that
-                                                 padding each shard adds
+                                                 padding each shard adds, as `kernel` runs a
+                                                 block (rule.rule_block_macs)
     Where the implementations differ the larger count is taken, except that JAX p2p also
     computes A·h + b on every chip in each of its D − 1 rounds and discards all but one (not
     counted; Dk²·Dv each, small next to the fold). ulysses splits heads, not the sequence: no
-    overhead. chips == 1 runs the single-chip rule: no overhead.
+    overhead. chips == 1 runs the single-chip rule: no overhead. The exchanges are ours under
+    either kernel; with kernel="fused" fla's own summary work (its cp_context, or the local
+    summary feeding our p2p / log_scan exchange) is counted as ours, not separately.
     """
     check_mode(mode)
+    check_gdn_kernel(kernel)
     check_positive(chips=chips, batch=batch, seq_len=seq_len, num_v_heads=num_v_heads,
                    head_k_dim=head_k_dim, head_v_dim=head_v_dim, num_layers=num_layers)
     check_chunk(chunk_size)
@@ -103,12 +119,16 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
         "log_scan": D * 2 * (math.ceil(math.log2(D)) - 1) * compose_macs,
     }[mode]
     extra_chunks = D * local_chunks - math.ceil(seq_len / C)
-    scale = FWD_BWD_MULTIPLIER * FLOPS_PER_MAC * batch * num_v_heads * num_layers
+    block_forward, block_step = rule_block_macs(kernel, chunk_size=C, head_k_dim=K,
+                                                head_v_dim=V)
+    per_row = FLOPS_PER_MAC * batch * num_v_heads * num_layers
+    scale = FWD_BWD_MULTIPLIER * per_row
     return CPOverheadFlops(
         fold=scale * D * (local_chunks - 1) * compose_macs,
         prefix=scale * prefix_macs,
         state_apply=scale * D * apply_macs,
-        shard_padding=scale * extra_chunks * rule_macs_per_block(C, K, V),
+        shard_padding=per_row * extra_chunks * block_step,
+        shard_padding_forward=per_row * extra_chunks * block_forward,
     )
 
 
@@ -118,7 +138,8 @@ class RecomputeFlops:
 
     layers: int
     """remat 'full': every decoder layer's forward (GDN or attention layer + MLP, CP work
-    included); 'gdn': every GDN core's forward (conv and rule, its CP work included); 'none': 0."""
+    included); 'gdn': every GDN core's forward (conv and rule, its CP work included); 'none': 0.
+    The rule's forward as its kernel runs it (rule.RuleFlops.ran_forward)."""
     lm_head: int
     """The chunked cross-entropy recomputes each token chunk's logits in backward: one more
     LM-head forward."""
@@ -129,30 +150,34 @@ class RecomputeFlops:
 
 
 def recompute_flops(model_cfg: ModelConfig, *, remat: str, batch: int, seq_len: int,
-                    cp_overhead: CPOverheadFlops, attention_cp: int = 0) -> RecomputeFlops:
-    """Count what `remat` and the chunked loss recompute; cp_overhead is the step's GDN CP work
-    and attention_cp the attention layers' (both fwd + bwd, so their forward is a
+                    cp_overhead: CPOverheadFlops, rule_forward: int,
+                    attention_cp: int = 0) -> RecomputeFlops:
+    """Count what `remat` and the chunked loss recompute; cp_overhead is the step's GDN CP
+    work, rule_forward the rule's forward as its kernel runs it (all GDN layers) and
+    attention_cp the attention layers' CP work (fwd + bwd, so its forward is a
     FWD_BWD_MULTIPLIER-th)."""
     if remat not in ("none", "full", "gdn"):
         raise ValueError(f"remat={remat!r} is not one of: none, full, gdn")
     forward = model_forward_flops(model_cfg, batch=batch, seq_len=seq_len)
-    cp_forward = cp_overhead.total // FWD_BWD_MULTIPLIER
+    cp_forward = cp_overhead.forward
     layers = {
         "none": 0,
-        "full": forward.gdn_rule + forward.gdn_projections + forward.conv + forward.mlp
+        "full": rule_forward + forward.gdn_projections + forward.conv + forward.mlp
         + forward.attention_projections + forward.attention_core + cp_forward
         + attention_cp // FWD_BWD_MULTIPLIER,
-        "gdn": forward.gdn_rule + forward.conv + cp_forward,
+        "gdn": rule_forward + forward.conv + cp_forward,
     }[remat]
     return RecomputeFlops(layers=layers, lm_head=forward.lm_head)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SolveFlops:
-    """(I + L)⁻¹ applied to [β v | β k e^G] as a framework runs it, against the count above.
+    """The reference rule's (I + L)⁻¹ applied to [β v | β k e^G] as a framework runs it,
+    against the dense-apply convention the model and rule counts use for it.
 
-    total = ran − counted: what hardware FLOPs add to the model count's dense-apply
-    convention (negative for torch, whose triangular solve does less than a dense apply).
+    total = ran − counted: what hardware FLOPs add to the dense-apply convention (negative for
+    torch, whose triangular solve does less than a dense apply). All 0 under the fused
+    kernel, whose count holds its own inverse (rule.fla_block_macs).
     """
 
     framework: str
@@ -162,7 +187,7 @@ class SolveFlops:
     ran_recompute: int
     """The forward again where remat recomputes the rule (gdn, full); else 0."""
     counted: int
-    """What model FLOPs, CP shard padding and recompute count for it: C²·(Dv + Dk) MACs per
+    """What the rule count, CP shard padding and recompute count for it: C²·(Dv + Dk) MACs per
     block and forward, × 3 for forward + backward, + 1 forward where recomputed."""
 
     @property
@@ -214,11 +239,12 @@ def solve_flops(framework: str, *, mode: str, chips: int, batch: int, seq_len: i
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HardwareFlops:
-    """hardware_flops_per_step from the analytical count: model FLOPs, the CP work, what
-    recomputation runs again, and the framework's own (I + L)⁻¹ work in place of the model
-    count's convention for it."""
+    """hardware_flops_per_step from the analytical count: model FLOPs, the rule as its kernel
+    runs it, the CP work, what recomputation runs again, and the reference rule's (I + L)⁻¹
+    work as its framework runs it in place of the dense-apply convention."""
 
     model: ModelFlops
+    rule: RuleFlops
     cp_overhead: CPOverheadFlops
     recompute: RecomputeFlops
     solve: SolveFlops
@@ -228,24 +254,28 @@ class HardwareFlops:
 
     @property
     def total(self) -> int:
-        return (self.model.total + self.cp_overhead.total + self.recompute.total
-                + self.solve.total + self.attention_cp)
+        return (self.model.total + self.rule.total + self.cp_overhead.total
+                + self.recompute.total + self.solve.total + self.attention_cp)
 
 
 def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
                             seq_len: int, framework: str, remat: str = "none",
-                            attn_cp: str = "all_gather_kv",
-                            layout: str = "contiguous") -> HardwareFlops:
+                            attn_cp: str = "all_gather_kv", layout: str = "contiguous",
+                            kernels: str = "reference") -> HardwareFlops:
     """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd),
     recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not),
-    with `framework`'s ("jax" or "torch", required: they run different work) (I + L)⁻¹; a
-    hybrid decoder's attention layers under `attn_cp` in `layout`. The GDN CP work is
-    counted for contiguous shards under either layout (zigzag's second segment per chip adds
-    one state composition per chip and layer, not counted).
+    the GDN rule as `kernels` runs it on `framework` ("jax" or "torch", required: they run
+    different work; rule.gdn_kernel: fused only on torch), with the reference rule's
+    (I + L)⁻¹ as `framework` runs it; a hybrid decoder's attention layers under `attn_cp` in
+    `layout`, counted alike for both kernels (the causal pairs plus what attention CP computes
+    beyond them). The GDN CP work is counted for contiguous shards under either layout
+    (zigzag's second segment per chip adds one state composition per chip and layer, not
+    counted).
 
     Raises ValueError, like the CP modes, for a shape `mode`, `attn_cp` or `layout` cannot
     split over `chips`.
     """
+    kernel = gdn_kernel(kernels, framework)
     gdn, (gdn_layers, attention_layers) = model_cfg.gdn, layer_counts(model_cfg)
     check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
                    num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
@@ -257,25 +287,27 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
         attention_cp = attention_cp_extra_flops(
             attn_cp, chips=chips, batch=batch, seq_len=seq_len, num_heads=a.num_heads,
             head_dim=a.head_dim, num_layers=attention_layers, layout=layout)
+    no_solve = SolveFlops(framework=framework, ran_forward=0, ran_backward=0, ran_recompute=0,
+                          counted=0)
     if gdn_layers == 0:  # every layer full attention (full_attention_interval 1)
+        rule = RuleFlops(kernel=kernel, ran=0, ran_forward=0, counted=0)
         overhead = CPOverheadFlops(fold=0, prefix=0, state_apply=0, shard_padding=0)
-        solve = SolveFlops(framework=framework, ran_forward=0, ran_backward=0, ran_recompute=0,
-                           counted=0)
+        solve = no_solve
     else:
-        overhead = cp_overhead_flops(mode, chips=chips, batch=batch, seq_len=seq_len,
-                                     num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
-                                     head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
-                                     num_layers=gdn_layers)
-        solve = solve_flops(framework, mode=mode, chips=chips, batch=batch, seq_len=seq_len,
-                            num_v_heads=gdn.num_v_heads, head_k_dim=gdn.head_k_dim,
-                            head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size,
-                            num_layers=gdn_layers, remat=remat)
-    return HardwareFlops(
-        model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
-        cp_overhead=overhead,
-        recompute=recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
-                                  cp_overhead=overhead, attention_cp=attention_cp),
-        solve=solve, attention_cp=attention_cp)
+        shape = dict(batch=batch, seq_len=seq_len, num_v_heads=gdn.num_v_heads,
+                     head_k_dim=gdn.head_k_dim, head_v_dim=gdn.head_v_dim,
+                     chunk_size=gdn.chunk_size, num_layers=gdn_layers)
+        rule = rule_flops(kernel, num_k_heads=gdn.num_k_heads, **shape)
+        overhead = cp_overhead_flops(mode, chips=chips, kernel=kernel, **shape)
+        # fla's inverse and its apply are in its own count (rule.fla_block_macs)
+        solve = (no_solve if kernel == "fused" else
+                 solve_flops(framework, mode=mode, chips=chips, remat=remat, **shape))
+    recompute = recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
+                                cp_overhead=overhead, rule_forward=rule.ran_forward,
+                                attention_cp=attention_cp)
+    return HardwareFlops(model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
+                         rule=rule, cp_overhead=overhead, recompute=recompute, solve=solve,
+                         attention_cp=attention_cp)
 
 
 __all__ = ["CPOverheadFlops", "HardwareFlops", "RecomputeFlops", "SolveFlops",

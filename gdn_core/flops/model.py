@@ -1,15 +1,16 @@
-"""model_flops_per_step: our analytical count of a training step, component by component.
+"""model_flops_per_step: the model's analytical cost of a training step, component by component.
 
-The chunked GDN rule matmul by matmul, one GDN layer (projections, conv, rule), the SwiGLU MLP,
-the LM head and, in the hybrid decoder, its full-attention layers (attention.py); forward, or
-× 3 for a step. No CP work, no recomputation: those are hardware FLOPs (hardware.py).
+The GDN rule in the standard chunked form, one GDN layer (projections, conv, rule), the SwiGLU
+MLP, the LM head and, in the hybrid decoder, its full-attention layers (attention.py); forward,
+or × 3 for a step. It depends on the model and the tokens only: never on the kernel that runs
+the rule (`kernels`), the chip count or the CP mode, so MFU moves only with the step time.
+What an implementation runs beyond it is hardware FLOPs (rule.py, hardware.py).
 Conventions and letters: the package docstring (gdn_core.flops).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from .attention import attention_layer_flops
@@ -21,22 +22,22 @@ from .conventions import (FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_chunk, check_
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class GDNRuleFlops:
-    """Forward FLOPs of the chunked rule, one field per matmul (summed over B · Hv · N chunks)."""
+    """Forward FLOPs of the gated delta rule in the standard chunked (WY) form, one field per
+    matmul, summed over the B·T tokens and Hv value heads (see gdn_rule_flops)."""
 
     gram: int
-    """L = (β k) kᵀ inside each chunk: C·C·Dk MACs per chunk (full block, as computed)."""
+    """L = (β k) kᵀ inside each chunk: C·Dk MACs per token (C²·Dk per chunk, the full block)."""
     intra_chunk_attn: int
-    """q kᵀ inside each chunk: C·C·Dk MACs per chunk."""
+    """q kᵀ inside each chunk: C·Dk MACs per token."""
     triangular_solve: int
-    """(I + L)⁻¹ applied to [β v | β k e^G]: counted as C·C·(Dv + Dk) MACs per chunk."""
-    chunk_a: int
-    """A_n = e^{G_C} I − k̃ᵀ w: Dk·C·Dk MACs per chunk."""
-    chunk_b: int
-    """b_n = k̃ᵀ u: Dk·C·Dv MACs per chunk."""
-    state_scan: int
-    """S_{n+1} = A_n S_n + b_n: Dk·Dk·Dv MACs per chunk (all N chunks are scanned)."""
+    """(I + L)⁻¹ applied to [β k e^G | β v] (w and u): counted as a dense C×C matrix,
+    C·(Dk + Dv) MACs per token; building the inverse is implementation work (not counted)."""
+    state_read: int
+    """The pseudo-values u − w S_n: Dk·Dv MACs per token."""
+    state_update: int
+    """S_{n+1} = e^{G_C} S_n + k̃ᵀ (u − w S_n): Dk·Dv MACs per token."""
     outputs: int
-    """w S_n, q̃ S_n (C·Dk·Dv each) and attn (u − w S_n) (C·C·Dv) per chunk."""
+    """q̃ S_n (Dk·Dv) and attn (u − w S_n) (C·Dv) MACs per token."""
 
     @property
     def total(self) -> int:
@@ -45,23 +46,23 @@ class GDNRuleFlops:
 
 def gdn_rule_flops(*, batch: int, seq_len: int, num_k_heads: int, num_v_heads: int,
                    head_k_dim: int, head_v_dim: int, chunk_size: int) -> GDNRuleFlops:
-    """Count the forward FLOPs of our chunked gated delta rule, matmul by matmul.
+    """Count the forward FLOPs of the gated delta rule as the model costs it: the standard
+    chunked WY form, the same for every implementation, chip count and CP mode.
 
+    This is the form flash-linear-attention's chunk_gated_delta_rule and the Gated DeltaNet
+    paper compute (WY representation w = T β k e^G, u = T β v with T = (I + L)⁻¹, then one
+    pass over the chunks carrying the Dk×Dv state). Per chunk and value head (C, Dk, Dv), in
+    MACs:
+
+        gram  C²·Dk     intra-chunk attn  C²·Dk     (I+L)⁻¹ applied  C²·(Dk + Dv)
+        u − w S  C·Dk·Dv     state update  C·Dk·Dv     outputs  C·Dk·Dv + C²·Dv
+
+    that is C²·(3·Dk + 2·Dv) + 3·C·Dk·Dv per chunk, counted per token (÷ C) over the B·T
+    tokens, unpadded. What an implementation runs beyond it is hardware work
+    (gdn_core.flops.rule, hardware.py): building (I + L)⁻¹, padding to whole chunks or
+    shards, recomputation, and the reference rule's per-chunk Dk×Dk transition and state scan.
     q and k are repeated to Hv heads before any matmul, so every count is per value head and
-    num_k_heads only has to divide num_v_heads. Per chunk and value head (C, Dk, Dv):
-
-        gram            C²·Dk          intra-chunk attn   C²·Dk
-        (I+L)⁻¹ solve   C²·(Dv + Dk)   A_n               C·Dk²      b_n   C·Dk·Dv
-        state scan      Dk²·Dv         outputs           2·C·Dk·Dv + C²·Dv
-
-    The solve convention: torch.linalg.solve_triangular of the unit-lower C×C block against
-    the Dv + Dk right-hand sides is counted as applying a dense C×C matrix, C²·(Dv + Dk) MACs
-    (a triangular solve does about half of that; the JAX rule applies an explicit inverse of
-    exactly this size, and builds that inverse at the extra cost given by
-    hardware.unit_lower_inverse_flops). Model FLOPs keep this one convention for both
-    frameworks; hardware FLOPs replace it by what each framework runs (hardware.solve_flops).
-    The padded
-    N = ceil(T / C) chunks are all counted.
+    num_k_heads only has to divide num_v_heads.
     """
     check_positive(batch=batch, seq_len=seq_len, num_k_heads=num_k_heads,
                    num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
@@ -70,23 +71,17 @@ def gdn_rule_flops(*, batch: int, seq_len: int, num_k_heads: int, num_v_heads: i
         raise ValueError(f"num_v_heads={num_v_heads} must be a multiple of "
                          f"num_k_heads={num_k_heads}")
     C, K, V = chunk_size, head_k_dim, head_v_dim
-    blocks = batch * num_v_heads * math.ceil(seq_len / C)  # (batch row, head, chunk) blocks
-    per_block = {
-        "gram": C * C * K,
-        "intra_chunk_attn": C * C * K,
-        "triangular_solve": C * C * (V + K),
-        "chunk_a": K * C * K,
-        "chunk_b": K * C * V,
-        "state_scan": K * K * V,
-        "outputs": 2 * C * K * V + C * C * V,
+    token_heads = batch * seq_len * num_v_heads
+    per_token = {
+        "gram": C * K,
+        "intra_chunk_attn": C * K,
+        "triangular_solve": C * (K + V),
+        "state_read": K * V,
+        "state_update": K * V,
+        "outputs": K * V + C * V,
     }
-    return GDNRuleFlops(**{name: FLOPS_PER_MAC * blocks * macs for name, macs in per_block.items()})
-
-
-def rule_macs_per_block(chunk_size: int, head_k_dim: int, head_v_dim: int) -> int:
-    """Total MACs of one (batch row, head, chunk) block of the rule (see gdn_rule_flops)."""
-    C, K, V = chunk_size, head_k_dim, head_v_dim
-    return C * C * (3 * K + 2 * V) + C * K * K + 3 * C * K * V + K * K * V
+    return GDNRuleFlops(**{name: FLOPS_PER_MAC * token_heads * macs
+                           for name, macs in per_token.items()})
 
 
 # --------------------------------------------------------------------------- one GDN layer
@@ -106,7 +101,7 @@ class GDNLayerFlops:
     conv: int
     """Depthwise causal conv over q, k and v: 2·B·T·(2·Hk·Dk + Hv·Dv)·K."""
     rule: int
-    """gdn_rule_flops(...).total."""
+    """gdn_rule_flops(...).total: the standard chunked form, whatever kernel runs it."""
     out_proj: int
     """2·B·T·Hv·Dv·E."""
 
@@ -233,7 +228,9 @@ def _attention_layer(model_cfg: ModelConfig, *, batch: int, seq_len: int):
 def model_flops_per_step(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> ModelFlops:
     """Count model_flops_per_step: 3 × forward (forward + backward), global batch, no CP work.
 
-    Divide by the chip count for a per-chip figure.
+    MFU's numerator. It takes no kernel, framework or CP argument: a reference and a fused
+    trial of the same point count the same model FLOPs (their hardware FLOPs differ:
+    hardware.hardware_flops_per_step). Divide by the chip count for a per-chip figure.
     """
     return scaled(model_forward_flops(model_cfg, batch=batch, seq_len=seq_len),
                   FWD_BWD_MULTIPLIER)
@@ -241,5 +238,4 @@ def model_flops_per_step(model_cfg: ModelConfig, *, batch: int, seq_len: int) ->
 
 __all__ = ["GDNLayerFlops", "GDNRuleFlops", "ModelFlops", "depthwise_conv_flops",
            "gdn_layer_flops", "gdn_rule_flops", "layer_counts", "lm_head_flops",
-           "model_flops_per_step", "model_forward_flops", "rule_macs_per_block",
-           "swiglu_mlp_flops"]
+           "model_flops_per_step", "model_forward_flops", "swiglu_mlp_flops"]

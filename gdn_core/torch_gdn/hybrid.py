@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from .attention import GatedAttention, ZeroCenteredRMSNorm, rotary_cos_sin
+from .device_index import device_index
 from .layer import GatedDeltaNet
 from .loss import chunked_cross_entropy_sum
 from .model import INIT_STD, DecoderBlock, SwiGLU
@@ -81,8 +82,8 @@ class HybridDecoder(nn.Module):
         tokens' positions in the sequence (default: sequence_positions(T), else 0 … T−1)."""
         x_BTD = self.embed_tokens(tokens_BT.long())
         if position_ids is None and self.sequence_positions is not None:
-            position_ids = torch.from_numpy(self.sequence_positions(tokens_BT.shape[1]))
-            position_ids = position_ids.to(tokens_BT.device)
+            position_ids = device_index(self.sequence_positions, tokens_BT.shape[1],
+                                        device=tokens_BT.device)  # built once per device
         elif position_ids is None:
             position_ids = torch.arange(tokens_BT.shape[1], device=tokens_BT.device)
         cos_BTR = sin_BTR = None

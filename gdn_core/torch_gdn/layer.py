@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from ..config import GDNConfig
 from .chunk import chunk_gated_delta_rule
+from .device_index import device_index
 
 
 def causal_conv1d(x_BTC: torch.Tensor, weight_CK: torch.Tensor,
@@ -111,9 +112,10 @@ class GatedDeltaNet(nn.Module):
 
     def conv_channels(self, k_heads, v_heads: range) -> torch.Tensor:
         """Return the conv channels of key heads `k_heads` (q and k; repeats allowed) and value
-        heads `v_heads` (GDNConfig.conv_channels), as an index tensor on the weights' device."""
-        return torch.as_tensor(self.cfg.conv_channels(k_heads, v_heads),
-                               device=self.conv1d.weight.device)
+        heads `v_heads` (GDNConfig.conv_channels), as an index tensor on the weights' device
+        (built once: device_index)."""
+        return device_index(self.cfg.conv_channels, tuple(k_heads), v_heads,
+                            device=self.conv1d.weight.device)
 
     def project(self, hidden_BTD: torch.Tensor):
         """Return (mixed_qkv_BTC pre-conv, z_BTHV, b_BTH, a_BTH)."""

@@ -4,6 +4,8 @@ ModelConfig.layers is 'hybrid'): AdamW, fp32 master weights, optional bf16.
 The loss is written as (sum of this process's token losses) / (global token count), so the
 losses of context-parallel ranks, each holding a sequence shard, sum to the global mean; their
 gradients sum likewise, which is what the `grad_sync` hook (an all-reduce-sum under CP) does.
+A step reads nothing back to the host (no `.item()`, no index built from host data): it returns
+its loss as a device tensor, which the runners read after the timed steps.
 The loss is the model's chunked cross-entropy (no [tokens, V] float32 logits); TrainConfig.remat
 is applied by build_model. dtype 'bfloat16' is torch.autocast to bf16 (CPU and CUDA alike: both
 run bf16 matmuls there) over fp32 master weights and fp32 AdamW state; the GDN rule's state chain
@@ -26,7 +28,10 @@ from ..train_config import COMPUTE_DTYPES, TrainConfig, TrainReport
 from .hybrid import HybridLanguageModel
 from .model import GDNLanguageModel, set_remat
 
-GradSync = Callable[[nn.Module], None]
+GradSync = Callable[[nn.Module], object]
+"""Called after backward, before the optimizer step. One that also has `prepare(model)` (e.g.
+cp.grad_sync.OverlappedGradientSum) gets that call before backward, to start its collectives
+while backward runs."""
 
 
 def autocast_context(device_type: str, dtype: str):
@@ -40,17 +45,21 @@ def autocast_context(device_type: str, dtype: str):
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: torch.Tensor,
                targets_BT: torch.Tensor, *, global_tokens: int, dtype: str,
-               grad_sync: GradSync | None = None, loss_chunk_tokens: int | None = None) -> float:
+               grad_sync: GradSync | None = None,
+               loss_chunk_tokens: int | None = None) -> torch.Tensor:
     """Run forward, backward, grad_sync(model) if given, and one optimizer step.
 
     Args:
         inputs_BT, targets_BT: this process's integer tokens [B, T] (a sequence shard under CP).
         global_tokens: tokens over all processes; the loss is sum(token losses here) / it.
         dtype: 'float32', or 'bfloat16' for autocast compute over fp32 master weights.
-        grad_sync: called after backward, before the update (CP all-reduces gradients there).
+        grad_sync: called after backward, before the update (CP all-reduces gradients there);
+            its prepare(model), if it has one, before backward.
         loss_chunk_tokens: tokens per cross-entropy chunk (default: loss.loss_chunk_tokens(V)).
     Returns:
-        This process's share of the mean loss (a float; CP ranks' shares sum to the mean).
+        This process's share of the mean loss, a detached float32 scalar tensor on the
+        inputs' device (CP ranks' shares sum to the mean): reading it (float(), .item()) waits
+        for the device, so read it after the timed steps.
     """
     if global_tokens < targets_BT.numel():
         raise ValueError(f"global_tokens={global_tokens} is fewer than this process's "
@@ -59,11 +68,14 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
     with autocast_context(inputs_BT.device.type, dtype):
         loss_sum = model(inputs_BT, targets_BT, loss_chunk_tokens=loss_chunk_tokens)
     loss = loss_sum / global_tokens
+    prepare = getattr(grad_sync, "prepare", None)
+    if prepare is not None:
+        prepare(model)
     loss.backward()
     if grad_sync is not None:
         grad_sync(model)
     optimizer.step()
-    return loss.item()
+    return loss.detach()
 
 
 def language_model(model_cfg: ModelConfig, *, seed: int = 0) -> nn.Module:
@@ -108,9 +120,10 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                  warmup_steps: int = 1, device: str | torch.device = "cpu") -> TrainReport:
     """Train on one fixed synthetic batch: warmup_steps untimed steps, then `steps` timed ones.
 
-    Losses cover every step (warm-up included); step_times_s the `steps` timed ones. Peak
-    memory is measured from the start of the run (device_memory.torch_peak_memory: CUDA's
-    allocator peak, on CPU the process's RSS high-water mark).
+    Losses cover every step (warm-up included), read back after the last step; step_times_s
+    the `steps` timed ones. Peak memory is measured from the start of the run
+    (device_memory.torch_peak_memory: CUDA's allocator peak, on CPU the process's RSS
+    high-water mark).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
@@ -131,5 +144,6 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
         if step >= warmup_steps:
             times.append(time.perf_counter() - start)
     peak_bytes, source = device_memory.torch_peak_memory(device)
+    losses = torch.stack(losses).tolist()  # the only read back to the host, after the steps
     return TrainReport(losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes,
                        memory_source=source)

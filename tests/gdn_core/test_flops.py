@@ -11,6 +11,7 @@ from gdn_core.flops.hardware import (cp_overhead_flops, hardware_flops_per_step,
                                      unit_lower_inverse_flops)
 from gdn_core.flops.maxtext import maxtext_gdn_flops, maxtext_model_flops_per_step
 from gdn_core.flops.model import gdn_rule_flops, model_flops_per_step, model_forward_flops
+from gdn_core.flops.rule import reference_rule_flops
 from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
 from gdn_core.presets import get_preset
 from gdn_core.torch_gdn.chunk import chunk_gated_delta_rule
@@ -30,7 +31,25 @@ def tiny_model() -> ModelConfig:
     return ModelConfig(name="custom", gdn=gdn, num_layers=3, intermediate_size=48, vocab_size=100)
 
 
-def test_rule_hand_count():
+def test_model_rule_hand_count():
+    # The standard chunked WY form, per token: B·T = 80 tokens, Hv=2 heads, C=16, Dk=8, Dv=4.
+    token_heads = 2 * 40 * 2
+    macs_per_token = {
+        "gram": 16 * 8,                  # (βk) kᵀ: C²·Dk per chunk
+        "intra_chunk_attn": 16 * 8,      # q kᵀ
+        "triangular_solve": 16 * (8 + 4),  # (I+L)⁻¹ [βk e^G | βv]
+        "state_read": 8 * 4,             # u − w S
+        "state_update": 8 * 4,           # e^G S + k̃ᵀ v_new
+        "outputs": 8 * 4 + 16 * 4,       # q̃ S, attn v_new
+    }
+    got = gdn_rule_flops(**TINY_RULE)
+    for name, macs in macs_per_token.items():
+        assert getattr(got, name) == 2 * token_heads * macs, name
+    # per chunk C²·(3·Dk + 2·Dv) + 3·C·Dk·Dv = 8192 + 1536 MACs, ÷ C per token
+    assert got.total == 2 * token_heads * (16 * 16 * 32 + 3 * 16 * 8 * 4) // 16 == 194560
+
+
+def test_reference_rule_hand_count():
     # B=2, T=40 → padded to 48 = 3 chunks of C=16; Hv=2 heads (Hk=1 repeated); Dk=8, Dv=4.
     blocks = 2 * 2 * 3
     macs_per_block = {
@@ -42,7 +61,7 @@ def test_rule_hand_count():
         "state_scan": 8 * 8 * 4,                # A_n S_n
         "outputs": 2 * 16 * 8 * 4 + 16 * 16 * 4,  # w S, q̃ S, attn v_new
     }
-    got = gdn_rule_flops(**TINY_RULE)
+    got = reference_rule_flops(**TINY_RULE)
     for name, macs in macs_per_block.items():
         assert close(getattr(got, name), 2 * blocks * macs), name
     assert close(got.total, 2 * 12 * 11008)  # 11008 MACs per block, written out: 264192 FLOPs
@@ -61,18 +80,32 @@ def test_rule_count_matches_torch_rule_matmuls():
     g, beta = -torch.rand(B, T, Hv, generator=gen), torch.rand(B, T, Hv, generator=gen)
     with FlopCounterMode(display=False) as counter:
         chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, chunk_size=C)
-    counted = gdn_rule_flops(**TINY_RULE)
+    counted = reference_rule_flops(**TINY_RULE)
     assert counter.get_total_flops() == counted.total - counted.triangular_solve
 
 
-def test_rule_linear_in_chunks_and_padded_like_the_code():
+def test_reference_rule_linear_in_chunks_and_padded_like_the_code():
     base = dict(TINY_RULE, seq_len=16)
-    one = gdn_rule_flops(**base).total
+    one = reference_rule_flops(**base).total
     for chunks in (2, 5, 64):
-        assert gdn_rule_flops(**dict(base, seq_len=16 * chunks)).total == chunks * one
-    assert gdn_rule_flops(**dict(base, seq_len=17)).total == 2 * one
-    assert gdn_rule_flops(**dict(base, seq_len=1)).total == one
-    assert gdn_rule_flops(**dict(base, num_k_heads=2)).total == one  # q, k repeated to Hv
+        assert reference_rule_flops(**dict(base, seq_len=16 * chunks)).total == chunks * one
+    assert reference_rule_flops(**dict(base, seq_len=17)).total == 2 * one
+    assert reference_rule_flops(**dict(base, seq_len=1)).total == one
+    assert reference_rule_flops(**dict(base, num_k_heads=2)).total == one  # q, k repeated
+
+
+def test_model_rule_linear_in_tokens_unpadded():
+    one = gdn_rule_flops(**dict(TINY_RULE, seq_len=1)).total
+    for tokens in (16, 17, 40, 1000):
+        assert gdn_rule_flops(**dict(TINY_RULE, seq_len=tokens)).total == tokens * one
+    assert gdn_rule_flops(**dict(TINY_RULE, num_k_heads=2)).total == \
+        gdn_rule_flops(**TINY_RULE).total  # q, k repeated to Hv
+    # Below the reference rule by its Dk×Dk transition and state scan (and padding).
+    C, K, V = 16, 8, 4
+    per_chunk_extra = C * K * K + K * K * V
+    full = dict(TINY_RULE, seq_len=48)
+    assert reference_rule_flops(**full).total - gdn_rule_flops(**full).total == \
+        2 * (2 * 2 * 3) * per_chunk_extra
 
 
 def test_rule_rejects_bad_arguments():
@@ -104,8 +137,8 @@ def test_model_forward_hand_count():
             + 2 * tokens * value_dim * 32)               # out_proj
     conv = 2 * tokens * (2 * key_dim + value_dim) * 4
     mlp = 3 * 2 * tokens * 32 * 48
-    per_block = 16 * 16 * (3 * 8 + 2 * 4) + 16 * 8 * 8 + 3 * 16 * 8 * 4 + 8 * 8 * 4
-    rule = 2 * (2 * 4 * 3) * per_block  # B · Hv · 3 padded chunks
+    per_token = 16 * (3 * 8 + 2 * 4) + 3 * 8 * 4  # the standard form, per token and head
+    rule = 2 * tokens * 4 * per_token  # B·T tokens · Hv, unpadded
     lm_head = 2 * tokens * 32 * 100
     fwd = model_forward_flops(cfg, batch=B, seq_len=T)
     assert fwd.gdn_projections == 3 * proj
@@ -234,7 +267,7 @@ def test_cp_overhead_design_target(mode):
                                        framework="jax")
     model = model_flops_per_step(cfg, batch=1, seq_len=8 * 4096)
     assert hardware.model == model
-    assert hardware.total == (model.total + hardware.cp_overhead.total
+    assert hardware.total == (model.total + hardware.rule.total + hardware.cp_overhead.total
                               + hardware.recompute.total + hardware.solve.total)
     assert hardware.cp_overhead.total < 0.10 * model.total
 
@@ -248,11 +281,16 @@ def test_recompute_hand_count():
                                            framework="torch", remat=remat)
             for remat in ("none", "gdn", "full")}
     cp_forward = runs["none"].cp_overhead.total // 3
+    gdn = cfg.gdn
+    rule_forward = cfg.num_layers * reference_rule_flops(
+        batch=B, seq_len=T, num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
+        head_k_dim=gdn.head_k_dim, head_v_dim=gdn.head_v_dim, chunk_size=gdn.chunk_size).total
     assert runs["none"].recompute.layers == 0
     assert runs["none"].recompute.lm_head == fwd.lm_head
-    assert runs["gdn"].recompute.layers == fwd.gdn_rule + fwd.conv + cp_forward
+    # the rule is recomputed as the (reference) kernel runs it, not as the model counts it
+    assert runs["gdn"].recompute.layers == rule_forward + fwd.conv + cp_forward
     assert runs["full"].recompute.layers == (fwd.total - fwd.lm_head - fwd.embedding
-                                             + cp_forward)
+                                             - fwd.gdn_rule + rule_forward + cp_forward)
     # HFU rises with remat; the model FLOPs (MFU's numerator) do not move.
     assert runs["none"].total < runs["gdn"].total < runs["full"].total
     assert len({run.model.total for run in runs.values()}) == 1
@@ -312,8 +350,8 @@ def test_frameworks_differ_by_exactly_the_solve_term(mode, chips, remat):
     shape = dict(mode=mode, chips=chips, batch=2, seq_len=96, remat=remat)
     jax_run = hardware_flops_per_step(cfg, framework="jax", **shape)
     torch_run = hardware_flops_per_step(cfg, framework="torch", **shape)
-    assert (jax_run.model, jax_run.cp_overhead, jax_run.recompute) == (
-        torch_run.model, torch_run.cp_overhead, torch_run.recompute)
+    assert (jax_run.model, jax_run.rule, jax_run.cp_overhead, jax_run.recompute) == (
+        torch_run.model, torch_run.rule, torch_run.cp_overhead, torch_run.recompute)
     assert jax_run.total - torch_run.total == jax_run.solve.total - torch_run.solve.total > 0
     gdn = cfg.gdn
     chunks = {1: 6, 2: 6, 4: 8}[chips]  # ceil(96/16); ulysses splits heads; shards padded

@@ -95,6 +95,31 @@ def test_hfu_counts_the_trials_framework():
             expected
 
 
+@pytest.mark.timeout(30)
+def test_reference_and_fused_trials_share_model_flops_not_hardware_flops(monkeypatch):
+    # The same point under kernels=reference and kernels=fused (torch): MFU's numerator is
+    # the model's cost, the same for both; HFU's counts what each kernel ran. The trial's
+    # cp_settings carries `kernels` (gdn_core.cp_modes.CPSettings).
+    trial = _two_chip_trial().model_copy(update={"framework": "torch"})
+    reports = [_report([0.1, 0.1], 1, "x", 1), _report([0.1, 0.1], 1, "x", 1)]
+    peak = metrics.ChipPeak(1e12, "test", "float32")
+    reference = metrics.trial_metrics(trial, reports, peak=peak)
+    settings = type(trial).cp_settings
+    monkeypatch.setattr(type(trial), "cp_settings",
+                        lambda self: dataclasses.replace(settings(self), kernels="fused"))
+    fused = metrics.trial_metrics(trial, reports, peak=peak)
+    assert fused.model_flops_per_step == reference.model_flops_per_step
+    assert fused.mfu == reference.mfu
+    assert fused.hardware_flops_per_step != reference.hardware_flops_per_step
+    assert fused.hardware_flops_per_step == hardware_flops_per_step(
+        trial.to_model_config(), mode="p2p", chips=2, batch=1, seq_len=64, framework="torch",
+        remat=trial.remat, kernels="fused").total
+    # MFU ≤ 1 is still enforced for a fused trial
+    too_low = metrics.ChipPeak(fused.model_flops_per_step / (0.1 * 2) / 1.5, "x", "float32")
+    with pytest.raises(metrics.UtilisationAboveOneError, match=r"^mfu=1.500 > 1"):
+        metrics.trial_metrics(trial, reports, peak=too_low)
+
+
 @dataclasses.dataclass
 class _TimedReport:
     """A report as part B's CPTrainReport carries it, with a compile time."""

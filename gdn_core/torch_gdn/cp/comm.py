@@ -126,8 +126,9 @@ def shift(x: torch.Tensor, offset: int, *, group, tag: int, op: str) -> torch.Te
 
 @contextlib.contextmanager
 def _no_deprecation_warning():
-    """torch 2.13 marks torch.distributed.nn.functional deprecated (FutureWarning); it is still
-    the differentiable path that works on gloo and NCCL alike."""
+    """torch 2.13 marks torch.distributed.nn.functional, all_gather_into_tensor and
+    reduce_scatter_tensor deprecated (FutureWarning) in favour of names torch 2.9 lacks; they
+    are still the paths that work on gloo and NCCL alike, in every torch from 2.9 on."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         yield
@@ -150,16 +151,19 @@ class _BackwardTap(torch.autograd.Function):
 
 class _AllGather(torch.autograd.Function):
     """x of every rank → [D, *x.shape], gathered into one buffer; backward: a reduce-scatter
-    (each rank sums the D ranks' gradients of its own x). Single-buffer collectives serve any
-    subgroup on gloo; torch.distributed.nn's all_gather backward scatters from group ranks
-    taken as global ones, which fails on a group not starting at global rank 0."""
+    (each rank sums the D ranks' gradients of its own x). Single-buffer collectives
+    (all_gather_into_tensor / reduce_scatter_tensor: in torch 2.9 … 2.13, where the newer
+    *_single names are not) serve any subgroup on gloo; torch.distributed.nn's all_gather
+    backward scatters from group ranks taken as global ones, which fails on a group not
+    starting at global rank 0."""
 
     @staticmethod
     def forward(ctx, x, group, op):
         D = rank_size(group)[1]
         ctx.group, ctx.op = group, op
         gathered = x.new_empty((D * x.numel(),))
-        dist.all_gather_single(gathered, x.reshape(-1), group=group)
+        with _no_deprecation_warning():
+            dist.all_gather_into_tensor(gathered, x.reshape(-1), group=group)
         record(op, (D - 1) * nbytes(x), backward=False)
         return gathered.view(D, *x.shape)
 
@@ -167,8 +171,9 @@ class _AllGather(torch.autograd.Function):
     def backward(ctx, d_gathered):
         D = rank_size(ctx.group)[1]
         dx = d_gathered.new_empty(d_gathered.shape[1:])
-        dist.reduce_scatter_single(dx.view(-1), d_gathered.contiguous().view(-1),
-                                   group=ctx.group)
+        with _no_deprecation_warning():
+            dist.reduce_scatter_tensor(dx.view(-1), d_gathered.contiguous().view(-1),
+                                       group=ctx.group)
         record(ctx.op, (D - 1) * nbytes(dx), backward=True)
         return dx, None, None
 

@@ -1,12 +1,16 @@
-"""Context-parallel training: the gradient sum over the CP group and a per-rank runner.
+"""Context-parallel training: a per-rank runner, its verify against one chip, and the choice of
+gradient sum over the CP group (cp.grad_sync).
 
 Every rank of the CP group holds a sequence shard of the batch (cp_layout: contiguous, or the
 zigzag segments r and 2D−1−r) and the model (GDN-only, or the hybrid decoder whose attention
-layers run under `attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding: replicated, zero1 or fsdp over the group).
+layers run under `attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding:
+replicated, zero1 or fsdp over the group).
 Its loss is (sum of its token losses) / (global token count) (train_step's global_tokens), so
-the ranks' losses and parameter gradients each sum to the single-chip ones: `sum_gradients`
-all-reduces the gradients (SUM; gloo has no AVG) before the optimizer step (fsdp: FSDP2's
-reduce-scatter, also SUM), after which the ranks' weights are the single-chip step's.
+the ranks' losses and parameter gradients each sum to the single-chip ones: the gradients are
+all-reduced (SUM; gloo has no AVG) while backward runs and waited for before the optimizer step
+(grad_sync.OverlappedGradientSum; fsdp: FSDP2's reduce-scatter, also SUM), after which the
+ranks' weights are the single-chip step's. A timed step reads nothing back to the host: its loss
+stays a device tensor until the steps are over.
 Legend: B batch, T global tokens, t = T/D tokens per rank.
 """
 
@@ -14,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 
 import torch
@@ -31,7 +34,8 @@ from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..train import build_model, language_model, train_step
 from .attention import check_attention_shape
-from .comm import count_comm, nbytes, rank_size, record
+from .comm import count_comm, rank_size
+from .grad_sync import GRAD_SYNC_OP, OverlappedGradientSum
 from .layer import context_parallel
 from .sharding import (
     COMM_SOURCE,
@@ -42,42 +46,12 @@ from .sharding import (
     weight_sync_bytes,
 )
 
-GRAD_SYNC_OP = "grad_sync"  # the op name sum_gradients records its bytes under (comm.py)
-
-
-@torch.no_grad()
-def sum_gradients(model: nn.Module, group) -> int:
-    """All-reduce-sum every parameter gradient over `group`, in place; return bytes received.
-
-    Gradients travel as one flat buffer per dtype (one collective each, not one per tensor);
-    a parameter without a gradient contributes zeros, so every rank sends the same layout.
-    Bytes follow the ring convention, 2·(D−1)/D × buffer bytes, recorded in open
-    count_comm() counters as op GRAD_SYNC_OP (backward phase).
-    """
-    _, D = rank_size(group)
-    grads_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for param in model.parameters():
-        if not param.requires_grad:
-            continue
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        grads_by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
-    received = 0
-    for grads in grads_by_dtype.values():
-        flat = torch.cat([grad.reshape(-1) for grad in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        for grad, piece in zip(grads, flat.split([grad.numel() for grad in grads])):
-            grad.copy_(piece.view_as(grad))
-        ring_bytes = 2 * (D - 1) * nbytes(flat) // D
-        record(GRAD_SYNC_OP, ring_bytes, backward=True)
-        received += ring_bytes
-    return received
-
-
 def gradient_sync(param_sharding: str, *, group):
-    """train_step's grad_sync: sum_gradients over `group`, or None under fsdp (FSDP2 sums)."""
+    """train_step's grad_sync: the gradient sum over `group` overlapped with backward
+    (grad_sync.OverlappedGradientSum: replicated, zero1), or None under fsdp (FSDP2 sums,
+    overlapping its reduce-scatters with backward itself)."""
     check_param_sharding(param_sharding)
-    return None if param_sharding == "fsdp" else functools.partial(sum_gradients, group=group)
+    return None if param_sharding == "fsdp" else OverlappedGradientSum(group=group)
 
 
 def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
@@ -133,9 +107,10 @@ class _GradientsOnly(torch.optim.Optimizer):
         return None
 
 
-def _global_sum(values: list[float], *, group, device: torch.device) -> list[float]:
-    """Sum each value over the group in one all-reduce (float64); same result on every rank."""
-    total = torch.tensor(values, dtype=torch.float64, device=device)
+def _global_sum(values: list[torch.Tensor], *, group) -> list[float]:
+    """Sum each scalar tensor over the group in one all-reduce (float64), then read the sums
+    back to the host; the same result on every rank."""
+    total = torch.stack([v.reshape(()) for v in values]).double()
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     return total.tolist()
 
@@ -160,7 +135,7 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     share = train_step(model, _GradientsOnly(model.parameters()), inputs_Bt, targets_Bt,
                        global_tokens=global_tokens, dtype=train_cfg.dtype,
                        grad_sync=gradient_sync(train_cfg.param_sharding, group=group))
-    (cp_loss,) = _global_sum([share], group=group, device=device)
+    (cp_loss,) = _global_sum([share], group=group)
     # Same parameter names: the CP layers (and FSDP2) keep the plain layers' names.
     names, params = zip(*model.named_parameters())
     cp_grads = dict(zip(names, full_tensors([p.grad for p in params])))  # collectives: all ranks
@@ -172,7 +147,7 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
         ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
                               tokens_BT1[:, 1:], global_tokens=global_tokens,
                               dtype=train_cfg.dtype)
-        err.fill_(max_verify_error(ref_loss, cp_loss, [p.grad for p in ref.parameters()],
+        err.fill_(max_verify_error(ref_loss.item(), cp_loss, [p.grad for p in ref.parameters()],
                                    [cp_grads[name] for name, _ in ref.named_parameters()]))
     dist.broadcast(err, group_src=0, group=group)
     model.zero_grad(set_to_none=True)
@@ -289,8 +264,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
         if step == warmup_steps:
             comm = counter
     peak_bytes, source = device_memory.torch_peak_memory(device)
-    # One all-reduce after the loop (outside the timed steps) turns the shares into global losses.
-    losses = _global_sum(shares, group=group, device=device)
+    # One all-reduce after the loop (outside the timed steps) turns the shares (device tensors)
+    # into global losses, read back to the host only then.
+    losses = _global_sum(shares, group=group)
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
     return CPTrainReport(
         losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,

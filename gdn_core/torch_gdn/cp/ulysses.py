@@ -18,11 +18,13 @@ all-to-all that returns o.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...cp_layout import Layout, shard_order
 from ...cp_modes import UlyssesHeads
 from ..chunk import chunk_gated_delta_rule
+from ..device_index import device_index
 from .comm import all_gather, all_to_all_single, rank_size
 
 
@@ -40,15 +42,17 @@ def key_heads_for_chips(x_BtGd: torch.Tensor, plan: UlyssesHeads) -> torch.Tenso
     heads = plan.send_key_heads
     if heads == tuple(range(x_BtGd.shape[2])):
         return x_BtGd
-    return x_BtGd.index_select(2, torch.tensor(heads, device=x_BtGd.device))
+    return x_BtGd.index_select(2, device_index(tuple, heads, device=x_BtGd.device))
 
 
-def _sequence_order(layout: Layout, D: int, t: int, device) -> torch.Tensor | None:
-    """Where the sequence's tokens lie in the shard-ordered [B, D·t, …] (None: in place)."""
-    if layout == "contiguous":
-        return None
-    order = shard_order(chips=D, seq_len=D * t, layout=layout)
-    return torch.from_numpy(order.argsort()).to(device)
+def _shard_order(layout: Layout, D: int, T: int) -> np.ndarray:
+    """The sequence's positions in shard order (rank 0's tokens, then rank 1's, …)."""
+    return shard_order(chips=D, seq_len=T, layout=layout)
+
+
+def _sequence_order(layout: Layout, D: int, T: int) -> np.ndarray:
+    """Where the sequence's tokens lie in the shard-ordered [B, T, …]."""
+    return _shard_order(layout, D, T).argsort()
 
 
 def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group,
@@ -56,7 +60,8 @@ def seq_to_heads(xs_BtHd: list[torch.Tensor], *, group,
     """Sequence shards [B, t, H, d] → head shards [B, D·t, H/D, d] in sequence order; one
     all-to-all per dtype."""
     _, D = rank_size(group)
-    to_sequence = _sequence_order(layout, D, xs_BtHd[0].shape[1], xs_BtHd[0].device)
+    to_sequence = None if layout == "contiguous" else device_index(
+        _sequence_order, layout, D, D * xs_BtHd[0].shape[1], device=xs_BtHd[0].device)
     out: list[torch.Tensor | None] = [None] * len(xs_BtHd)
     for dtype in dict.fromkeys(x.dtype for x in xs_BtHd):
         idx = [i for i, x in enumerate(xs_BtHd) if x.dtype == dtype]
@@ -78,8 +83,8 @@ def heads_to_seq(o_BTHV: torch.Tensor, *, group, layout: Layout = "contiguous") 
     _, D = rank_size(group)
     B, T, Hl, V = o_BTHV.shape
     if layout != "contiguous":  # into shard order: row block s goes to rank s
-        order = shard_order(chips=D, seq_len=T, layout=layout)
-        o_BTHV = o_BTHV.index_select(1, torch.from_numpy(order).to(o_BTHV.device))
+        o_BTHV = o_BTHV.index_select(1, device_index(_shard_order, layout, D, T,
+                                                      device=o_BTHV.device))
     send = o_BTHV.reshape(B, D, T // D, Hl, V).permute(1, 0, 2, 3, 4).reshape(D, -1)
     recv = all_to_all_single(send, group=group, op="ulysses")
     # row s is head group s of this rank's tokens: [D, B, t, Hl, V] → [B, t, D·Hl, V]
