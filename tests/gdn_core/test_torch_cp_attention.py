@@ -103,10 +103,14 @@ def subgroup_cases(rank: int, world: int) -> dict:
 
 def attention_job(rank: int, D: int) -> dict:
     """Every attention case of one rank (run inside test_torch_cp_hybrid's spawned job), plus
-    its allocator peaks (test_torch_cp_attention_memory) and, at D = 4, the cases on subgroups."""
+    its allocator peaks (test_torch_cp_attention_memory), the kernels' cases
+    (test_torch_attention_kernels) and, at D = 4, the cases on subgroups."""
+    from .test_torch_attention_kernels import kernel_job  # it imports this module
+
     out = {(m, lay): run_case(rank, D, m, lay) for m in ATTN_CP_MODES for lay in LAYOUTS}
     out["few_heads"] = error_of(D)
     out["memory"] = memory_job(rank, D)
+    out["kernels"] = kernel_job(rank, D)
     if D == 4:
         out["subgroups"] = subgroup_cases(rank, D)
     return out
