@@ -29,7 +29,9 @@ line names what ran. Per GDN mode and per attn_cp at each D, under --layout:
   attn time      n_attn·attn ms ÷ (n_gdn·gdn ms + n_attn·attn ms) over the model's layer
                  pattern: the measured counterpart of "attn flop"
 Each program is compiled once, run once to warm up, then timed `repeats` times (outputs
-blocked on); the median is reported. The measured split includes what the FLOP share leaves
+blocked on); the median is reported. After the table, also unless --no-measure, torch's
+attention kernels side by side at the same (attn_cp, D) points: ms reference, ms fused and
+their ratio (cp_attention_kernels.py; D gloo processes on this host). The measured split includes what the FLOP share leaves
 out (how the CP attention treats key blocks a query cannot see, the GDN rule's scans and
 solves, collectives, per-op overhead on small shapes), so the two can differ widely.
 """
@@ -260,6 +262,12 @@ def report(model_cfg: ModelConfig, *, modes, attn_cps, chips_list, local_tokens:
             out(f"{shown[0]:<11}{shown[1]:<14}{chips:>3}{memory / MIB:17.1f}{recv / MIB:15.3f}"
                 f"{hardware / one_chip:13.4f}{flop_share:11.3f}{measured}"
                 f"{imbalance['contiguous']:14.3f}{imbalance['zigzag']:14.3f}")
+    if measure:
+        from .cp_attention_kernels import report as attention_kernels_report
+
+        attention_kernels_report(model_cfg, attn_cps=attn_cps, chips_list=chips_list,
+                                 local_tokens=local_tokens, batch=batch, dtype=dtype,
+                                 layout=layout, repeats=repeats, out=out)
 
 
 __all__ = ["attention_received_bytes", "gdn_received_bytes", "measure_layer_s", "report"]
