@@ -61,19 +61,20 @@ def pair_inputs(seed: int, *, B=2, H=4, G=2, s=24, s_before=40, E=16):
     return q, k, v, do
 
 
-def merged_pairs(kernel_name: str, q, k, v, do, dtype=torch.float32) -> dict[str, torch.Tensor]:
+def merged_pairs(kernel_name: str, q, k, v, do, dtype=torch.float32,
+                 device="cpu") -> dict[str, torch.Tensor]:
     """The queries against both key segments as two kernel pairs merged by log-sum-exp, and the
     backward of each pair from the FINAL merged (o, lse), summed (what cp.attention does)."""
     kernel = attention_kernel(kernel_name, block=7)  # tiles: several, ragged, per segment
-    q, k, v, do = (x.to(dtype) for x in (q, k, v, do))
+    q, k, v, do = (x.to(device, dtype) for x in (q, k, v, do))
     s = q.shape[2]
     pairs = [(slice(0, k.shape[2] - s), False), (slice(k.shape[2] - s, k.shape[2]), True)]
-    o = torch.zeros(q.shape)
-    lse = torch.full(q.shape[:-1], float("-inf"))
+    o = torch.zeros(q.shape, device=device)
+    lse = torch.full(q.shape[:-1], float("-inf"), device=device)
     for k_sl, causal in pairs:
         merge_into(o, lse, *kernel.forward(q, k[:, :, k_sl], v[:, :, k_sl], causal=causal,
                                            scale=SCALE))
-    dq, dk, dv = torch.zeros(q.shape), torch.zeros(k.shape), torch.zeros(v.shape)
+    dq, dk, dv = (torch.zeros(x.shape, device=device) for x in (q, k, v))
     for k_sl, causal in pairs:
         dq_p, dk_p, dv_p = kernel.backward(do, q, k[:, :, k_sl], v[:, :, k_sl], o, lse,
                                            causal=causal, scale=SCALE)
@@ -116,6 +117,25 @@ def test_bf16_pair_against_float32(kernel):
     assert got["lse"].dtype == torch.float32
     for name in NAMES:
         assert_close(f"{kernel} bf16 vs float32: {name}", want[name], got[name], BF16_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_sdpa_pair_on_cuda_flash(dtype):
+    """CUDA's flash op (the one device path not run on CPU): the merged pairs in bf16 / fp16
+    within BF16_TOL of float32 tiles on CPU, and of the tiles on CUDA in the same dtype
+    (head_dim 16: a multiple of 8, as flash needs). Run by scripts/device-check.sh."""
+    x = pair_inputs(0)
+    resolve_torch_attention_kernel("fused", device="cuda", dtype=dtype, head_dim=16)
+    want = merged_pairs("tiles", *x)
+    got = merged_pairs("sdpa", *x, dtype=dtype, device="cuda")
+    tiles = merged_pairs("tiles", *x, dtype=dtype, device="cuda")
+    for name in NAMES:
+        assert_close(f"cuda sdpa {dtype} vs float32: {name}", want[name], got[name].cpu(),
+                     BF16_TOL)
+        assert_close(f"cuda sdpa vs tiles {dtype}: {name}", tiles[name].cpu(), got[name].cpu(),
+                     BF16_TOL)
 
 
 def test_sdpa_kernel_returns_the_ops_layout_and_dtypes():
