@@ -29,11 +29,12 @@ line names what ran. Per GDN mode and per attn_cp at each D, under --layout:
   attn time      n_attn·attn ms ÷ (n_gdn·gdn ms + n_attn·attn ms) over the model's layer
                  pattern: the measured counterpart of "attn flop"
 Each program is compiled once, run once to warm up, then timed `repeats` times (outputs
-blocked on); the median is reported. After the table, also unless --no-measure, torch's
-attention kernels side by side at the same (attn_cp, D) points: ms reference, ms fused and
-their ratio (cp_attention_kernels.py; D gloo processes on this host). The measured split includes what the FLOP share leaves
+blocked on); the median is reported. The measured split includes what the FLOP share leaves
 out (how the CP attention treats key blocks a query cannot see, the GDN rule's scans and
 solves, collectives, per-op overhead on small shapes), so the two can differ widely.
+After the table, also unless --no-measure, torch's attention kernels side by side at the same
+(attn_cp, D) points: ms reference, ms fused and their ratio (cp_attention_kernels.py; D gloo
+processes on this host).
 """
 
 from __future__ import annotations

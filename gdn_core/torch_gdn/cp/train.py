@@ -229,10 +229,10 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
     checked by a checksum; context-parallel with GDN cp.mode and, in a hybrid decoder
     (model_cfg.layers 'hybrid'), attention cp.attn_cp with the attention kernel of cp.kernels;
-    train_cfg.remat and param_sharding applied), takes its shard of the train_cfg.seq_len tokens in cp.layout
-    (shard_batch), and runs warmup_steps untimed
-    then `steps` timed steps of train_step (grad_sync: gradient_sync). A step's time starts
-    after a barrier (ranks start together) and ends with the device synchronised. CP bytes are
+    train_cfg.remat and param_sharding applied), takes its shard of the train_cfg.seq_len
+    tokens in cp.layout (shard_batch), and runs warmup_steps untimed then `steps` timed steps
+    of train_step (grad_sync: gradient_sync). A step's time starts after a barrier (ranks
+    start together) and ends with the device synchronised. CP bytes are
     counted over the first timed step (under remat they include the exchanges its backward
     re-issues); grad_sync_bytes_per_step adds to the counted gradient all-reduce the weight
     collectives of zero1 / fsdp (sharding.weight_sync_bytes, comm_source says so). verify=True
