@@ -5,7 +5,9 @@
                                 [--layers hybrid [--attn-cps ...] [--no-measure]]
 
 --layers hybrid prints the hybrid decoder's table instead: analytic figures per (mode, attn_cp)
-and, unless --no-measure, one GDN and one attention layer timed on D virtual chips (cp_hybrid.py).
+and, unless --no-measure, one GDN and one attention layer timed on D virtual chips (cp_hybrid.py),
+then torch's reference and fused attention kernels timed side by side per (attn_cp, D) on D
+gloo processes (cp_attention_kernels.py).
 Its defaults are small (preset tiny, 256 local tokens, D 1 2 4: about a minute on an idle
 2-core host), as every timed layer compiles and runs here; pass --preset etc. (with
 --no-measure for full-size shapes, whose timing on virtual CPU chips takes minutes per row).

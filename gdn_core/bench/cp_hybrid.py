@@ -32,6 +32,9 @@ Each program is compiled once, run once to warm up, then timed `repeats` times (
 blocked on); the median is reported. The measured split includes what the FLOP share leaves
 out (how the CP attention treats key blocks a query cannot see, the GDN rule's scans and
 solves, collectives, per-op overhead on small shapes), so the two can differ widely.
+After the table, also unless --no-measure, torch's attention kernels side by side at the same
+(attn_cp, D) points: ms reference, ms fused and their ratio (cp_attention_kernels.py; D gloo
+processes on this host).
 """
 
 from __future__ import annotations
@@ -260,6 +263,12 @@ def report(model_cfg: ModelConfig, *, modes, attn_cps, chips_list, local_tokens:
             out(f"{shown[0]:<11}{shown[1]:<14}{chips:>3}{memory / MIB:17.1f}{recv / MIB:15.3f}"
                 f"{hardware / one_chip:13.4f}{flop_share:11.3f}{measured}"
                 f"{imbalance['contiguous']:14.3f}{imbalance['zigzag']:14.3f}")
+    if measure:
+        from .cp_attention_kernels import report as attention_kernels_report
+
+        attention_kernels_report(model_cfg, attn_cps=attn_cps, chips_list=chips_list,
+                                 local_tokens=local_tokens, batch=batch, dtype=dtype,
+                                 layout=layout, repeats=repeats, out=out)
 
 
 __all__ = ["attention_received_bytes", "gdn_received_bytes", "measure_layer_s", "report"]

@@ -63,3 +63,62 @@ def test_measured_split_grows_with_the_local_shard(capsys):
     assert float(long[ATTN_TIME]) > float(short[ATTN_TIME]), (short, long)
     # and so does the analytic FLOP share, its counterpart
     assert float(long[ATTN_FLOP]) > float(short[ATTN_FLOP])
+
+
+def torch_rows(out: str) -> dict[tuple[str, str], list[str]]:
+    """The torch attention table's rows: (attn_cp, D) → columns after them."""
+    return {tuple(line.split()[1:3]): line.split()[3:] for line in out.splitlines()
+            if line.startswith("torch ")}
+
+
+def test_torch_attention_table_puts_reference_and_fused_side_by_side():
+    """The table's layout from given timings (no processes): ms reference, ms fused and their
+    ratio per (attn_cp, D); D = 1 is one row; a mode that cannot split the shape says why."""
+    from gdn_core.bench.cp_attention_kernels import report
+
+    asked = []
+
+    def fake_measure(spec, *, chips):
+        asked.append((chips, spec["attn_cps"], spec["kernels"]))
+        times = {(a, k): [0.004, 0.002 if k == "fused" else 0.004, 0.009] for a in
+                 spec["attn_cps"] for k in spec["kernels"]}
+        if chips == 8:
+            times = {"ulysses": "attn_cp='ulysses' needs query heads (4) divisible by chips=8"}
+        return times
+
+    lines = []
+    report(get_preset("tiny", layers="hybrid"), attn_cps=["ring"], chips_list=[2, 1],
+           local_tokens=64, batch=1, dtype="float32", layout="zigzag", repeats=3,
+           out=lines.append, measure=fake_measure)
+    report(get_preset("tiny", layers="hybrid"), attn_cps=["ulysses"], chips_list=[8],
+           local_tokens=64, batch=1, dtype="float32", layout="zigzag", repeats=3,
+           out=lines.append, measure=fake_measure)
+    out = "\n".join(lines)
+    assert "reference: reference torch blockwise tiles; fused: torch " in out
+    assert "sdpa flash (cpu)" in out
+    assert asked[:2] == [(1, ["ring"], ["reference", "fused"]),
+                         (2, ["ring"], ["reference", "fused"])]
+    rows = torch_rows(out)
+    # medians: reference 4 ms, fused 4 ms (of 0.002, 0.004, 0.009 s: 4 ms), ratio 1
+    assert rows[("ring", "2")] == ["4.00", "4.00", "1.00"]
+    assert rows[("-", "1")] == ["4.00", "4.00", "1.00"]
+    assert " ".join(rows[("ulysses", "8")]).startswith(
+        "skipped: attn_cp='ulysses' needs query heads (4) divisible by chips=8")
+
+
+@pytest.mark.slow  # spawns gloo processes per D (torch starts in each): a benchmark's run
+@pytest.mark.timeout(300)
+def test_torch_attention_kernels_are_timed_on_gloo_ranks():
+    """Real timings at D = 1, 2: every row has positive times for both kernels."""
+    from gdn_core.bench.cp_attention_kernels import report
+
+    lines = []
+    report(get_preset("tiny", layers="hybrid"), attn_cps=["all_gather_kv", "ring"],
+           chips_list=[1, 2], local_tokens=64, batch=1, dtype="float32", layout="zigzag",
+           repeats=2, out=lines.append)
+    rows = torch_rows("\n".join(lines))
+    assert set(rows) == {("-", "1"), ("all_gather_kv", "2"), ("ring", "2")}
+    for cols in rows.values():
+        ref_ms, fused_ms, ratio = map(float, cols)
+        assert ref_ms > 0 and fused_ms > 0
+        assert ratio == pytest.approx(ref_ms / fused_ms, rel=0.02, abs=0.01)

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from gdn_core.cp_layout import LAYOUTS, local_positions
 from gdn_core.cp_modes import ATTN_CP_MODES
 from gdn_core.testing import assert_close, rel_err
+from gdn_core.torch_gdn.attention_kernels import attention_kernel, tile_pairs
 from gdn_core.torch_gdn.cp import count_comm
 from gdn_core.torch_gdn.cp.attention import (
     BLOCK_TOKENS,
-    _block_pairs,
     _GatheredAttention,
     _visible_pairs,
     attention_cp,
@@ -103,10 +103,14 @@ def subgroup_cases(rank: int, world: int) -> dict:
 
 def attention_job(rank: int, D: int) -> dict:
     """Every attention case of one rank (run inside test_torch_cp_hybrid's spawned job), plus
-    its allocator peaks (test_torch_cp_attention_memory) and, at D = 4, the cases on subgroups."""
+    its allocator peaks (test_torch_cp_attention_memory), the kernels' cases
+    (test_torch_attention_kernels) and, at D = 4, the cases on subgroups."""
+    from .test_torch_attention_kernels import kernel_job  # it imports this module
+
     out = {(m, lay): run_case(rank, D, m, lay) for m in ATTN_CP_MODES for lay in LAYOUTS}
     out["few_heads"] = error_of(D)
     out["memory"] = memory_job(rank, D)
+    out["kernels"] = kernel_job(rank, D)
     if D == 4:
         out["subgroups"] = subgroup_cases(rank, D)
     return out
@@ -207,8 +211,9 @@ def test_zigzag_balances_ring_work(block):
         return sum((q.stop - q.start) * (k.stop - k.start) / (2 if causal else 1)
                    for hop in range(D) for q, k, causal in pairs(rank, (rank - hop) % D, layout))
 
-    def tiles(q_rank, k_rank, layout):
-        return _block_pairs(q_rank, k_rank, D, t, layout, block)
+    def tiles(q_rank, k_rank, layout):  # the tiles kernel's tiles of every segment pair
+        return [tile for q, k, causal in _visible_pairs(q_rank, k_rank, D, t, layout)
+                for tile in tile_pairs(q.stop - q.start, k.stop - k.start, causal, block)]
 
     def segment_pairs(q_rank, k_rank, layout):
         return _visible_pairs(q_rank, k_rank, D, t, layout)
@@ -245,7 +250,7 @@ def test_blockwise_attention_matches_single_chip(layout, block):
     loss = 0
     for rank in range(D):
         o_rank = _GatheredAttention.apply(q[:, pos[rank]], gathered, rank, layout, E ** -0.5,
-                                          block)
+                                          attention_kernel("tiles", block=block))
         o[:, pos[rank]] = o_rank.detach()
         loss = loss + (o_rank * w[:, pos[rank]]).sum()
     assert_close(f"{layout} block {block}: o", ref.detach().numpy(), o.numpy(), 1e-6)

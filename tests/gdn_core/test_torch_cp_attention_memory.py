@@ -12,8 +12,9 @@ per D that test_torch_cp_hybrid spawns (test_torch_cp_attention.attention_job ru
 Expected, at the same local shard (t tokens, every head), D = 2, 4 (8 under `slow`):
     ring           flat: this rank's q, k, v, o, log-sum-exp, the K/V block in flight (two
                    during a hop), its float32 dK/dV accumulator and two float32 [B, H, b, b]
-                   tiles of one (query block × key block) pair (P and dS of cp.attention's
-                   blockwise attention, b = min(BLOCK_TOKENS, segment)); none depends on D.
+                   tiles of one (query block × key block) pair (P and dS of the `tiles`
+                   attention kernel, b = min(BLOCK_TOKENS, segment)) beside one segment pair's
+                   float32 statistics and gradients; none depends on D.
     ulysses        no growth: the whole sequence of H/D query heads and G/D key/value heads is
                    the local shard's size (D divides G here: nothing replicated), and its
                    blockwise tiles hold H/D heads, so they shrink as D grows (T ≥ the block).

@@ -2,8 +2,9 @@
 shard and the decoder's rotary positions.
 
 `ContextParallelGatedAttention` is a GatedAttention sharing the layer's Parameters (same
-names) whose `attend` is cp.attention.attention_cp(attn_cp, layout); project and output act
-per token and run unchanged on the shard. `shard_positions(group, layout)` gives the decoder
+names) whose `attend` is cp.attention.attention_cp(attn_cp, layout, kernel: the attention
+kernel of each segment pair, "tiles" or "sdpa"); project and output act per token and run
+unchanged on the shard. `shard_positions(group, layout)` gives the decoder
 (HybridDecoder.sequence_positions) the GLOBAL positions of its local tokens
 (cp_layout.local_positions), so the rotary of a shard is the one-chip model's.
 Legend: B batch, t local tokens, H query heads, G key/value heads, E head_dim.
@@ -20,6 +21,7 @@ from torch import nn
 from ...cp_layout import Layout, check_layout, local_positions
 from ...cp_modes import AttnCPMode, check_attn_cp
 from ..attention import GatedAttention
+from ..attention_kernels import AttentionKernelName, attention_kernel
 from .attention import attention_cp, check_attention_shape
 from .comm import rank_size
 
@@ -29,9 +31,10 @@ class ContextParallelGatedAttention(GatedAttention):
     those of the tokens' global positions (the hybrid decoder's sequence_positions)."""
 
     def __init__(self, layer: GatedAttention, *, group, attn_cp: AttnCPMode,
-                 layout: Layout = "contiguous") -> None:
+                 layout: Layout = "contiguous", kernel: AttentionKernelName = "tiles") -> None:
         check_attn_cp(attn_cp)
         check_layout(layout)
+        attention_kernel(kernel)  # raises ValueError for an unknown kernel name
         if isinstance(layer, ContextParallelGatedAttention):
             raise ValueError(  # noqa: TRY004 (the right type in the wrong state)
                 f"layer is already context-parallel (attn_cp={layer.attn_cp!r})")
@@ -41,10 +44,10 @@ class ContextParallelGatedAttention(GatedAttention):
         for name, child in layer.named_children():
             self.add_module(name, child)
         self.train(layer.training)
-        self.group, self.attn_cp, self.layout = group, attn_cp, layout
+        self.group, self.attn_cp, self.layout, self.kernel = group, attn_cp, layout, kernel
 
     def extra_repr(self) -> str:
-        return (f"attn_cp={self.attn_cp!r}, layout={self.layout!r}, "
+        return (f"attn_cp={self.attn_cp!r}, layout={self.layout!r}, kernel={self.kernel!r}, "
                 f"chips={rank_size(self.group)[1]}")
 
     def forward(self, hidden_BtD: torch.Tensor, cos_BtR: torch.Tensor,
@@ -60,7 +63,8 @@ class ContextParallelGatedAttention(GatedAttention):
     def attend(self, q_BtHE: torch.Tensor, k_BtGE: torch.Tensor,
                v_BtGE: torch.Tensor) -> torch.Tensor:
         return attention_cp(q_BtHE, k_BtGE, v_BtGE, group=self.group, mode=self.attn_cp,
-                            layout=self.layout, scale=self.cfg.head_dim ** -0.5)
+                            layout=self.layout, scale=self.cfg.head_dim ** -0.5,
+                            kernel=self.kernel)
 
 
 def _positions_of_shard(t: int, *, group, layout: Layout) -> np.ndarray:

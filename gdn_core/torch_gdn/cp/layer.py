@@ -36,7 +36,9 @@ from ...cp_modes import (
     check_cp_shape,
     check_mode,
 )
+from ...kernels import DEFAULT_KERNELS, Kernels, check_kernels
 from ..attention import GatedAttention
+from ..attention_kernels import ATTENTION_KERNEL_FOR
 from ..hybrid import HybridDecoder
 from ..layer import GatedDeltaNet, causal_conv1d
 from .comm import rank_size
@@ -152,9 +154,12 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
 
 def context_parallel(module: nn.Module, *, group, mode: CPMode,
                      attn_cp: AttnCPMode = "all_gather_kv",
-                     layout: Layout = "contiguous") -> nn.Module:
+                     layout: Layout = "contiguous",
+                     kernels: Kernels = DEFAULT_KERNELS) -> nn.Module:
     """Make `module` run on this rank's sequence shard (in `layout`) over `group`: GDN layers
-    under CP `mode`, gated full-attention layers under `attn_cp` (cp.attention).
+    under CP `mode`, gated full-attention layers under `attn_cp` (cp.attention) with the
+    attention kernel of `kernels` (attention_kernels.ATTENTION_KERNEL_FOR: reference → tiles,
+    fused → sdpa; the GDN layers run this package's rule either way).
 
     A GatedDeltaNet or GatedAttention: returns a new context-parallel layer sharing its
     Parameters (the argument itself is left unchanged). Any other module (GDNLanguageModel,
@@ -163,18 +168,20 @@ def context_parallel(module: nn.Module, *, group, mode: CPMode,
     before or after the call is the same), and a hybrid decoder takes its rotary at the tokens'
     global positions (HybridDecoder.sequence_positions); returns `module`. Per-token modules
     (norms, MLP, embeddings, LM head) run unchanged on the shard. Raises ValueError for an
-    unknown mode, attn_cp or layout, a module without such layers, or one already made
+    unknown mode, attn_cp, layout or kernels, a module without such layers, or one already made
     context-parallel. Shapes are checked at each forward (the sequence length is known only
     then).
     """
     check_mode(mode)
     check_attn_cp(attn_cp)
     check_layout(layout)
+    check_kernels(kernels)
 
     def parallel(layer: nn.Module) -> nn.Module:
         if isinstance(layer, GatedAttention):
             return ContextParallelGatedAttention(layer, group=group, attn_cp=attn_cp,
-                                                 layout=layout)
+                                                 layout=layout,
+                                                 kernel=ATTENTION_KERNEL_FOR[kernels])
         return ContextParallelGatedDeltaNet(layer, group=group, mode=mode, layout=layout)
 
     if isinstance(module, (GatedDeltaNet, GatedAttention)):

@@ -29,9 +29,11 @@ from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout, check_layout, local_positions
 from ...cp_modes import AttnCPMode, CPMode, CPSettings, check_attn_cp, check_cp_shape
 from ...data import synthetic_tokens
+from ...kernels import DEFAULT_KERNELS, Kernels
 from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
+from ..attention_kernels import resolve_torch_attention_kernel
 from ..train import build_model, language_model, train_step
 from .attention import check_attention_shape
 from .comm import count_comm, rank_size
@@ -56,14 +58,16 @@ def gradient_sync(param_sharding: str, *, group):
 
 def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                       device: str | torch.device = "cpu", attn_cp: AttnCPMode = "all_gather_kv",
-                      layout: Layout = "contiguous"):
+                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS):
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
-    made context-parallel (GDN layers `mode`, attention layers `attn_cp`, shards in `layout`),
-    train_cfg.remat set, laid out per train_cfg.param_sharding."""
+    made context-parallel (GDN layers `mode`, attention layers `attn_cp` with the attention
+    kernel of `kernels`, shards in `layout`), train_cfg.remat set, laid out per
+    train_cfg.param_sharding."""
     model = build_model(model_cfg, train_cfg, device)
     check_same_weights(model, group=group)
     # In place, before FSDP2 wraps the blocks.
-    context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout)
+    context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout,
+                     kernels=kernels)
     shard_parameters(model, train_cfg, group=group)
     return model, build_sharded_optimizer(model, train_cfg, group=group)
 
@@ -199,11 +203,11 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
 
     Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
     checked by a checksum; context-parallel with GDN cp.mode and, in a hybrid decoder
-    (model_cfg.layers 'hybrid'), attention cp.attn_cp; train_cfg.remat and param_sharding
-    applied), takes its shard of the train_cfg.seq_len tokens in cp.layout
-    (shard_batch), and runs warmup_steps untimed
-    then `steps` timed steps of train_step (grad_sync: gradient_sync). A step's time starts
-    after a barrier (ranks start together) and ends with the device synchronised. CP bytes are
+    (model_cfg.layers 'hybrid'), attention cp.attn_cp with the attention kernel of cp.kernels;
+    train_cfg.remat and param_sharding applied), takes its shard of the train_cfg.seq_len
+    tokens in cp.layout (shard_batch), and runs warmup_steps untimed then `steps` timed steps
+    of train_step (grad_sync: gradient_sync). A step's time starts after a barrier (ranks
+    start together) and ends with the device synchronised. CP bytes are
     counted over the first timed step (under remat they include the exchanges its backward
     re-issues); grad_sync_bytes_per_step adds to the counted gradient all-reduce the weight
     collectives of zero1 / fsdp (sharding.weight_sync_bytes, comm_source says so). verify=True
@@ -215,7 +219,10 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     allocator peak, on CPU the process's RSS high-water mark); torch has no compile-time
     estimate (estimated_memory_bytes None) and no compile (compile_time_s 0).
     Raises ValueError naming the numbers when the group is not cp.chips ranks, or when cp's
-    modes or layout cannot split the shape over it (check_cp_training_shape).
+    modes or layout cannot split the shape over it (check_cp_training_shape); raises
+    kernels.KernelUnavailable (every rank alike, before any collective) when cp.kernels is
+    'fused' and the fused attention kernel cannot serve a hybrid decoder's attention here
+    (resolve_torch_attention_kernel).
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
@@ -225,9 +232,13 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=cp.mode,
                             attn_cp=cp.attn_cp, layout=cp.layout)
     device = torch.device(device)
+    if FULL_ATTENTION in model_cfg.layer_pattern:
+        resolve_torch_attention_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
+                                       head_dim=model_cfg.attention.head_dim)
     device_memory.torch_reset_peak(device)
     model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=cp.mode,
-                                         device=device, attn_cp=cp.attn_cp, layout=cp.layout)
+                                         device=device, attn_cp=cp.attn_cp, layout=cp.layout,
+                                         kernels=cp.kernels)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)

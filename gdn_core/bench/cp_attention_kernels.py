@@ -1,0 +1,166 @@
+"""`bench cp --layers hybrid`'s torch attention table: the reference and the fused attention
+kernel (kernels: reference → tiles, fused → sdpa; torch_gdn.attention_kernels) side by side at
+the hybrid table's points, measured in one run.
+
+Per (attn_cp, D): one attention_cp forward + backward of the hybrid's attention geometry
+(q [B, t, H, E], k, v [B, t, G, E] per rank, in --dtype, --layout) on D gloo processes spawned on
+this host (each with cores/D torch threads, at least one), the two kernels alternated run by run
+on the same ranks and inputs; a run's time is the slowest rank's, the median over `repeats` runs
+after one warm-up of each is printed:
+  ms reference   ms fused   ref/fused (> 1: the fused kernel is faster)
+D = 1 is one chip (no collective; attn_cp unused). The columns time the attention core only,
+not the layer's projections, which no kernel changes. A kernel that cannot serve the point is
+printed with its reason (kernels.KernelUnavailable), never replaced by the other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue as queue_lib
+import socket
+import statistics
+import time
+import traceback
+
+KERNELS = ("reference", "fused")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_entry(rank, world, port, threads, spec, results):
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=300))
+    try:
+        results.put((rank, _time_cases(rank, world, spec), None))
+    except BaseException:  # report, then re-raise so the parent sees the failure
+        results.put((rank, None, traceback.format_exc()))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _time_cases(rank: int, world: int, spec: dict) -> dict:
+    """{(attn_cp, kernels): [seconds per run]} (slowest rank's) or {attn_cp: skip reason}."""
+    import torch
+    import torch.distributed as dist
+
+    from ..torch_gdn.attention_kernels import ATTENTION_KERNEL_FOR
+    from ..torch_gdn.cp.attention import attention_cp, check_attention_shape
+
+    B, t, H, G, E = (spec[n] for n in ("batch", "local_tokens", "heads", "kv_heads", "head_dim"))
+    dtype = getattr(torch, spec["dtype"])
+    gen = torch.Generator().manual_seed(rank)
+    q, k, v, do = (torch.randn(B, t, n, E, generator=gen).to(dtype) for n in (H, G, G, H))
+    out = {}
+    for attn_cp in spec["attn_cps"]:
+        try:
+            check_attention_shape(mode=attn_cp, chips=world, seq_len=t * world,
+                                  layout=spec["layout"], num_heads=H, num_kv_heads=G)
+        except ValueError as err:
+            out[attn_cp] = str(err)
+            continue
+        runs = {kernels: [] for kernels in spec["kernels"]}
+        for repeat in range(spec["repeats"] + 1):  # the first run of each kernel warms up
+            for kernels in spec["kernels"]:
+                x = [a.detach().requires_grad_() for a in (q, k, v)]
+                dist.barrier()
+                start = time.perf_counter()
+                o = attention_cp(*x, group=None, mode=attn_cp, layout=spec["layout"],
+                                 kernel=ATTENTION_KERNEL_FOR[kernels])
+                o.backward(do)
+                slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                if repeat:
+                    runs[kernels].append(slowest.item())
+        out.update({(attn_cp, kernels): times for kernels, times in runs.items()})
+    return out
+
+
+def measure_attention_kernels(spec: dict, *, chips: int, timeout_s: float = 600.0) -> dict:
+    """Spawn `chips` gloo ranks on this host and time every attn_cp of spec under every
+    kernels value of spec; returns rank 0's view ({(attn_cp, kernels): seconds per run})."""
+    import torch.multiprocessing as mp
+
+    threads = max(1, len(os.sched_getaffinity(0)) // chips)
+    results = mp.get_context("spawn").Queue()
+    ctx = mp.spawn(_rank_entry, args=(chips, _free_port(), threads, spec, results),
+                   nprocs=chips, join=False)
+    collected, deadline = {}, time.monotonic() + timeout_s
+    try:
+        while len(collected) < chips:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"attention timing on {chips} ranks took over {timeout_s} s")
+            try:  # drain while waiting: a child cannot exit before its queue data is read
+                rank, out, error = results.get(timeout=0.2)
+            except queue_lib.Empty:
+                ctx.join(timeout=0.01)  # raises if a rank died
+                continue
+            if error is not None:
+                raise RuntimeError(f"rank {rank} of {chips} failed:\n{error}")
+            collected[rank] = out
+        ctx.join()
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+    return collected[0]
+
+
+def kernel_names(*, dtype: str, head_dim: int) -> dict[str, str]:
+    """{kernels: the resolved kernel's name, or "unavailable: <reason>"} on this host's CPU."""
+    from ..kernels import KernelUnavailable
+    from ..torch_gdn.attention_kernels import resolve_torch_attention_kernel
+
+    names = {}
+    for kernels in KERNELS:
+        try:
+            names[kernels] = resolve_torch_attention_kernel(kernels, device="cpu", dtype=dtype,
+                                                            head_dim=head_dim)
+        except KernelUnavailable as err:
+            names[kernels] = f"unavailable: {err}"
+    return names
+
+
+def format_row(attn_cp: str, chips: int, times: dict) -> str:
+    """One table row: median ms of each kernels value, and reference ÷ fused."""
+    if isinstance(times.get(attn_cp), str):
+        return f"{'torch':<7}{attn_cp:<14}{chips:>3}  skipped: {times[attn_cp]}"
+    ms = {kernels: 1e3 * statistics.median(times[(attn_cp, kernels)])
+          if (attn_cp, kernels) in times else float("nan") for kernels in KERNELS}
+    shown = attn_cp if chips > 1 else "-"
+    return (f"{'torch':<7}{shown:<14}{chips:>3}{ms['reference']:15.2f}{ms['fused']:11.2f}"
+            f"{ms['reference'] / ms['fused']:11.2f}")
+
+
+def report(model_cfg, *, attn_cps, chips_list, local_tokens: int, batch: int, dtype: str,
+           layout: str, repeats: int, out=print, measure=measure_attention_kernels) -> None:
+    """Print the module docstring's table for every (attn_cp, D); `measure` is
+    measure_attention_kernels (a stand-in in tests)."""
+    a = model_cfg.attention
+    names = kernel_names(dtype=dtype, head_dim=a.head_dim)
+    kernels = [k for k in KERNELS if not names[k].startswith("unavailable")]
+    out(f"TORCH ATTENTION KERNELS (measured: D gloo processes on this host's "
+        f"{len(os.sched_getaffinity(0))} cores, cores/D threads each): one attention_cp "
+        f"fwd+bwd, q [{batch}, {local_tokens}, {a.num_heads}, {a.head_dim}] and k, v "
+        f"[{batch}, {local_tokens}, {a.num_kv_heads}, {a.head_dim}] per rank, {dtype}, layout "
+        f"{layout}; slowest rank, median of {repeats} runs, kernels alternated")
+    out("  " + "; ".join(f"{k}: {names[k]}" for k in KERNELS))
+    out(f"{'':<7}{'attn_cp':<14}{'D':>3}{'ms reference':>15}{'ms fused':>11}{'ref/fused':>11}")
+    for chips in sorted(chips_list):
+        spec = {"batch": batch, "local_tokens": local_tokens, "heads": a.num_heads,
+                "kv_heads": a.num_kv_heads, "head_dim": a.head_dim, "dtype": dtype,
+                "layout": layout, "repeats": repeats, "kernels": kernels,
+                "attn_cps": list(attn_cps) if chips > 1 else ["ring"]}
+        times = measure(spec, chips=chips)
+        for attn_cp in spec["attn_cps"]:
+            out(format_row(attn_cp, chips, times))
