@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 import torch.distributed as dist
 
 import gdn_core
@@ -20,12 +19,6 @@ NEWER_THAN_TORCH_2_9 = {
 }
 """torch.distributed names torch 2.9 lacks (torch 2.13 deprecates the right-hand names in
 their favour), each with the name to use instead, present in 2.9 … 2.13."""
-
-PENDING = {
-    "gdn_core/torch_gdn/cp/attention.py":
-        "the kernels work (another branch of issue 23) rewrites attention CP's gather",
-}
-"""Files another branch is changing: reported as xfail while they still use a newer name."""
 
 _USE = re.compile(r"\.(" + "|".join(NEWER_THAN_TORCH_2_9) + r")\b")
 
@@ -50,15 +43,8 @@ def test_no_torch_distributed_name_newer_than_2_9():
     for package in SCANNED:
         for path in sorted((REPO / package).rglob("*.py")):
             rel = path.relative_to(REPO).as_posix()
-            if rel not in PENDING and (hits := newer_names(path)):
+            if hits := newer_names(path):
                 found[rel] = hits
     assert not found, "names torch 2.9 lacks (use " + ", ".join(
         f"{new} for {old}" for old, new in NEWER_THAN_TORCH_2_9.items()) + "):\n" + "\n".join(
         f"{rel} {hit}" for rel, hits in found.items() for hit in hits)
-
-
-@pytest.mark.parametrize("rel", sorted(PENDING))
-def test_pending_files(rel):
-    hits = newer_names(REPO / rel)
-    if hits:
-        pytest.xfail(f"{PENDING[rel]}: {'; '.join(hits)}")

@@ -71,7 +71,7 @@ from ..attention_kernels import (
     attention_kernel,
     merge_into,
 )
-from .comm import nbytes, rank_size, record, send_recv
+from .comm import nbytes, no_deprecation_warning, rank_size, record, send_recv
 from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
 _TAG = 80  # ring: K/V forward 80, K/V backward 81, dK/dV backward 82; all_gather_kv dK/dV 83
@@ -164,7 +164,8 @@ class _AllGatherKVAttention(torch.autograd.Function):
         kv_2BtGE = torch.stack([k_BtGE, v_BtGE])  # one message, contiguous
         # torch's single-buffer collectives stack the ranks' blocks along dim 0
         gathered = kv_2BtGE.new_empty((D * 2, *kv_2BtGE.shape[1:]))
-        dist.all_gather_into_tensor(gathered, kv_2BtGE, group=group)
+        with no_deprecation_warning():
+            dist.all_gather_into_tensor(gathered, kv_2BtGE, group=group)
         record("attn_all_gather_kv", (D - 1) * nbytes(kv_2BtGE), backward=False)
         gathered = gathered.view(D, *kv_2BtGE.shape)
         del kv_2BtGE

@@ -125,7 +125,7 @@ def shift(x: torch.Tensor, offset: int, *, group, tag: int, op: str) -> torch.Te
 
 
 @contextlib.contextmanager
-def _no_deprecation_warning():
+def no_deprecation_warning():
     """torch 2.13 marks torch.distributed.nn.functional, all_gather_into_tensor and
     reduce_scatter_tensor deprecated (FutureWarning) in favour of names torch 2.9 lacks; they
     are still the paths that work on gloo and NCCL alike, in every torch from 2.9 on."""
@@ -162,7 +162,7 @@ class _AllGather(torch.autograd.Function):
         D = rank_size(group)[1]
         ctx.group, ctx.op = group, op
         gathered = x.new_empty((D * x.numel(),))
-        with _no_deprecation_warning():
+        with no_deprecation_warning():
             dist.all_gather_into_tensor(gathered, x.reshape(-1), group=group)
         record(op, (D - 1) * nbytes(x), backward=False)
         return gathered.view(D, *x.shape)
@@ -171,7 +171,7 @@ class _AllGather(torch.autograd.Function):
     def backward(ctx, d_gathered):
         D = rank_size(ctx.group)[1]
         dx = d_gathered.new_empty(d_gathered.shape[1:])
-        with _no_deprecation_warning():
+        with no_deprecation_warning():
             dist.reduce_scatter_tensor(dx.view(-1), d_gathered.contiguous().view(-1),
                                        group=ctx.group)
         record(ctx.op, (D - 1) * nbytes(dx), backward=True)
@@ -192,7 +192,7 @@ def all_to_all_single(x: torch.Tensor, *, group, op: str = "all_to_all") -> torc
     x = x.contiguous()
     remote = nbytes(x) * (D - 1) // D
     record(op, remote, backward=False)
-    with _no_deprecation_warning():
+    with no_deprecation_warning():
         y = dist_fn.all_to_all_single(torch.empty_like(x), x, group=group)
     (y,) = _BackwardTap.apply(op, remote, y)
     return y.contiguous()
