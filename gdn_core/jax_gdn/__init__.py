@@ -6,7 +6,9 @@ under lax.scan, chunked cross-entropy, remat policies) and `make_train_step` / `
 for the layer, the language model and its training step (parameters are nested dicts in
 PyTorch state_dict layout with the decoder layers stacked, see params.py), and under CP
 `gdn_layer_cp`, `make_cp_train_step` / `run_cp_training` (weights replicated, zero1 or fsdp
-over the CP chips, cp/param_sharding.py).
+over the CP chips, cp/param_sharding.py). Attention under CP merges segment pairs
+(attention_pairs.py) computed by the reference tiles or a library kernel (attention_fused.py);
+kernels.py resolves the `kernels` setting to them, named with versions.
 """
 
 from .chunk import chunk_gated_delta_rule

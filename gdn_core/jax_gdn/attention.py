@@ -349,6 +349,34 @@ def _causal_attention_bwd(q_tile, k_tile, residuals, do_BTHE):
 _causal_attention.defvjp(_causal_attention_fwd, _causal_attention_bwd)
 
 
+# ---- one tile as large as the sequence: the dense statistics and gradients -------------------
+
+def _one_tile(x_BTHE, G: int):
+    return query_tiles(x_BTHE, G, x_BTHE.shape[1])[0]
+
+
+def dense_log_sum_exp(q_BTHE, k_BTGE, *, causal: bool):
+    """log Σ_j exp(q_i·k_j / √E) over the keys query i sees (causal: j ≤ i, else all; T
+    queries and keys), float32 [B, T, H]: the statistic jax.nn.dot_product_attention's xla
+    implementation computes in float32 but returns rounded to the input dtype."""
+    T, G = q_BTHE.shape[1], k_BTGE.shape[2]
+    pos = jnp.arange(T, dtype=jnp.int32) if causal else None
+    s, _ = _scores(_one_tile(q_BTHE, G), k_BTGE, pos, pos)
+    return from_query_tiles(jax.nn.logsumexp(s, axis=-1)[None, ..., None], T)[..., 0]
+
+
+def dense_grads(q_BTHE, k_BTGE, v_BTGE, o_BTHE, lse_BTH, do_BTHE, *, causal: bool):
+    """(dq [B, T, H, E], dk, dv [B, T, G, E]) float32 of attention over T keys (causal or
+    all) given its output o and log-sum-exp lse [B, T, H] (FlashAttention-2's backward on one
+    tile: probabilities exp(q·kᵀ/√E − lse), correction rowsum(o·do))."""
+    T, G = q_BTHE.shape[1], k_BTGE.shape[2]
+    pos = jnp.arange(T, dtype=jnp.int32) if causal else None
+    q, do, o = (_one_tile(x.astype(q_BTHE.dtype), G) for x in (q_BTHE, do_BTHE, o_BTHE))
+    lse = _one_tile(lse_BTH[..., None], G)[..., 0]
+    dq, dk, dv = _tile_grads(q, k_BTGE, v_BTGE, do, lse, tile_delta(o, do), pos, pos)
+    return from_query_tiles(dq[None], T), dk, dv
+
+
 def gated_attention(params: Params, x_BTD, cfg: AttentionConfig, *, eps: float, cos_TR, sin_TR,
                     attend=causal_attention):
     """One gated attention layer on x [B, T, D] (params already in x's dtype) at the positions

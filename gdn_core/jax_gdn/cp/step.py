@@ -39,11 +39,15 @@ from jax.sharding import PartitionSpec as P
 from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout, check_layout, shard_order
 from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_mode
+from ...kernels import DEFAULT_KERNELS, Kernels, ResolvedKernels, check_kernels
 from ...data import synthetic_tokens
 from ...train_config import TrainConfig
 from ..params import init_model_params
 from ..train import StepFn, build_step_fn, make_optimizer
-from .attention import ATTENTION_CP, check_attention_shape, local_token_positions
+from ..attention_pairs import PairKernelName
+from ..kernels import REFERENCE_GDN, attention_pair_kernel, resolve_jax_kernels
+from .attention import (ATTENTION_CP, check_attention_shape, local_token_positions,
+                        segment_table)
 from .common import AxisName, mesh_chip_count
 from .layer import check_layer_shape, cp_gdn_layer_unchecked
 from .param_sharding import WeightLayout, weight_layout
@@ -61,37 +65,58 @@ class MeshCP:
     mode: CPMode
     attn_cp: AttnCPMode
     layout: Layout
+    kernels: Kernels = DEFAULT_KERNELS
+    """The `kernels` setting (gdn_core.kernels)."""
+    attention_kernel: PairKernelName = "reference"
+    """The attention segment pairs' kernel `kernels` runs on this mesh (jax_gdn.kernels)."""
+    resolved: ResolvedKernels = ResolvedKernels(gdn=REFERENCE_GDN, attention=None)
+    """What the step runs, named with versions (attention None: no attention layers)."""
 
 
 def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode: str,
-                attn_cp: str = "all_gather_kv", layout: str = "contiguous") -> MeshCP:
+            attn_cp: str = "all_gather_kv", layout: str = "contiguous",
+            kernels: str = DEFAULT_KERNELS, dtype: str = "float32") -> MeshCP:
     """Validate a CP step's settings for model_cfg at seq_len global tokens, once per trial.
 
-    Raises ValueError naming the numbers: an axis the mesh lacks, an unknown mode, attn_cp or
-    layout, or a shape they cannot split (the GDN layers: cp/layer.check_layer_shape; a
-    hybrid's attention layers: cp/attention.check_attention_shape).
+    Raises ValueError naming the numbers: an axis the mesh lacks, an unknown mode, attn_cp,
+    layout or kernels, or a shape they cannot split (the GDN layers:
+    cp/layer.check_layer_shape; a hybrid's attention layers:
+    cp/attention.check_attention_shape); KernelUnavailable with
+    the reason when kernels="fused" has no attention kernel for the mesh's backend, `dtype`
+    (the compute dtype) or the shape (jax_gdn.kernels).
     """
     check_mode(mode)
     check_attn_cp(attn_cp)
     check_layout(layout)
+    check_kernels(kernels)
     chips = mesh_chip_count(mesh, axis)
     check_layer_shape(model_cfg.gdn, mode=mode, chips=chips, seq_len=seq_len, layout=layout)
+    backend = mesh.devices.flat[0].platform
+    attention_kernel, head_dim, pair_len = "reference", None, None
     if FULL_ATTENTION in model_cfg.layer_pattern:
         check_attention_shape(attn_cp=attn_cp, chips=chips, seq_len=seq_len,
                               num_heads=model_cfg.attention.num_heads,
                               num_kv_heads=model_cfg.attention.num_kv_heads, layout=layout)
+        attention_kernel = attention_pair_kernel(kernels, backend=backend)
+        head_dim = model_cfg.attention.head_dim
+        # Ulysses attends the whole sequence as one pair; the others a chip's segments.
+        pair_len = seq_len if attn_cp == "ulysses" else seq_len // (
+            chips * segment_table(chips, layout).shape[1])
+    resolved = resolve_jax_kernels(kernels, backend=backend, dtype=dtype, head_dim=head_dim,
+                                   segment_len=pair_len)
     return MeshCP(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis),
-                      chips=chips, mode=mode, attn_cp=attn_cp, layout=layout)
+                  chips=chips, mode=mode, attn_cp=attn_cp, layout=layout, kernels=kernels,
+                  attention_kernel=attention_kernel, resolved=resolved)
 
 
 def model_hooks(cp: MeshCP, seq_len: int) -> dict:
     """The CP layers of build_step_fn / model_loss: GDN under cp.mode, attention under
-    cp.attn_cp (both unchecked: mesh_cp validated them), and this chip's global token
-    positions (rotary)."""
+    cp.attn_cp with cp.attention_kernel's segment pairs (unchecked: mesh_cp validated them),
+    and this chip's global token positions (rotary)."""
     return {"gdn_layer_fn": functools.partial(cp_gdn_layer_unchecked, axis=cp.axis,
                                               mode=cp.mode, layout=cp.layout),
             "attend_fn": functools.partial(ATTENTION_CP[cp.attn_cp], axis=cp.axis,
-                                           layout=cp.layout),
+                                           layout=cp.layout, kernel=cp.attention_kernel),
             "positions_fn": lambda: local_token_positions(cp.axis, seq_len // cp.chips,
                                                           cp.layout)}
 
@@ -114,7 +139,7 @@ def weight_specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis,
 
 def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
                      mode: CPMode, sync_grads: bool = True, attn_cp: AttnCPMode = "all_gather_kv",
-                     layout: Layout = "contiguous") -> StepFn:
+                     layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS) -> StepFn:
     """The un-jitted, shard_mapped step; see make_cp_train_step.
 
     sync_grads=False builds the reference that prices the weights' traffic: replicated weights
@@ -122,7 +147,7 @@ def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, ax
     its own share — only for counting bytes, never for training.
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
     return _shard_mapped_step(model_cfg, train_cfg, cp, sync_grads)
 
 
@@ -148,7 +173,8 @@ def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshC
 
 def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                        axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                       layout: Layout = "contiguous") -> StepFn:
+                       layout: Layout = "contiguous",
+                       kernels: Kernels = DEFAULT_KERNELS) -> StepFn:
     """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
 
     params, opt_state: global arrays laid out as cp_training_inputs makes them (per
@@ -156,14 +182,16 @@ def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
     targets_BT: int [B, T] global, T split over mesh axis `axis` (a name or a tuple flattened
     major-to-minor; D = the product of their sizes), in cp_layout.shard_order(layout) (the
     identity for contiguous). attn_cp: the attention layers' CP mode (hybrid models). loss:
-    the global mean loss (float32, replicated). The update equals one chip's AdamW step on the
-    summed gradients. The same arguments return the same jitted function, so
-    `.lower(...).compile()` of equal shapes and shardings compiles once per process
-    (compile_cp_train_step relies on it).
-    Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D.
+    the global mean loss (float32, replicated). kernels: the attention layers' kernels
+    (gdn_core.kernels; the GDN rule is the reference either way, jax_gdn.kernels). The
+    update equals one chip's AdamW step on the summed gradients. The same arguments return
+    the same jitted function, so `.lower(...).compile()` of equal shapes and shardings
+    compiles once per process (compile_cp_train_step relies on it).
+    Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D,
+    KernelUnavailable with the reason when kernels="fused" cannot serve it.
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
     return jitted_step(model_cfg, train_cfg, cp, True)
 
 

@@ -19,6 +19,7 @@ from ... import device_memory
 from ...config import FULL_ATTENTION, ModelConfig
 from ...cp_layout import Layout
 from ...cp_modes import AttnCPMode, CPMode, CPSettings
+from ...kernels import DEFAULT_KERNELS, Kernels
 from ...memory.verify import verify_seq_len
 from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
@@ -56,7 +57,8 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
                           axis: AxisName, mode: CPMode,
                           compiler_options: dict | None = None,
                           attn_cp: AttnCPMode = "all_gather_kv",
-                          layout: Layout = "contiguous") -> CompiledCPStep:
+                          layout: Layout = "contiguous",
+                          kernels: Kernels = DEFAULT_KERNELS) -> CompiledCPStep:
     """Compile the CP step without allocating anything, and read its memory and bytes.
 
     For sizing (memory, comm) without running, and for run_cp_training. Equal arguments reuse
@@ -65,7 +67,7 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     The bytes also compile the sync_grads=False reference (at FAST).
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
     return _compile(model_cfg, train_cfg, cp, compiler_options)
 
 
@@ -126,13 +128,15 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     chip holds beside the step's state (memory.verify.verify_seq_len within
     verify_memory_budget_bytes, default the chip's capacity; verified_seq_len). Losses: every
     step, global mean. Raises ValueError naming the numbers when `axis` is not cp.chips
-    chips, or when cp's modes or layout cannot split the shape over them.
+    chips, or when cp's modes or layout cannot split the shape over them; KernelUnavailable
+    with the reason when cp.kernels="fused" cannot serve the point.
     """
     if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
             or warmup_steps < 0:
         raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
     step_cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=cp.mode,
-                      attn_cp=cp.attn_cp, layout=cp.layout)  # the trial's one validation
+                      attn_cp=cp.attn_cp, layout=cp.layout, kernels=cp.kernels,
+                      dtype=train_cfg.dtype)  # the trial's one validation
     D = step_cp.chips
     if D != cp.chips:
         raise ValueError(f"cp.chips={cp.chips} but mesh axis {axis!r} spans {D} chips")

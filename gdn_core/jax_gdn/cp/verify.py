@@ -22,6 +22,7 @@ from ... import device_memory
 from ...config import ModelConfig
 from ...cp_layout import Layout, shard_order
 from ...cp_modes import AttnCPMode, CPMode
+from ...kernels import DEFAULT_KERNELS, Kernels
 from ...testing import max_verify_error
 from ...train_config import TrainConfig
 from ..model import model_loss
@@ -32,7 +33,8 @@ from .step import MeshCP, mesh_cp, global_arrays, host_copy, model_hooks, weight
 def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
                                train_cfg: TrainConfig, *, mesh, axis: AxisName,
                                mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                               layout: Layout = "contiguous") -> float:
+                               layout: Layout = "contiguous",
+                               kernels: Kernels = DEFAULT_KERNELS) -> float:
     """Max relative error of the CP loss and summed gradients against one chip, same data.
 
     params: global arrays as cp_training_inputs lays them out; tokens_BT1: host int [B, T+1]
@@ -44,7 +46,7 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     reference gradient's norm). Every process returns the same.
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
     return verify_error(params, tokens_BT1, model_cfg, train_cfg, cp)[0]
 
 
@@ -81,12 +83,12 @@ def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainCon
 
 def cp_loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                          axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                         layout: Layout = "contiguous"):
+                         layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS):
     """The step's loss and reduced gradients, without the update: a shard_mapped
     f(params, inputs_BT, targets_BT) -> (global mean loss, gradients laid out as the step's
     reduced ones: WeightLayout.grad_specs). Arguments as make_cp_train_step's."""
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
     return _loss_and_grads_fn(model_cfg, train_cfg, cp)
 
 

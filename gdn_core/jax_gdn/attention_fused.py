@@ -1,0 +1,163 @@
+"""The library kernels behind `kernels="fused"` as PairKernels (attention_pairs.py): XLA's
+jax.nn.dot_product_attention (CPU), cuDNN flash attention (GPU), splash attention (TPU).
+
+Each returns float32 log-sum-exp statistics from its forward and takes the merged ones in its
+backward (attention_pairs' docstring: why). Written against jax 0.10.2:
+    xla     the public jax.nn.dot_product_attention; its residual is log Σ exp(q·kᵀ·scale)
+            [B, T, N] in natural log, but in the input dtype and under stop_gradient.
+    cudnn   the primitives behind jax.nn.dot_product_attention(implementation="cudnn")
+            (jax._src.cudnn.fused_attention_stablehlo): the public call casts cuDNN's float32
+            statistics to the input dtype and its backward recomputes nothing it could be
+            given, while the backward primitive takes the statistics (`activation`) and the
+            output whose rowsum(o·do) it needs — the merged ones here. Needs bf16/fp16.
+    splash  jax.experimental.pallas.ops.tpu.splash_attention built with save_residuals=True
+            (float32 log-sum-exp [H, T]); its backward function fed the merged o and lse.
+            No scale argument: queries are scaled by 1/√E first (dq scaled back).
+kernels.py checks what each can serve before a step is built (KernelUnavailable).
+Legend: B batch, s segment tokens, H query heads, G KV heads, E head_dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .attention import dense_grads, dense_log_sum_exp
+from .attention_pairs import PairKernel
+
+# ---- xla (CPU): the public call's o, float32 statistics -----------------------------------
+
+
+def _xla_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
+    o_BsHE, lse_BsH = jax.nn.dot_product_attention(q_BsHE, k_BsGE, v_BsGE, is_causal=causal,
+                                                   implementation="xla", return_residual=True)
+    if lse_BsH.dtype != jnp.float32:  # rounded to bf16/fp16 by jax: ~0.03 off at lse ≈ 10
+        lse_BsH = dense_log_sum_exp(q_BsHE, k_BsGE, causal=causal)
+    return o_BsHE, lse_BsH
+
+
+def _xla_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
+    return dense_grads(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal=causal)
+
+
+def xla_kernel() -> PairKernel:
+    """jax.nn.dot_product_attention(implementation="xla") forward; backward the dense
+    FlashAttention-2 formula (attention.dense_grads: the scores the xla implementation
+    materializes too) fed the merged statistics."""
+    return PairKernel(_xla_forward, _xla_backward)
+
+
+# ---- cudnn (GPU): the primitives, float32 statistics both ways -----------------------------
+
+def _cudnn():
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    return fused_attention_stablehlo
+
+
+def _cudnn_call(q_BsHE, causal: bool):
+    """(module, the arguments and parameters every cuDNN primitive call shares)."""
+    cudnn = _cudnn()
+    unused = jnp.zeros(0, dtype=q_BsHE.dtype)  # no bias, seqlens, offsets or page tables
+    params = dict(scale=float(q_BsHE.shape[-1]) ** -0.5, seed=42, dropout_rate=0.0,
+                  variadic_args=(False, False),
+                  mask_type=cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK,
+                  layout=cudnn.AttentionLayout.BTNH.value, sliding_window_length=None)
+    return cudnn, (unused,) * 7, params
+
+
+def _cudnn_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
+    cudnn, unused, params = _cudnn_call(q_BsHE, causal)
+    cudnn.check_is_flash_attention(q_BsHE, k_BsGE, v_BsGE, params["layout"],
+                                   cudnn.check_cudnn_version(), False, True)
+    o_BsHE, stats_BHs = cudnn._dot_product_attention_fwd_p_wrapper.bind(
+        q_BsHE, k_BsGE, v_BsGE, *unused, **params, is_training=True)
+    return o_BsHE, jnp.transpose(stats_BHs, (0, 2, 1)).astype(jnp.float32)
+
+
+def _cudnn_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
+    cudnn, unused, params = _cudnn_call(q_BsHE, causal)
+    dq, dk, dv = cudnn._dot_product_attention_bwd_p_wrapper.bind(
+        q_BsHE, k_BsGE, v_BsGE, *unused, jnp.transpose(lse_BsH, (0, 2, 1)).astype(jnp.float32),
+        o_BsHE.astype(q_BsHE.dtype), do_BsHE.astype(q_BsHE.dtype), **params)[:3]
+    return dq.astype(jnp.float32), dk.astype(jnp.float32), dv.astype(jnp.float32)
+
+
+def cudnn_kernel() -> PairKernel:
+    return PairKernel(_cudnn_forward, _cudnn_backward)
+
+
+# ---- splash (TPU) --------------------------------------------------------------------------
+
+SPLASH_BLOCK = 512
+"""Largest splash block edge; blocks are multiples of 128 (TPU lanes) dividing the segment."""
+
+
+def splash_block(s: int) -> int:
+    """The largest multiple of 128 ≤ SPLASH_BLOCK dividing s (kernels.py refuses other s)."""
+    return max(b for b in range(128, SPLASH_BLOCK + 1, 128) if s % b == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _splash(num_heads: int, s: int, causal: bool):
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    b = splash_block(s)
+    mask = (splash.CausalMask if causal else splash.FullMask)((s, s))
+    blocks = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                               block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
+                               block_kv_dq=b)
+    return splash.make_splash_mha(splash.MultiHeadMask([mask] * num_heads), block_sizes=blocks,
+                                  head_shards=1, q_seq_shards=1, save_residuals=True)
+
+
+def _heads_first(x_BsXE):
+    return jnp.transpose(x_BsXE, (0, 2, 1, 3))
+
+
+def _splash_inputs(q_BsHE, k_BsGE, v_BsGE):
+    scale = q_BsHE.shape[-1] ** -0.5
+    return (_heads_first(q_BsHE * jnp.asarray(scale, q_BsHE.dtype)), _heads_first(k_BsGE),
+            _heads_first(v_BsGE)), scale
+
+
+def _splash_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
+    kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal)
+    (q, k, v), _ = _splash_inputs(q_BsHE, k_BsGE, v_BsGE)
+    o_BHsE, (lse_BHs,) = jax.vmap(kernel)(q, k, v)
+    return _heads_first(o_BHsE), jnp.transpose(lse_BHs, (0, 2, 1)).astype(jnp.float32)
+
+
+def _collapsed(mask_info):
+    """As splash's own call does before its custom VJP: partial mask blocks as one axis."""
+    if mask_info is None or mask_info.partial_mask_blocks is None:
+        return mask_info
+    blocks = mask_info.partial_mask_blocks
+    return mask_info._replace(partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
+
+
+def _splash_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal)
+    (q, k, v), scale = _splash_inputs(q_BsHE, k_BsGE, v_BsGE)
+    kw = kernel.kwargs
+    static = (kw["save_residuals"], kw["mask_value"], kw["is_mqa"], kw["block_sizes"],
+              kw["residual_checkpoint_name"], kw["mask_function"], kw["attn_logits_soft_cap"],
+              kw["interpret"])
+    masks = (_collapsed(kernel.dq_mask_info), _collapsed(kernel.dkv_mask_info))
+
+    def one_sequence(q, k, v, o, lse, do):
+        grads = sk._splash_attention_bwd(*static, (q, k, v, None, None, o, lse, *masks), do)
+        return grads[3:6]
+
+    o, do = _heads_first(o_BsHE.astype(q_BsHE.dtype)), _heads_first(do_BsHE.astype(q_BsHE.dtype))
+    dq, dk, dv = jax.vmap(one_sequence)(q, k, v, o, jnp.transpose(lse_BsH, (0, 2, 1)), do)
+    return (_heads_first(dq).astype(jnp.float32) * scale, _heads_first(dk).astype(jnp.float32),
+            _heads_first(dv).astype(jnp.float32))
+
+
+def splash_kernel() -> PairKernel:
+    return PairKernel(_splash_forward, _splash_backward)

@@ -1,0 +1,123 @@
+"""Which JAX implementation the `kernels` setting (gdn_core.kernels) runs, named with versions.
+
+    attention  reference  attention.py's blockwise tiles ("reference jax blockwise")
+               fused      per backend: cpu → jax.nn.dot_product_attention's xla implementation,
+                          gpu → cuDNN flash attention, tpu → splash attention
+                          (attention_fused.py), merged over segment pairs by log-sum-exp
+    GDN        always the reference chunk rule: no library kernel composes with CP state
+               (MaxText turns its Pallas GDN kernel off under context parallelism), so a
+               fused trial runs it too, labelled as such.
+
+A fused kernel that cannot serve the point raises gdn_core.kernels.KernelUnavailable with the
+reason (what was asked, what it accepts); nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from ..kernels import KernelUnavailable, ResolvedKernels, check_kernels
+from .attention import ATTENTION_BLOCK
+from .attention_fused import SPLASH_BLOCK, cudnn_kernel, splash_kernel, xla_kernel
+from .attention_pairs import PairKernel, PairKernelName, check_pair_kernel, reference_kernel
+
+REFERENCE_ATTENTION = "reference jax blockwise"
+REFERENCE_GDN = "reference jax chunk rule"
+FUSED_ATTENTION: dict[str, PairKernelName] = {"cpu": "xla", "gpu": "cudnn", "cuda": "cudnn",
+                                              "tpu": "splash"}
+"""Backend (jax platform name) → the pair kernel `kernels="fused"` runs there."""
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_PRIMITIVES = ("_dot_product_attention_fwd_p_wrapper", "_dot_product_attention_bwd_p_wrapper",
+                    "check_is_flash_attention", "check_cudnn_version")
+"""What attention_fused.py uses of jax._src.cudnn.fused_attention_stablehlo (private: checked)."""
+CUDNN_MAX_HEAD_DIM = 256
+"""cuDNN flash attention's head-dim limit on Hopper and later (128 before; jax checks the
+device's compute capability when it runs)."""
+
+
+@functools.lru_cache(maxsize=None)
+def pair_kernel(kernel: PairKernelName, block: int = ATTENTION_BLOCK) -> PairKernel:
+    """The PairKernel named `kernel` (attention_pairs.PAIR_KERNELS), one object per
+    arguments (custom VJPs take it as a static argument); `block` sizes the reference's tiles
+    (the library kernels tile themselves)."""
+    check_pair_kernel(kernel)
+    if kernel == "reference":
+        return reference_kernel(block)
+    return {"xla": xla_kernel, "cudnn": cudnn_kernel, "splash": splash_kernel}[kernel]()
+
+
+def attention_pair_kernel(kernels: str, *, backend: str) -> PairKernelName:
+    """The attention_pairs kernel `kernels` runs on `backend` (unchecked: see
+    resolve_jax_attention_kernel)."""
+    check_kernels(kernels)
+    if kernels == "reference":
+        return "reference"
+    if backend not in FUSED_ATTENTION:
+        raise KernelUnavailable(f"kernels='fused': no fused JAX attention for backend "
+                                f"{backend!r}; known: {', '.join(FUSED_ATTENTION)}")
+    return FUSED_ATTENTION[backend]
+
+
+def resolve_jax_attention_kernel(kernels: str, *, backend: str, dtype, head_dim: int,
+                                 segment_len: int | None = None) -> str:
+    """The attention implementation `kernels` runs on `backend` (jax platform: cpu, gpu, tpu)
+    for inputs of `dtype` and `head_dim`, named with its version; segment_len: the tokens of
+    one segment pair (a CP chip's segment, or ulysses' whole sequence), checked by splash.
+    Raises KernelUnavailable with the reason where the fused kernel cannot serve, ValueError
+    for an unknown `kernels`."""
+    kernel = attention_pair_kernel(kernels, backend=backend)
+    dtype_name = np.dtype(dtype).name
+    version = f"jax {jax.__version__}"
+    if kernel == "reference":
+        return REFERENCE_ATTENTION
+    if kernel == "xla":
+        return f"{version} dot_product_attention xla"
+    if kernel == "cudnn":
+        _check_cudnn(dtype_name, head_dim)
+        return f"{version} dot_product_attention cudnn"
+    _check_splash(head_dim, segment_len)
+    return f"{version} splash_attention"
+
+
+def _check_cudnn(dtype_name: str, head_dim: int) -> None:
+    if dtype_name not in CUDNN_DTYPES:
+        raise KernelUnavailable(f"cuDNN flash attention needs {' or '.join(CUDNN_DTYPES)} "
+                                f"inputs, got dtype={dtype_name}")
+    if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+        raise KernelUnavailable(f"cuDNN flash attention needs head_dim a multiple of 8 and "
+                                f"<= {CUDNN_MAX_HEAD_DIM}, got head_dim={head_dim}")
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn
+        for name in CUDNN_PRIMITIVES:
+            getattr(cudnn, name)
+    except (ImportError, AttributeError) as error:
+        raise KernelUnavailable(f"jax {jax.__version__} lacks the cuDNN attention primitives "
+                                f"attention_fused.py binds ({error})") from error
+
+
+def _check_splash(head_dim: int, segment_len: int | None) -> None:
+    if head_dim % 128:
+        raise KernelUnavailable(f"splash attention needs head_dim a multiple of 128 (TPU "
+                                f"lanes), got head_dim={head_dim}")
+    if segment_len is not None and segment_len % 128:
+        raise KernelUnavailable(f"splash attention needs segments of a multiple of 128 tokens "
+                                f"(its blocks, ≤ {SPLASH_BLOCK}, divide them), got "
+                                f"segment_len={segment_len}")
+
+
+def resolve_jax_gdn_kernel(kernels: str) -> str:
+    """The GDN rule `kernels` runs in JAX: the reference chunk rule either way (module
+    docstring)."""
+    check_kernels(kernels)
+    return REFERENCE_GDN
+
+
+def resolve_jax_kernels(kernels: str, *, backend: str, dtype, head_dim: int | None,
+                        segment_len: int | None = None) -> ResolvedKernels:
+    """Both resolutions; head_dim None: no attention layers (a gdn_only model)."""
+    attention = None if head_dim is None else resolve_jax_attention_kernel(
+        kernels, backend=backend, dtype=dtype, head_dim=head_dim, segment_len=segment_len)
+    return ResolvedKernels(gdn=resolve_jax_gdn_kernel(kernels), attention=attention)
