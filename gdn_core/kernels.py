@@ -9,6 +9,11 @@ A fused point that a kernel cannot serve (dtype, chunk size, head dim, backend m
 KernelUnavailable with the reason, and the trial is recorded `skipped` with it: a fused trial
 never falls back to the reference silently. Each result stores the resolved implementation of
 the GDN rule and of attention (ResolvedKernels), with versions.
+
+`resolve_kernels` is the rule book: what a framework runs under each value on a device kind,
+dtype and attention head width, or KernelUnavailable. It imports no kernel (only package
+versions are read and fla-core's presence checked), so a worker calls it before a trial is
+built; the names it returns are the constants below, which the kernel modules reuse.
 """
 
 from __future__ import annotations
@@ -40,3 +45,135 @@ class ResolvedKernels:
     attention: str | None
     """The full-attention layers' kernel, e.g. "torch 2.13.0 sdpa flash"; None without
     attention layers (a gdn_only model)."""
+
+
+# --------------------------------------------------------------------- what each path is called
+# One place for the names a result stores; the attention and GDN modules reuse them.
+
+REFERENCE_GDN: dict[str, str] = {"torch": "reference torch chunk rule",
+                                 "jax": "reference jax chunk rule"}
+"""The GDN rule under kernels="reference", per framework (this project's own code)."""
+REFERENCE_ATTENTION: dict[str, str] = {"torch": "reference torch blockwise tiles",
+                                       "jax": "reference jax blockwise"}
+"""The hybrid's attention under kernels="reference", per framework."""
+JAX_GDN_NOT_FUSED = "(no library kernel composes with CP state)"
+"""Why JAX's GDN stays the reference under kernels="fused" (MaxText turns its Pallas kernel
+off under context parallelism), appended to REFERENCE_GDN["jax"]."""
+FLA_GDN = "fla-core {version} chunk_gated_delta_rule"
+TORCH_SDPA_FLASH = "torch {version} sdpa flash ({device})"
+JAX_DOT_PRODUCT_ATTENTION = "jax {version} dot_product_attention {implementation}"
+"""implementation: "xla" (CPU) or "cudnn" (GPU)."""
+JAX_SPLASH_ATTENTION = "jax {version} splash attention"
+
+DEVICE_KINDS: tuple[str, ...] = ("cpu", "gpu", "tpu")
+FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
+HALF_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+"""What the GPU flash kernels (SDPA's flash backend, cuDNN attention) compute in."""
+SDPA_FLASH_MAX_HEAD_DIM = 256
+"""The widest head SDPA's flash backend serves on a GPU."""
+FLA_DISTRIBUTION = "fla-core"
+FLA_MODULE = "fla"
+
+
+def jax_fused_gdn_name() -> str:
+    """What JAX's GDN runs under kernels="fused": the reference, labelled so."""
+    return f"{REFERENCE_GDN['jax']} {JAX_GDN_NOT_FUSED}"
+
+
+def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: str,
+                    head_dim: int | None, has_attention: bool) -> ResolvedKernels:
+    """The implementations a step of `framework` runs under `kernels` on a `device_kind` chip
+    ("cpu" | "gpu" | "tpu") in `dtype`, with attention layers of `head_dim` if
+    `has_attention`; KernelUnavailable(reason) when a fused kernel cannot serve the point
+    (every reason found, joined by "; "). Pure rules: no kernel is imported, only versions
+    looked up and fla-core's presence checked, so it runs where the trial runs (the worker
+    knows its device and packages) before anything is built."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework={framework!r} is not one of: {', '.join(FRAMEWORKS)}")
+    if device_kind not in DEVICE_KINDS:
+        raise ValueError(f"device_kind={device_kind!r} is not one of: {', '.join(DEVICE_KINDS)}")
+    check_kernels(kernels)
+    if kernels == "reference":
+        return ResolvedKernels(gdn=REFERENCE_GDN[framework],
+                               attention=REFERENCE_ATTENTION[framework] if has_attention else None)
+    rules = _FUSED[framework]
+    reasons, names = [], []
+    for rule in (rules[0], *(rules[1:] if has_attention else ())):
+        try:
+            names.append(rule(device_kind=device_kind, dtype=dtype, head_dim=head_dim))
+        except KernelUnavailable as err:
+            reasons.append(str(err))
+    if reasons:
+        raise KernelUnavailable("; ".join(reasons))
+    return ResolvedKernels(gdn=names[0], attention=names[1] if has_attention else None)
+
+
+def _version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def _fla_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(FLA_MODULE) is not None
+
+
+def _half_only(what: str, dtype: str) -> None:
+    if dtype not in HALF_DTYPES:
+        raise KernelUnavailable(f"{what} takes dtype {' or '.join(HALF_DTYPES)}, got "
+                                f"dtype={dtype!r}; use dtypes: [bfloat16] or kernels: [reference]")
+
+
+def _torch_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
+    if device_kind != "gpu":
+        raise KernelUnavailable("fla-core's chunk_gated_delta_rule needs a CUDA device "
+                                f"(Triton); this trial runs on {device_kind}")
+    if not _fla_installed():
+        raise KernelUnavailable(f"fla-core is not installed on this worker (no module "
+                                f"{FLA_MODULE!r}); fused torch GDN runs fla-core's "
+                                "chunk_gated_delta_rule: pip install fla-core")
+    raise KernelUnavailable(
+        f"the fla-core path under context parallelism is not built yet (fla-core "
+        f"{_version(FLA_DISTRIBUTION)} is installed; its chunk_gated_delta_rule does not yet "
+        "compose with this project's CP exchanges); use kernels: [reference]")
+
+
+def _torch_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
+    if device_kind == "tpu":
+        raise KernelUnavailable("torch has no TPU path; SDPA's flash backend runs on cpu or gpu")
+    if device_kind == "gpu":
+        _half_only("SDPA's flash backend on gpu", dtype)
+        if head_dim is not None and head_dim > SDPA_FLASH_MAX_HEAD_DIM:
+            raise KernelUnavailable(f"SDPA's flash backend serves head_dim up to "
+                                    f"{SDPA_FLASH_MAX_HEAD_DIM}, got head_dim={head_dim}")
+    return TORCH_SDPA_FLASH.format(version=_version("torch"), device=device_kind)
+
+
+def _jax_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
+    return jax_fused_gdn_name()
+
+
+def _jax_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
+    version = _version("jax")
+    if device_kind == "tpu":
+        return JAX_SPLASH_ATTENTION.format(version=version)
+    if device_kind == "gpu":
+        _half_only("cuDNN's dot_product_attention", dtype)
+        return JAX_DOT_PRODUCT_ATTENTION.format(version=version, implementation="cudnn")
+    return JAX_DOT_PRODUCT_ATTENTION.format(version=version, implementation="xla")
+
+
+_FUSED = {"torch": (_torch_fused_gdn, _torch_fused_attention),
+          "jax": (_jax_fused_gdn, _jax_fused_attention)}
+"""Per framework: (the GDN rule's fused resolver, attention's)."""
+
+
+__all__ = ["DEFAULT_KERNELS", "FLA_GDN", "JAX_DOT_PRODUCT_ATTENTION", "JAX_GDN_NOT_FUSED",
+           "JAX_SPLASH_ATTENTION", "KERNELS", "KernelUnavailable", "Kernels", "REFERENCE_ATTENTION",
+           "REFERENCE_GDN", "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM", "TORCH_SDPA_FLASH",
+           "check_kernels", "jax_fused_gdn_name", "resolve_kernels"]

@@ -6,7 +6,8 @@ its chips' cores (cpu_cores) as it starts; it reports where it runs, what it run
 software and its memory cgroup's OOM-kill count (process_probe), measures its GEMM peak under
 that affinity, and runs a trial's training step under the rank memory cap, turning an
 out-of-memory error into RankOutOfMemoryError with the peak it reached. The framework's half
-says how: its device name, its GEMM, its training step and its peak memory.
+says how: its device name, its GEMM, its training step and its peak memory. Before a trial
+runs, each process resolves the trial's `kernels` where the device and packages are known.
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ class ChipProcess:
         measured = self._measure_gemm(seconds, dtype)
         where = self.cpu.describe() if self.cpu else "unpinned"
         return dataclasses.replace(measured, source=f"{measured.source}:{where}")
+
+    def resolve_kernels(self, trial: TrialSpec) -> dict[str, str | None]:
+        """What this process would run for the trial's `kernels` on its device with its
+        installed packages: {"gdn": …, "attention": …} (gdn_core.kernels.resolve_kernels), or
+        {"unavailable": the reason} when a fused kernel cannot serve the trial here."""
+        from gdn_core.kernels import KernelUnavailable, resolve_kernels
+
+        model_cfg = trial.to_model_config()
+        hybrid = model_cfg.layers == "hybrid"
+        try:
+            resolved = resolve_kernels(
+                trial.framework, trial.kernels, device_kind=self.kind, dtype=trial.dtype,
+                head_dim=model_cfg.attention.head_dim if hybrid else None, has_attention=hybrid)
+        except KernelUnavailable as err:
+            return {"unavailable": str(err)}
+        return {"gdn": resolved.gdn, "attention": resolved.attention}
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
         """This process's CPTrainReport of the trial's training step."""

@@ -6,7 +6,7 @@ planner does not compile, or a measured point predicted not to fit its chip
 (memory_admission, unless the sweep sets `admit_over_memory`).
 
 One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
-(framework, seq_len, dtype, param_sharding, remat, layers, repeat) as trials of mode "none"
+(framework, seq_len, dtype, param_sharding, remat, layers, kernels, repeat) as trials of mode "none"
 (no attn_cp, layout contiguous): the one-chip baseline that every mode's chips > 1 trials
 name in `baseline_key`. What gdn_core runs for a trial's names (mode "none", attn_cp None) is
 decided in one place, trial_cp_settings.
@@ -15,8 +15,14 @@ The decoder (`layers`): gdn_only (every layer GDN, what every sweep before issue
 hybrid (the published pattern: GDN layers beside gated full attention). Hybrid trials add the
 attention layers' CP mode (`attn_cp`); every trial has a sequence `layout` (contiguous or
 zigzag). Trial keys name a dimension only when it differs from what every trial ran before it
-existed (gdn_only, contiguous, no attn_cp), as `repeat` and `plan/` do: stored sweeps' keys
-stay what they were (resume finds them) and no two points collide (trial_key).
+existed (gdn_only, contiguous, no attn_cp, reference kernels), as `repeat` and `plan/` do:
+stored sweeps' keys stay what they were (resume finds them) and no two points collide
+(trial_key).
+
+`kernels` (gdn_core.kernels: reference | fused) is a dimension of every measured point, the
+one-chip baseline included (a fused trial's speed-up is against the fused one chip). Whether a
+fused kernel can serve a point depends on the device and packages of the worker that runs it,
+so it is resolved there (trial_runner), not here; plans compile the reference step only.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from gdn_core.config import Layers, ModelConfig
 from gdn_core.cp_layout import Layout, check_layout
 from gdn_core.cp_modes import (CP_MODES, AttnCPMode, CPMode, CPSettings,
                                check_attention_cp_shape, check_cp_shape)
+from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.presets import get_preset
 from gdn_core.train_config import ParamSharding, Remat, TrainConfig
 
@@ -48,26 +55,28 @@ hybrid baseline): all_gather_kv on one chip gathers nothing, plain causal attent
 
 
 def trial_cp_settings(*, mode: TrialMode, attn_cp: AttnCPMode | None, layout: Layout,
-                      chips: int) -> CPSettings:
+                      chips: int, kernels: Kernels = DEFAULT_KERNELS) -> CPSettings:
     """What gdn_core runs for a trial point: the one place a trial's names become gdn_core's.
     mode "none" (the one-chip baseline) runs as ONE_CHIP_CP_MODE; attn_cp None (no attention
-    layers, or the baseline) as ONE_CHIP_ATTN_CP, which a gdn_only model ignores."""
+    layers, or the baseline) as ONE_CHIP_ATTN_CP, which a gdn_only model ignores; `kernels`
+    passes through."""
     return CPSettings(mode=ONE_CHIP_CP_MODE if mode == "none" else mode,
                       attn_cp=ONE_CHIP_ATTN_CP if attn_cp is None else attn_cp,
-                      layout=layout, chips=chips)
+                      layout=layout, chips=chips, kernels=kernels)
 
 
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
               param_sharding: str, remat: str, repeat: int | None = None,
               kind: str = "measure", layers: str = "gdn_only", attn_cp: str | None = None,
-              layout: str = "contiguous") -> str:
+              layout: str = "contiguous", kernels: str = DEFAULT_KERNELS) -> str:
     """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
     every grid dimension, so no two points collide. A dimension added after keys were first
     stored is named only when it differs from what every trial ran before it existed: plan
     trials start with `plan/`, and `/layers=hybrid`, `/attn_cp=…` (hybrid trials with
-    attention CP), `/layout=zigzag` and `/repeat=r` (repeats > 1) follow the step settings —
-    so keys of sweeps that have none of them stay as they were, and resume finds them.
-    The omitted values are fixed (gdn_only, no attn_cp, contiguous), so keys stay distinct."""
+    attention CP), `/layout=zigzag`, `/kernels=fused` and `/repeat=r` (repeats > 1) follow the
+    step settings — so keys of sweeps that have none of them stay as they were, and resume
+    finds them. The omitted values are fixed (gdn_only, no attn_cp, contiguous, reference),
+    so keys stay distinct."""
     key = (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
     key = key if kind == "measure" else f"{kind}/{key}"
@@ -77,6 +86,8 @@ def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str
         key += f"/attn_cp={attn_cp}"
     if layout != "contiguous":
         key += f"/layout={layout}"
+    if kernels != DEFAULT_KERNELS:
+        key += f"/kernels={kernels}"
     return key if repeat is None else f"{key}/repeat={repeat}"
 
 
@@ -104,6 +115,9 @@ class TrialSpec(BaseModel):
     one-chip baseline (run as ONE_CHIP_ATTN_CP)."""
     layout: Layout = "contiguous"
     """Which tokens each chip holds (gdn_core.cp_layout)."""
+    kernels: Kernels = DEFAULT_KERNELS
+    """reference (this project's code) or fused (library kernels; gdn_core.kernels), resolved
+    on the worker that runs the trial."""
     steps: int
     warmup_steps: int
     accelerator_kind: AcceleratorKind
@@ -126,8 +140,9 @@ class TrialSpec(BaseModel):
                              f"chips={self.chips}; use one of {', '.join(CP_MODES)}")
         if self.repeat >= self.repeats:
             raise ValueError(f"repeat={self.repeat} must be below repeats={self.repeats}")
-        if self.kind == "plan" and self.framework != "jax":
-            raise ValueError(f"kind='plan' compiles the JAX step; framework={self.framework!r}")
+        if self.kind == "plan" and (self.framework != "jax" or self.kernels != DEFAULT_KERNELS):
+            raise ValueError(f"kind='plan' compiles the reference JAX step; "
+                             f"framework={self.framework!r}, kernels={self.kernels!r}")
         if self.attn_cp is not None and self.layers != "hybrid":
             raise ValueError(f"attn_cp={self.attn_cp!r} needs layers='hybrid' (attention "
                              f"layers to split), got layers={self.layers!r}")
@@ -143,12 +158,13 @@ class TrialSpec(BaseModel):
                          seq_len=self.seq_len, dtype=self.dtype,
                          param_sharding=self.param_sharding, remat=self.remat,
                          repeat=self.repeat if self.repeats > 1 else None, kind=self.kind,
-                         layers=self.layers, attn_cp=self.attn_cp, layout=self.layout)
+                         layers=self.layers, attn_cp=self.attn_cp, layout=self.layout,
+                         kernels=self.kernels)
 
     def cp_settings(self) -> CPSettings:
         """How gdn_core splits this trial's step over its chips (trial_cp_settings)."""
         return trial_cp_settings(mode=self.mode, attn_cp=self.attn_cp, layout=self.layout,
-                                 chips=self.chips)
+                                 chips=self.chips, kernels=self.kernels)
 
     def to_model_config(self) -> ModelConfig:
         """The model this trial trains (its preset, depth, vocabulary and decoder `layers`)."""
@@ -178,10 +194,11 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
         if kind == "plan" and repeat > 0:
             continue  # a compile says the same every time
         seen_baselines = set()
-        for (framework, layers, mode, attn_cp, layout, chips, seq_len, dtype, param_sharding,
-             remat) in spec.grid(kind):
+        for (framework, kernels, layers, mode, attn_cp, layout, chips, seq_len, dtype,
+             param_sharding, remat) in spec.grid(kind):
             settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
-                            param_sharding=param_sharding, remat=remat, layers=layers)
+                            param_sharding=param_sharding, remat=remat, layers=layers,
+                            kernels=kernels)
             if chips == 1 and spec.has_baseline:
                 if tuple(settings.values()) in seen_baselines:
                     continue
@@ -196,14 +213,15 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
             point = (kind, mode, attn_cp, layout, chips, *settings.values())
             model_cfg = model_cfgs[layers]
             if point not in skip_reasons:
-                cp = trial_cp_settings(mode=mode, attn_cp=attn_cp, layout=layout, chips=chips)
+                cp = trial_cp_settings(mode=mode, attn_cp=attn_cp, layout=layout, chips=chips,
+                                       kernels=kernels)
                 skip_reasons[point] = _skip_reason(spec, model_cfg, cp, kind=kind, **settings)
             trials.append(TrialSpec(
                 kind=kind, framework=framework, mode=mode, chips=chips, seq_len=seq_len,
                 batch_size=spec.batch_size, preset=model_cfg.name,
                 num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
                 param_sharding=param_sharding, remat=remat, layers=layers, attn_cp=attn_cp,
-                layout=layout, steps=spec.steps,
+                layout=layout, kernels=kernels, steps=spec.steps,
                 warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
                 accelerator_type=spec.accelerator.type,
                 verify=spec.verify and chips > 1 and kind == "measure",  # 1 chip: own reference
@@ -238,7 +256,7 @@ def cp_shape_problem(model_cfg: ModelConfig, cp: CPSettings, *, seq_len: int) ->
 
 def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kind: str,
                  framework: str, seq_len: int, dtype: str, param_sharding: str, remat: str,
-                 layers: str) -> str | None:
+                 layers: str, kernels: str) -> str | None:
     """Why the point cannot run: a shape its CP modes or layout cannot split, a plan of what
     the JAX planner does not compile (only the gdn_only contiguous step), or (unless
     spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —

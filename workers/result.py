@@ -37,6 +37,12 @@ class TrialMetrics(BaseModel):
     device_name: str | None = None
     """The chip as the ranks' runtime names it (torch.cuda.get_device_name, JAX device_kind,
     the CPU model on CPU hosts); checked against accelerator_type before the trial runs."""
+    gdn_kernel: str | None = None
+    """The GDN rule the step ran, with its version where it is a library's
+    (gdn_core.kernels.resolve_kernels on the worker: e.g. "reference jax chunk rule")."""
+    attention_kernel: str | None = None
+    """The hybrid's attention kernel the step ran (e.g. "jax 0.10.2 dot_product_attention
+    xla"); None without attention layers."""
     measured_steps: int | None = None
     """Steps timed after warm-up (step_time_s is their median)."""
     step_time_min_s: float | None = None

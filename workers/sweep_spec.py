@@ -33,6 +33,7 @@ from gdn_core import hardware
 from gdn_core.config import Layers
 from gdn_core.cp_layout import LAYOUTS, Layout
 from gdn_core.cp_modes import ATTN_CP_MODES, AttnCPMode, CPMode
+from gdn_core.kernels import DEFAULT_KERNELS, KERNELS, Kernels
 from gdn_core.presets import PRESETS
 from gdn_core.train_config import ComputeDType, ParamSharding, Remat
 
@@ -132,11 +133,12 @@ class AcceleratorSpec(BaseModel):
 
 
 class SweepSpec(BaseModel):
-    """A grid of trials: kinds × frameworks × layers × modes × attn_cps (hybrid only) ×
-    layouts × chips × seq_lens × dtypes × param_shardings × remats, for one model and batch,
+    """A grid of trials: kinds × frameworks × kernels × layers × modes × attn_cps (hybrid
+    only) × layouts × chips × seq_lens × dtypes × param_shardings × remats, for one model and
+    batch,
     each measured point run `repeats` times (chips=1 once for all modes, attn_cps and layouts:
-    the one-chip baseline). Plan trials are JAX's only and made once: a compile says the same
-    every time."""
+    the one-chip baseline). Plan trials are JAX's reference step only and made once: a compile
+    says the same every time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: Name
@@ -163,6 +165,12 @@ class SweepSpec(BaseModel):
     dtypes: list[DType] = _grid_list("dtypes", "float32")
     param_shardings: list[ParamSharding] = _grid_list("param_shardings", "replicated")
     remats: list[Remat] = _grid_list("remats", "none")
+    kernels: list[Kernels] = Field(
+        default=[DEFAULT_KERNELS], min_length=1,
+        validation_alias=AliasChoices("kernels", "kernel"),
+        description=f"implementations ({', '.join(KERNELS)}): reference is this project's "
+                    "torch / JAX code; fused runs library kernels where they compose with CP "
+                    "(a point none can serve is recorded skipped with the reason)")
     steps: StrictInt = Field(default=3, ge=1, le=10_000)
     warmup_steps: StrictInt = Field(default=1, ge=0, le=1_000)
     accelerator: AcceleratorSpec = AcceleratorSpec()
@@ -172,9 +180,10 @@ class SweepSpec(BaseModel):
     """Times each grid point runs, as separate trials (TrialSpec.repeat 0 … repeats−1), to
     show how much a measurement varies between runs; keys gain `/repeat=r` when > 1."""
     one_chip_baseline: StrictBool = True
-    """True: chips=1 runs once per (framework, seq_len, dtype, param_sharding, remat, repeat)
-    as mode "none", the baseline every mode's rows refer to (`baseline_key`). False: one chip
-    per mode, as sweeps stored before the baseline existed ran (migration 0003 marks them so).
+    """True: chips=1 runs once per (framework, seq_len, dtype, param_sharding, remat, kernels,
+    repeat) as mode "none", the baseline every mode's rows refer to (`baseline_key`). False:
+    one chip per mode, as sweeps stored before the baseline existed ran (migration 0003 marks
+    them so).
     Either way a sweep whose `chips` lacks 1 has no baseline: none is added for it."""
     admit_over_memory: StrictBool = Field(default=False, description="run grid points "
                                           "predicted not to fit the chip's memory (else they "
@@ -195,13 +204,13 @@ class SweepSpec(BaseModel):
         return sorted(set(values))
 
     @field_validator("kinds", "dtypes", "param_shardings", "remats", "layers", "attn_cps",
-                     "layouts", mode="before")
+                     "layouts", "kernels", mode="before")
     @classmethod
     def _one_value_is_a_list(cls, value):
         return [value] if isinstance(value, str) else value
 
     @field_validator("kinds", "frameworks", "modes", "dtypes", "param_shardings", "remats",
-                     "layers", "attn_cps", "layouts")
+                     "layers", "attn_cps", "layouts", "kernels")
     @classmethod
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
@@ -224,6 +233,10 @@ class SweepSpec(BaseModel):
         if "plan" in self.kinds and "jax" not in self.frameworks:
             raise ValueError(f"kinds includes 'plan' but frameworks={self.frameworks}: a plan "
                              "compiles the JAX step; add 'jax' to frameworks")
+        if "plan" in self.kinds and DEFAULT_KERNELS not in self.kernels:
+            raise ValueError(f"kinds includes 'plan' but kernels={self.kernels}: a plan "
+                             f"compiles the reference step on virtual CPU chips (no GPU or TPU "
+                             f"kernel compiles there); add {DEFAULT_KERNELS!r} to kernels")
         return self
 
     @model_validator(mode="after")
@@ -239,19 +252,25 @@ class SweepSpec(BaseModel):
         """The frameworks trials of `kind` run in (plans: JAX only)."""
         return self.frameworks if kind == "measure" else ["jax"]
 
+    def kernels_of(self, kind: str) -> list[str]:
+        """The kernels trials of `kind` run (plans: the reference step only)."""
+        return self.kernels if kind == "measure" else [DEFAULT_KERNELS]
+
     def attn_cps_of(self, layers: str) -> list[str | None]:
         """The attention CP modes trials of `layers` run: none without attention layers."""
         return list(self.attn_cps) if layers == "hybrid" else [None]
 
     def grid(self, kind: str = "measure"):
-        """Every grid point of `kind` as (framework, layers, mode, attn_cp, layout, chips,
-        seq_len, dtype, param_sharding, remat), in a stable order (before the baseline folds
-        chips=1 into one mode, and before repeats: see grid.expand_trials); attn_cp is None for
-        gdn_only."""
-        for framework, layers in itertools.product(self.frameworks_of(kind), self.layers):
+        """Every grid point of `kind` as (framework, kernels, layers, mode, attn_cp, layout,
+        chips, seq_len, dtype, param_sharding, remat), in a stable order (before the baseline
+        folds chips=1 into one mode, and before repeats: see grid.expand_trials); attn_cp is
+        None for gdn_only."""
+        for framework, kernels, layers in itertools.product(
+                self.frameworks_of(kind), self.kernels_of(kind), self.layers):
             yield from itertools.product(
-                [framework], [layers], self.modes, self.attn_cps_of(layers), self.layouts,
-                self.chips, self.seq_lens, self.dtypes, self.param_shardings, self.remats)
+                [framework], [kernels], [layers], self.modes, self.attn_cps_of(layers),
+                self.layouts, self.chips, self.seq_lens, self.dtypes, self.param_shardings,
+                self.remats)
 
     @property
     def has_baseline(self) -> bool:
@@ -265,15 +284,16 @@ class SweepSpec(BaseModel):
         return sum(self.grid_size_of(kind) for kind in self.kinds)
 
     def grid_size_of(self, kind: str) -> int:
-        """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × seq_lens × dtypes
-        × param_shardings × remats × Σ over layers of (modes × attn_cps (hybrid) × layouts ×
-        chip counts, where chips=1 counts once when it is the baseline)."""
+        """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × kernels (plans:
+        reference) × seq_lens × dtypes × param_shardings × remats × Σ over layers of (modes ×
+        attn_cps (hybrid) × layouts × chip counts, where chips=1 counts once when it is the
+        baseline)."""
         multi_chip = len(self.chips) - (1 if self.has_baseline else 0)
         points = sum(len(self.modes) * len(self.attn_cps_of(layers)) * len(self.layouts)
                      * multi_chip + (1 if self.has_baseline else 0) for layers in self.layers)
         settings = math.prod(len(values) for values in (
-            self.frameworks_of(kind), self.seq_lens, self.dtypes, self.param_shardings,
-            self.remats))
+            self.frameworks_of(kind), self.kernels_of(kind), self.seq_lens, self.dtypes,
+            self.param_shardings, self.remats))
         return (self.repeats if kind == "measure" else 1) * settings * points
 
 

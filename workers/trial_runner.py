@@ -1,5 +1,9 @@
 """Run one trial to a result: place it (or take a warm group), run, classify, retry, clean up.
 
+Before a trial runs, its workers resolve its `kernels` (gdn_core.kernels): a fused kernel they
+cannot serve makes the trial `skipped` with the reason (no metrics, never a silent fallback to
+the reference); a succeeded trial stores the resolved gdn_kernel and attention_kernel.
+
 Every path out of an attempt either hands the group back to the warm pool (it ran cleanly) or
 shuts it down (actors killed, placement group removed), so a finished trial holds nothing.
 """
@@ -13,6 +17,8 @@ import time
 from collections.abc import Callable
 
 import ray
+
+from gdn_core.kernels import DEFAULT_KERNELS, ResolvedKernels, resolve_kernels
 
 from . import metrics, plan_runner
 from .errors import PlacementCancelledError
@@ -102,18 +108,24 @@ class TrialRunner:
                              else self._acquire(trial, retry=attempt > 1))
             device_name = ", ".join(group.device_names) or None
             group.check_devices(trial.accelerator_type)  # the chip MFU's peak is for
-            peak = self._peak(trial, group)
-            counters = group.oom_counters()
-            refs = group.run(trial)
-            self.emit(TrialStarted(trial, attempt, group.workers, reused))
-            reports = self._wait(refs, deadline=time.monotonic() + trial.timeout_s,
-                                 timeout_s=trial.timeout_s)
-            result = _Attempt(status="succeeded",
-                              metrics=metrics.trial_metrics(trial, reports,
-                                                            peak=peak,
-                                                            device_name=device_name),
-                              hosts=_unique(w.hostname for w in group.workers),
-                              versions=group.versions)
+            kernels = group.resolve_kernels(trial)
+            if "unavailable" in kernels:  # a fused kernel cannot serve it here: never a fallback
+                result = _Attempt(status="skipped", error=kernels["unavailable"],
+                                  hosts=_hosts(group),
+                                  metrics=TrialMetrics(device_name=device_name))
+            else:
+                peak = self._peak(trial, group)
+                counters = group.oom_counters()
+                refs = group.run(trial)
+                self.emit(TrialStarted(trial, attempt, group.workers, reused))
+                reports = self._wait(refs, deadline=time.monotonic() + trial.timeout_s,
+                                     timeout_s=trial.timeout_s)
+                measured = metrics.trial_metrics(trial, reports, peak=peak,
+                                                 device_name=device_name)
+                result = _Attempt(status="succeeded", metrics=measured.model_copy(update={
+                                      "gdn_kernel": kernels["gdn"],
+                                      "attention_kernel": kernels["attention"]}),
+                                  hosts=_hosts(group), versions=group.versions)
         except _Stopped as stop:
             self._discard(group)
             return _Attempt(status=stop.status, error=stop.error, hosts=_hosts(group),
@@ -149,8 +161,10 @@ class TrialRunner:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a result
             verdict = classify(exc)
             return _Attempt(status=verdict.status, error=verdict.error, retry=verdict.retry)
-        return _Attempt(status="succeeded", metrics=plan_runner.plan_metrics(trial, out["plan"]),
-                        hosts=(out["host"],), versions=out["versions"])
+        resolved = reference_kernels(trial)  # a plan compiles the reference step
+        return _Attempt(status="succeeded", hosts=(out["host"],), versions=out["versions"],
+                        metrics=plan_runner.plan_metrics(trial, out["plan"]).model_copy(update={
+                            "gdn_kernel": resolved.gdn, "attention_kernel": resolved.attention}))
 
     def _acquire(self, trial: TrialSpec, *, retry: bool) -> tuple[WorkerGroup, bool]:
         request = ChipRequest(framework=trial.framework, chips=trial.chips,
@@ -224,6 +238,16 @@ class TrialRunner:
     def _discard(group: WorkerGroup | None) -> None:
         if group is not None:
             group.shutdown()
+
+
+def reference_kernels(trial: TrialSpec) -> ResolvedKernels:
+    """The reference implementations of the trial's framework and decoder (no worker needed:
+    the reference depends on neither the device nor the packages)."""
+    model_cfg = trial.to_model_config()
+    hybrid = model_cfg.layers == "hybrid"
+    return resolve_kernels(trial.framework, DEFAULT_KERNELS, device_kind=trial.accelerator_kind,
+                           dtype=trial.dtype, has_attention=hybrid,
+                           head_dim=model_cfg.attention.head_dim if hybrid else None)
 
 
 def _unique(values) -> tuple[str, ...]:

@@ -82,6 +82,17 @@ class WorkerGroup:
                                self.ctx.options.rank_memory_limit_bytes)
         return [a.run.remote(trial, limit) for a in self.actors]
 
+    def resolve_kernels(self, trial: TrialSpec) -> dict[str, str | None]:
+        """What the trial's `kernels` run as on these processes (ChipProcess.resolve_kernels):
+        {"gdn": …, "attention": …}, or {"unavailable": why} when any process cannot serve it
+        (each distinct reason, joined by "; ")."""
+        answers = ray.get([a.resolve_kernels.remote(trial) for a in self.actors],
+                          timeout=self.ctx.options.worker_start_timeout_s)
+        reasons = list(dict.fromkeys(a["unavailable"] for a in answers if "unavailable" in a))
+        if reasons:
+            return {"unavailable": "; ".join(reasons)}
+        return answers[0]
+
     def oom_counters(self) -> list[tuple[str | None, int | None]]:
         """Each process's memory-cgroup OOM-kill counter (file, count), read before a run."""
         return ray.get([a.oom_counter.remote() for a in self.actors],

@@ -8,6 +8,7 @@ from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
+from gdn_core.kernels import KERNELS
 from workers.grid import TRIAL_MODES
 from workers.sweep_spec import FRAMEWORKS, TRIAL_KINDS
 
@@ -62,6 +63,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.add_argument("--attn-cp", action="append", choices=ATTN_CP_MODES,
                    help="the hybrid's attention CP mode")
     p.add_argument("--layout", action="append", choices=LAYOUTS)
+    p.add_argument("--kernels", action="append", choices=KERNELS,
+                   help="reference (this project's code) or fused (library kernels)")
     p.add_argument("--repeat", action="append", type=int,
                    help="run of a repeated grid point (0, 1, …)")
     p.add_argument("--sweep-id", type=int)
@@ -75,7 +78,7 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
         framework=a.framework, mode=a.mode, chips=a.chips, seq_len_min=a.seq_len_min,
         seq_len_max=a.seq_len_max, accelerator=a.accelerator, dtype=a.dtype,
         param_sharding=a.param_sharding, remat=a.remat, layers=a.layers, attn_cp=a.attn_cp,
-        layout=a.layout, repeat=a.repeat, sweep_id=a.sweep_id,
+        layout=a.layout, kernels=a.kernels, repeat=a.repeat, sweep_id=a.sweep_id,
         sort=a.sort, limit=a.limit if a.limit is not None or a.csv else 50))
 
     p = sub.add_parser("db", help="database maintenance")

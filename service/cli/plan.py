@@ -36,6 +36,9 @@ def add_plan_parser(sub, db_help: str) -> None:
     p.add_argument("--mode", action="append", choices=CP_MODES)
     p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
     p.add_argument("--remat", action="append", choices=REMATS)
+    p.add_argument("--kernels", choices=("reference", "fused"), default=None,
+                   help="plan for this implementation (default reference; JAX's GDN is the "
+                        "reference under both)")
     p.add_argument("--sweep-id", action="append", type=int, help="evidence only from these")
     p.add_argument("--rows", type=int, default=12, help="candidates printed (default 12)")
     p.add_argument("--json", action="store_true", help="the whole answer as JSON")
@@ -75,7 +78,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
             given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
                      "frameworks": args.framework, "modes": args.mode,
                      "param_shardings": args.param_sharding, "remats": args.remat,
-                     "sweep_id": args.sweep_id,
+                     "kernels": args.kernels, "sweep_id": args.sweep_id,
                      "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
                                            if args.chip_memory_gib else None)}
             try:
@@ -115,7 +118,8 @@ HEADER = (f"{'fw':<5} {'mode':<10} {'chips':>6} {'params':<10} {'remat':<5} "
 
 def format_answer(answer, *, rows: int) -> str:
     r = answer.request
-    lines = [f"{r.preset} at seq_len {r.seq_len:,} × batch {r.batch_size} on {r.accelerator} "
+    lines = [f"{r.preset} at seq_len {r.seq_len:,} × batch {r.batch_size} on {r.accelerator}, "
+             f"{r.kernels} kernels "
              f"({answer.chip_memory_bytes / GIB:,.1f} GiB per chip: {answer.chip_memory_source});"
              f" {answer.evidence_trials} trial(s) of evidence", LEGEND, ""]
     for title, pick in (("fewest chips that fit", answer.fewest_chips),

@@ -107,6 +107,9 @@ class Trial(Base):
     """The attention layers' CP mode (hybrid, chips > 1); NULL: no attention CP."""
     layout: Mapped[str] = mapped_column(String(16), default="contiguous",
                                         server_default=text("'contiguous'"))
+    kernels: Mapped[str] = mapped_column(String(16), default="reference",
+                                         server_default=text("'reference'"))
+    """reference (this project's code) or fused (library kernels; gdn_core.kernels)."""
     steps: Mapped[int] = mapped_column(Integer)
     warmup_steps: Mapped[int] = mapped_column(Integer)
     accelerator_kind: Mapped[str] = mapped_column(String(8))
@@ -172,6 +175,8 @@ class Result(Base):
     attn_cp: Mapped[str | None] = mapped_column(String(16))
     layout: Mapped[str] = mapped_column(String(16), default="contiguous",
                                         server_default=text("'contiguous'"))
+    kernels: Mapped[str] = mapped_column(String(16), default="reference",
+                                         server_default=text("'reference'"))
     accelerator_kind: Mapped[str] = mapped_column(String(8))
     accelerator_type: Mapped[str] = mapped_column(String(32))
     repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
@@ -191,6 +196,10 @@ class Result(Base):
     peak_flops_source: Mapped[str | None] = mapped_column(Text)
     peak_flops_dtype: Mapped[str | None] = mapped_column(String(16))
     device_name: Mapped[str | None] = mapped_column(Text)
+    gdn_kernel: Mapped[str | None] = mapped_column(Text)
+    attention_kernel: Mapped[str | None] = mapped_column(Text)
+    """What the trial's `kernels` resolved to on its workers, with versions (succeeded trials;
+    attention_kernel NULL without attention layers)."""
     measured_steps: Mapped[int | None] = mapped_column(Integer)
     step_time_min_s: Mapped[float | None] = mapped_column(Float)
     step_time_max_s: Mapped[float | None] = mapped_column(Float)
@@ -314,7 +323,7 @@ tests/service/test_models.py checks that Result has each, nullable, of the field
 FACT_COLUMNS: tuple[str, ...] = (
     "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size", "preset",
     "num_layers", "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout",
-    "accelerator_kind", "accelerator_type", "repeat")
+    "kernels", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats"})

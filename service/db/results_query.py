@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from gdn_core.config import Layers
 from gdn_core.cp_layout import Layout
 from gdn_core.cp_modes import AttnCPMode
+from gdn_core.kernels import Kernels
 from gdn_core.train_config import ParamSharding, Remat
 from service.db.bounds import DB_INT_MAX, DbInt
 from service.db.crud import public_trials
@@ -44,6 +45,7 @@ SORT_FIELDS = {
     "finished_at": Result.finished_at, "seq_len": Result.seq_len, "chips": Result.chips,
     "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
     "layers": Result.layers, "attn_cp": Result.attn_cp, "layout": Result.layout,
+    "kernels": Result.kernels,
     "sweep_id": Result.sweep_id, "repeat": Result.repeat, "id": Result.trial_id,
 }
 """Accepted `sort` keys (comma-separated; a leading '-' sorts descending)."""
@@ -76,6 +78,8 @@ class ResultFilters(BaseModel):
     attn_cp: list[AttnCPMode] = Field(default=[], description="the hybrid's attention CP mode "
                                       "(GDN-only rows and one-chip baselines have none)")
     layout: list[Layout] = Field(default=[], description="contiguous or zigzag")
+    kernels: list[Kernels] = Field(default=[], description="reference (this project's code) "
+                                   "or fused (library kernels)")
     repeat: list[DbInt] = Field(default=[], description="run of a repeated grid point (0, 1, …)")
     device_name: list[FilterText] = Field(default=[],
                                           description="the chip as its runtime names it")
@@ -116,7 +120,7 @@ def _where(filters: ResultFilters) -> list:
                            (filters.param_sharding, Result.param_sharding),
                            (filters.remat, Result.remat), (filters.repeat, Result.repeat),
                            (filters.layers, Result.layers), (filters.attn_cp, Result.attn_cp),
-                           (filters.layout, Result.layout),
+                           (filters.layout, Result.layout), (filters.kernels, Result.kernels),
                            (filters.device_name, Result.device_name),
                            (filters.memory_source, Result.memory_source)):
         if values:
@@ -183,6 +187,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
     ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
     ("layers", "layers"), ("attn_cp", "attn_cp"), ("layout", "layout"),
+    ("kernels", "kernels"),
     ("accelerator", "accel"), ("repeat", "rep"), ("tokens_per_s_per_chip", "tok/s/chip"),
     ("scaling_efficiency", "vs_1chip"), ("step_time_s", "step_s"), ("step_time_min_s", "min_s"),
     ("step_time_max_s", "max_s"), ("measured_steps", "n"), ("mfu", "mfu"),

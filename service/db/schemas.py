@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, T
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
+from gdn_core.kernels import DEFAULT_KERNELS, KERNELS
 from service.core.cron import check_cron, check_timezone
 from workers.result import TrialMetrics
 from workers.sweep_spec import Name, PlainText, SweepSpec
@@ -114,6 +115,9 @@ class _TrialOutcome(BaseModel):
     """The hybrid's attention CP mode; None: no attention layers, or one chip."""
     layout: str = "contiguous"
     """Which tokens each chip held: contiguous or zigzag."""
+    kernels: str = DEFAULT_KERNELS
+    """reference (this project's code) or fused (library kernels); what they resolved to is
+    in gdn_kernel and attention_kernel."""
     steps: int
     warmup_steps: int
     accelerator: str
@@ -215,6 +219,8 @@ class OptionsPublic(BaseModel):
     """CP modes of the hybrid's attention layers."""
     layouts: list[str] = list(LAYOUTS)
     """Sequence layouts over the chips."""
+    kernels: list[str] = list(KERNELS)
+    """Implementations: reference (this project's code), fused (library kernels)."""
     accelerator_kinds: list[str]
     accelerator_types: list[str]
     trial_statuses: list[str]

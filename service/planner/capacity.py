@@ -18,6 +18,7 @@ from gdn_core import hardware
 from gdn_core.cp_modes import check_cp_shape
 from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
+from gdn_core.kernels import JAX_GDN_NOT_FUSED, REFERENCE_GDN, jax_fused_gdn_name
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import (
     TrainConfig,
@@ -64,7 +65,8 @@ def _chip_counts(max_chips: int, observations: Sequence[Observation]) -> list[in
 
 
 def _matches(o: Observation, request: CapacityRequest, point: Point, num_layers: int) -> bool:
-    return (o.framework == point.framework and o.dtype == request.dtype
+    return (o.framework == point.framework and o.kernels == request.kernels
+            and o.dtype == request.dtype
             and o.batch_size == request.batch_size and o.num_layers == num_layers
             and o.param_sharding == point.param_sharding and o.remat == point.remat)
 
@@ -235,6 +237,10 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
         "Step times on a chip type come only from measured trials on that type; links without "
         "trials at several chip counts use the datasheet prior.",
     ]
+    if "jax" in request.frameworks:
+        caveats.append(f"JAX's GDN layers run the reference chunk rule under either kernels "
+                       f"value {JAX_GDN_NOT_FUSED}: MaxText turns its Pallas kernel off under "
+                       "context parallelism; kernels=fused changes only JAX's attention.")
     if model_cfg.moe is not None:
         caveats.append(f"MoE preset: memory counts the published model's experts and their "
                        f"AdamW state ({model_cfg.moe.source}); step time, FLOPs and MFU are the "
@@ -280,6 +286,17 @@ def plan_checks(observations: Sequence[Observation]) -> list[PlanCheck]:
                 measured_source=twin.peak_memory_source,
                 ratio=plan.memory_bytes / twin.peak_memory_bytes))
     return checks
+
+
+def gdn_kernel_label(framework: str, kernels: str) -> str:
+    """What a candidate's GDN layers run (gdn_core.kernels' names, no versions: a plan spans
+    installs). JAX has no fused GDN under CP: the reference, labelled so."""
+    if kernels == "reference":
+        return REFERENCE_GDN[framework]
+    if framework == "jax":
+        return jax_fused_gdn_name()
+    return ("fla-core chunk_gated_delta_rule (not built under context parallelism yet: "
+            "fused torch trials are skipped, so no trial rests on it)")
 
 
 def _chip_memory(request: CapacityRequest, chips: int) -> tuple[int, str]:
@@ -333,7 +350,9 @@ def _candidate(request, model_cfg, point, group, local, memory, capacity, step, 
         else:
             mfu = Figure(value=value, basis=step.basis, trial_ids=ids,
                          note="" if peak else "no peak FLOP/s known for this chip")
-    return Candidate(framework=point.framework, mode="none" if point.chips == 1 else point.mode,
+    return Candidate(framework=point.framework, kernels=request.kernels,
+                     gdn_kernel=gdn_kernel_label(point.framework, request.kernels),
+                     mode="none" if point.chips == 1 else point.mode,
                      chips=point.chips, param_sharding=point.param_sharding, remat=point.remat,
                      local_tokens=local, fits=fits, memory_bytes_per_chip=memory,
                      chip_memory_bytes=capacity, step_time_s=step,

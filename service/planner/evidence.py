@@ -22,6 +22,7 @@ class Observation:
     framework: str
     mode: str
     """A CP mode, or "none" (one chip)."""
+    kernels: str
     chips: int
     seq_len: int
     batch_size: int
@@ -58,9 +59,10 @@ class Observation:
                                  chips=self.chips).mode
 
     def settings(self) -> tuple:
-        """What a fit may not mix: the model, batch, dtype and step settings, the framework."""
+        """What a fit may not mix: the model, batch, dtype and step settings, the framework and
+        its kernels."""
         return (self.preset, self.num_layers, self.batch_size, self.dtype, self.param_sharding,
-                self.remat, self.framework)
+                self.remat, self.framework, self.kernels)
 
 
 def evidence_for(session: Session, request) -> list[Observation]:
@@ -93,8 +95,8 @@ def canonical_chip(accelerator_type: str) -> str:
 
 
 _COLUMNS = tuple(getattr(Result, name) for name in (
-    "trial_id", "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size",
-    "preset", "num_layers", "dtype", "param_sharding", "remat", "accelerator_type",
+    "trial_id", "sweep_id", "kind", "framework", "kernels", "mode", "chips", "seq_len",
+    "batch_size", "preset", "num_layers", "dtype", "param_sharding", "remat", "accelerator_type",
     "step_time_s", "hardware_flops_per_step", "peak_flops_per_chip",
     "peak_memory_bytes_per_chip", "memory_source", "estimated_memory_bytes_per_chip",
     "estimated_memory_source", "predicted_memory_bytes_per_chip",
@@ -120,7 +122,8 @@ def observation(r, *, chip: str) -> Observation:
     memory, memory_source, is_peak = memory_of(r)
     return Observation(
         trial_id=r.trial_id, sweep_id=r.sweep_id, kind=r.kind, framework=r.framework,
-        mode=r.mode, chips=r.chips, seq_len=r.seq_len, batch_size=r.batch_size, preset=r.preset,
+        kernels=r.kernels, mode=r.mode, chips=r.chips, seq_len=r.seq_len,
+        batch_size=r.batch_size, preset=r.preset,
         num_layers=r.num_layers, dtype=r.dtype, param_sharding=r.param_sharding, remat=r.remat,
         accelerator_type=chip, step_time_s=r.step_time_s,
         hardware_flops_per_step=r.hardware_flops_per_step,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gdn_core import hardware
 from gdn_core.config import GDNConfig, ModelConfig
 from gdn_core.cp_modes import CP_MODES, CPMode
+from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.presets import PRESETS, get_preset
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, ComputeDType, ParamSharding, Remat
 from service.db.bounds import DbInt
@@ -37,6 +38,9 @@ class CapacityRequest(BaseModel):
     modes: list[CPMode] = Field(default=list(CP_MODES), min_length=1)
     param_shardings: list[ParamSharding] = Field(default=list(PARAM_SHARDINGS), min_length=1)
     remats: list[Remat] = Field(default=list(REMATS), min_length=1)
+    kernels: Kernels = Field(default=DEFAULT_KERNELS, description="the implementation to plan "
+                             "for; evidence only from trials of it (JAX's GDN is the reference "
+                             "chunk rule under both: no library kernel composes with CP state)")
     num_layers: int | None = Field(default=None, ge=1, le=512)
     hidden_size: int | None = Field(default=None, ge=1, le=65536)
     num_k_heads: int | None = Field(default=None, ge=1, le=1024)
@@ -110,6 +114,10 @@ class Figure(BaseModel):
 
 class Candidate(BaseModel):
     framework: str
+    kernels: str = DEFAULT_KERNELS
+    gdn_kernel: str = ""
+    """What the GDN layers run under `kernels` in this framework (JAX: the reference chunk
+    rule under either value, labelled so)."""
     mode: str
     chips: int
     param_sharding: str

@@ -46,7 +46,8 @@ def _breakdown(s: SweepSpec) -> str:
             + (" + the one-chip baseline" if s.has_baseline else "")
             for layers in s.layers)
         parts.append(
-            f"{kind}: repeats {repeats} × frameworks {len(s.frameworks_of(kind))} × seq_lens "
+            f"{kind}: repeats {repeats} × frameworks {len(s.frameworks_of(kind))} × kernels "
+            f"{len(s.kernels_of(kind))} × seq_lens "
             f"{len(s.seq_lens)} × dtypes {len(s.dtypes)} × param_shardings "
             f"{len(s.param_shardings)} × remats {len(s.remats)} × ({per_layers})")
     return "; ".join(parts)

@@ -41,6 +41,9 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", attempts_of=
                 step_time_s=step, step_time_min_s=0.9 * step, step_time_max_s=1.1 * step,
                 measured_steps=trial.steps, compile_time_s=2.0 if trial.framework == "jax" else 0,
                 peak_flops_dtype=trial.dtype, device_name="seed cpu",
+                gdn_kernel=f"seed {trial.kernels} {trial.framework} gdn",
+                attention_kernel=(f"seed {trial.kernels} {trial.framework} attention"
+                                  if trial.layers == "hybrid" else None),
                 mfu=trial.chips / 100, hfu=trial.chips / 90,
                 peak_memory_bytes_per_chip=measured, memory_source="process_rss_hwm",
                 estimated_memory_bytes_per_chip=2 * measured if trial.framework == "jax" else None,

@@ -222,3 +222,35 @@ def test_hybrid_dimensions_are_filters_columns_and_csv_fields(client, session_fa
         ("hybrid", "", "contiguous", "none")]
     bad = client.get("/api/results", params={"attn_cp": "striped"})
     assert bad.status_code == 422 and "attn_cp" in bad.text and "ring" in bad.text
+
+
+def test_kernels_are_a_filter_a_column_and_stored_with_what_they_resolved_to(
+        client, session_factory):
+    """Reference and fused rows side by side (seed.py labels the resolved kernels); a fused
+    point the workers could not serve is a skipped trial with the reason, and no result."""
+    sweep = seed_sweep(session_factory, name="k", frameworks=["torch", "jax"], modes=["p2p"],
+                       kernels=["reference", "fused"], chips=[2], seq_lens=[64],
+                       status_of=lambda t: "skipped" if (t.framework, t.kernels) == (
+                           "torch", "fused") else "succeeded")
+    assert client.get("/api/results").json()["count"] == 3
+    (row,) = client.get("/api/results", params={"kernels": "fused"}).json()["data"]
+    assert (row["framework"], row["kernels"], row["gdn_kernel"], row["attention_kernel"]) == (
+        "jax", "fused", "seed fused jax gdn", None)
+    assert row["key"].endswith("/remat=none/kernels=fused")
+    reference = client.get("/api/results", params={"kernels": "reference",
+                                                   "sort": "framework"}).json()["data"]
+    assert [(t["framework"], t["key"].endswith("/remat=none")) for t in reference] == [
+        ("jax", True), ("torch", True)]
+    rows = list(csv.DictReader(io.StringIO(client.get(
+        "/api/results", params={"format": "csv", "sort": "kernels,framework"}).text)))
+    assert [(r["kernels"], r["framework"], r["gdn_kernel"]) for r in rows] == [
+        ("fused", "jax", "seed fused jax gdn"), ("reference", "jax", "seed reference jax gdn"),
+        ("reference", "torch", "seed reference torch gdn")]
+    trials = client.get(f"/api/sweeps/{sweep}/trials").json()["data"]
+    (skipped,) = [t for t in trials if t["status"] == "skipped"]
+    assert (skipped["framework"], skipped["kernels"], skipped["error"]) == ("torch", "fused",
+                                                                             "boom")
+    assert client.get(f"/api/sweeps/{sweep}").json()["spec"]["kernels"] == ["reference", "fused"]
+    assert client.get("/api/options").json()["kernels"] == ["reference", "fused"]
+    bad = client.get("/api/results", params={"kernels": "turbo"})
+    assert bad.status_code == 422 and "kernels" in bad.text and "fused" in bad.text

@@ -180,3 +180,13 @@ def test_over_memory_points_are_skipped_with_the_prediction(client, session_fact
     stored = client.get(f"/api/sweeps/{forced.json()['id']}").json()["spec"]
     assert stored["admit_over_memory"] is True
     assert row_counts(session_factory) == (2, 2, 1)  # the skipped trial has its result row
+
+
+def test_unknown_kernels_are_422_naming_the_value_and_what_is_accepted(client, session_factory):
+    r = client.post("/api/sweeps", json=sweep_body(kernels=["reference", "bogus"]))
+    (error,) = assert_422_naming(r, ["body", "kernels", 1], "'reference' or 'fused'")
+    assert error["input"] == "bogus"
+    plans = client.post("/api/sweeps", json=sweep_body(frameworks=["jax"], kinds=["plan"],
+                                                       kernels=["fused"]))
+    assert plans.status_code == 422 and "add 'reference' to kernels" in plans.text
+    assert row_counts(session_factory) == (0, 0, 0)

@@ -68,6 +68,10 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert page.inner_text("#grid-size").startswith(f"{2 * 12 + 6} trials")
     page.uncheck("input[name=frameworks][value=jax]")
     page.uncheck("input[name=kinds][value=plan]")
+    page.check("input[name=kernels][value=fused]")  # a dimension of every measured point
+    assert page.inner_text("#grid-size").startswith("24 trials")
+    page.uncheck("input[name=kernels][value=fused]")
+    assert page.is_checked("input[name=kernels][value=reference]")
     page.fill("#repeats", "1")
     page.uncheck("input[name=remats][value=full]")
     assert page.is_checked("input[name=dtypes][value=float32]")
@@ -357,6 +361,20 @@ def test_results_filters_live_in_the_link(seeded_server, session_factory, page):
     page.goto(f"{seeded_server}/results?mode=ring")  # kept, so the API's answer names it
     page.wait_for_function("() => document.getElementById('results-errors').textContent")
     assert page.inner_text("#results-errors").startswith("mode.0: ")
+
+
+@pytest.mark.timeout(60)
+def test_results_show_the_kernels_and_what_they_resolved_to(seeded_server, session_factory,
+                                                            page):
+    seed_sweep(session_factory, frameworks=["jax"], modes=["p2p"], chips=[2], seq_lens=[64],
+               layers=["hybrid"], kernels=["reference", "fused"])
+    page.goto(f"{seeded_server}/results?kernels=fused")
+    page.wait_for_selector("#results tbody tr")
+    assert page.input_value("#f-kernels") == "fused"
+    assert _column(page, "#results", "kernels") == ["fused"]
+    assert _column(page, "#results", "GDN kernel") == ["seed fused jax gdn"]
+    assert _column(page, "#results", "attention kernel") == ["seed fused jax attention"]
+    _assert_fits_the_window(page, "#results")
 
 
 @pytest.mark.timeout(60)

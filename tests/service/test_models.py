@@ -65,9 +65,10 @@ def test_trial_public_has_every_metric_after_the_trials_own_fields():
 def test_a_trial_row_reads_back_as_the_trial_spec_it_was_written_from():
     spec = SweepSpec.model_validate({
         **TINY_SWEEP, "frameworks": ["jax"], "kinds": ["measure", "plan"], "chips": [1, 2, 3],
-        "layers": ["gdn_only", "hybrid"], "repeats": 2})
+        "layers": ["gdn_only", "hybrid"], "kernels": ["reference", "fused"], "repeats": 2})
     trials = expand_trials(spec)
     assert any(t.skip_reason for t in trials) and any(t.kind == "plan" for t in trials)
+    assert {t.kernels for t in trials} == {"reference", "fused"}
     rows = [trial_row(sweep_id=1, spec=t, status="pending", created_at=utcnow()) for t in trials]
     assert [trial_spec(row, repeats=2 if row.kind == "measure" else 1) for row in rows] == trials
 

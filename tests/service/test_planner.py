@@ -323,3 +323,35 @@ def test_capacity_of_a_gdn_shape_given_by_hand(tmp_path):
     assert {c["memory_bytes_per_chip"]["basis"] for c in answer["candidates"]} == {"predicted"}
     assert missing.status_code == 422 and "num_k_heads" in missing.text and "vocab_size" in missing.text
     assert bad.status_code == 422 and "num_v_heads=33" in bad.text
+
+
+@pytest.mark.timeout(60)
+def test_capacity_plans_per_kernels_and_says_jax_gdn_is_reference_only(session_factory,
+                                                                       db_url):
+    """Reference and fused trials are never fitted together; every candidate names what its
+    GDN layers run, and JAX's is the reference under both values."""
+    from .seed import seed_sweep
+
+    seed_sweep(session_factory, name="k", frameworks=["jax"], modes=["p2p"], chips=[1, 2],
+               seq_lens=[256, 512], kernels=["reference", "fused"],
+               speed_of=lambda t: 2.0 if t.kernels == "fused" else 1.0)
+    query = {"preset": "tiny", "seq_len": 512, "accelerator": "cpu", "num_layers": 1,
+             "dtype": "float32", "max_chips": 2, "modes": "p2p", "param_shardings": "replicated",
+             "remats": "none"}
+    with TestClient(create_app(api_settings(db_url))) as client:
+        answers = {k: client.get("/api/capacity", params={**query, "kernels": k}).json()
+                   for k in ("reference", "fused")}
+        bad = client.get("/api/capacity", params={**query, "kernels": "turbo"})
+    assert bad.status_code == 422 and "kernels" in bad.text
+    with session_factory() as session:
+        ids = {k: {r.trial_id for r in session.scalars(select(Result).where(
+            Result.kernels == k, Result.status == "succeeded"))} for k in ("reference", "fused")}
+    for kernels, answer in answers.items():
+        (two,) = [c for c in answer["candidates"] if c["chips"] == 2]
+        assert two["kernels"] == kernels and two["step_time_s"]["basis"] == "measured"
+        assert set(two["step_time_s"]["trial_ids"]) <= ids[kernels]
+        assert two["gdn_kernel"].startswith("reference jax chunk rule")
+        assert any("JAX's GDN layers run the reference chunk rule" in c
+                   for c in answer["caveats"])
+    assert answers["fused"]["candidates"][0]["gdn_kernel"] == (
+        "reference jax chunk rule (no library kernel composes with CP state)")

@@ -40,7 +40,8 @@ SWEEPS = (
     {**TINY_SWEEP, "name": "readme: repeats on 2 and 4 chips", "modes": ["p2p"],
      "chips": [2, 4], "seq_lens": [TARGET_SEQ_LEN], "repeats": 2},
 )
-CONFIG = ("framework", "mode", "param_sharding", "remat", "num_layers", "batch_size")
+CONFIG = ("framework", "kernels", "mode", "param_sharding", "remat", "num_layers",
+          "batch_size")
 """What a configuration is, besides its chip count and the preset, chip type and dtype."""
 
 
@@ -131,7 +132,8 @@ def test_every_documented_statement_parses_and_returns_rows(planner_db):
         assert answer(planner_db, statement), f"no rows from:\n{statement}"
 
 
-FIT_ROW = ("framework", "mode", "chips", "param_sharding", "remat", "num_layers", "batch_size")
+FIT_ROW = ("framework", "kernels", "mode", "chips", "param_sharding", "remat", "num_layers",
+           "batch_size")
 
 
 @pytest.mark.timeout(300)
@@ -146,7 +148,7 @@ def test_the_fit_query_has_one_row_per_configuration(planner_db):
     assert {key: row["max_seq_len_succeeded"] for key, row in zip(keys, found)} == longest
     assert all(row["peak_gib_per_chip"] > 0 for row in found)  # measured (process RSS)
     # both frameworks ran p2p on 2 chips: without `framework` two rows would look alike
-    assert len({(mode, chips) for _, mode, chips, *_ in keys}) < len(keys)
+    assert len({(mode, chips) for _, _, mode, chips, *_ in keys}) < len(keys)
 
 
 @pytest.mark.timeout(300)

@@ -1,5 +1,5 @@
 """The trial grid's CP settings (workers.grid): what gdn_core runs for each trial, decided in
-one function, trial_cp_settings."""
+one function, trial_cp_settings; and the kernels dimension's keys, expansion and checks."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import ast
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from gdn_core.cp_modes import CPSettings
-from workers.grid import ONE_CHIP_ATTN_CP, ONE_CHIP_CP_MODE, expand_trials, trial_cp_settings
+from workers.grid import (ONE_CHIP_ATTN_CP, ONE_CHIP_CP_MODE, TrialSpec, expand_trials,
+                          trial_cp_settings)
 from workers.sweep_spec import SweepSpec
 
 WORKERS = Path(__file__).parents[2] / "workers"
@@ -66,3 +68,67 @@ def test_the_trial_names_become_gdn_cores_in_one_function():
     assert readers and set(readers) == {("grid.py", ("trial_cp_settings",))}
     # the two definitions in grid.py, and all_gather_kv as SweepSpec.attn_cps' default
     assert [name for name, _ in literals] == ["grid.py", "grid.py", "sweep_spec.py"]
+
+
+# ---------------------------------------------------------------- kernels (issue 23)
+
+DEFAULT_KEYS = [
+    "torch/none/chips=1/seq_len=64/dtype=float32/param_sharding=replicated/remat=none",
+    "torch/p2p/chips=2/seq_len=64/dtype=float32/param_sharding=replicated/remat=none"]
+
+
+def _spec(**changes) -> SweepSpec:
+    return SweepSpec.model_validate(dict(name="k", frameworks=["torch"], modes=["p2p"],
+                                         chips=[1, 2], seq_lens=[64]) | changes)
+
+
+@pytest.mark.parametrize("kernels", [None, ["reference"], "reference"],
+                         ids=["absent", "list", "one-value"])
+def test_a_reference_trials_key_is_unchanged(kernels):
+    """Sweeps stored before `kernels` existed (and reference sweeps now) keep their keys, so a
+    resume finds every stored trial."""
+    spec = _spec() if kernels is None else _spec(kernels=kernels)
+    trials = expand_trials(spec)
+    assert [t.key for t in trials] == DEFAULT_KEYS
+    assert {t.kernels for t in trials} == {"reference"} and spec.kernels == ["reference"]
+    assert trials[1].cp_settings().kernels == "reference"
+
+
+def test_fused_points_are_a_dimension_with_their_own_baseline():
+    spec = _spec(kernels=["reference", "fused", "fused"], frameworks=["torch", "jax"])
+    trials = expand_trials(spec)
+    assert spec.kernels == ["reference", "fused"]
+    assert len(trials) == spec.grid_size == 2 * 2 * 2  # frameworks × kernels × (baseline + p2p)
+    assert len({t.key for t in trials}) == len(trials)
+    fused = [t for t in trials if t.kernels == "fused"]
+    assert {t.key.removesuffix("/kernels=fused") for t in fused if t.framework == "torch"} \
+        == set(DEFAULT_KEYS)
+    (two,) = [t for t in fused if t.framework == "torch" and t.chips == 2]
+    assert two.baseline_key == DEFAULT_KEYS[0] + "/kernels=fused"
+    assert two.cp_settings() == CPSettings(mode="p2p", chips=2, kernels="fused")
+    assert trial_cp_settings(mode="none", attn_cp=None, layout="contiguous", chips=1,
+                             kernels="fused").kernels == "fused"
+    assert all(t.skip_reason is None for t in trials)  # resolved on the worker, not here
+
+
+def test_kernels_values_are_validated_naming_the_bad_one():
+    with pytest.raises(ValidationError) as err:
+        _spec(kernels=["fused", "bogus"])
+    (error,) = err.value.errors()
+    assert error["loc"] == ("kernels", 1) and error["input"] == "bogus"
+    assert "'reference' or 'fused'" in error["msg"]
+    with pytest.raises(ValidationError, match="at least 1 item"):
+        _spec(kernels=[])
+    assert _spec(kernel="fused").kernels == ["fused"]  # the singular, as other dimensions
+
+
+def test_plans_compile_the_reference_step_only():
+    spec = _spec(frameworks=["jax"], kinds=["measure", "plan"], kernels=["reference", "fused"])
+    trials = expand_trials(spec)
+    assert len(trials) == spec.grid_size == 4 + 2
+    assert {t.kernels for t in trials if t.kind == "plan"} == {"reference"}
+    with pytest.raises(ValidationError, match=r"a plan compiles the reference step.*add "
+                                              r"'reference' to kernels"):
+        _spec(frameworks=["jax"], kinds=["plan"], kernels=["fused"])
+    with pytest.raises(ValidationError, match="kind='plan' compiles the reference JAX step"):
+        TrialSpec.model_validate(trials[-1].model_dump() | {"kernels": "fused"})

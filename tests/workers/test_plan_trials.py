@@ -78,6 +78,9 @@ def test_a_plan_trial_beyond_the_cluster_holds_no_chips(local_ray):
                  "remat=none"]
     assert far.status == "succeeded", far.error
     assert "16 virtual chips" in far.metrics.estimated_memory_source
+    # a plan compiles the reference step, and says so
+    assert (far.metrics.gdn_kernel, far.metrics.attention_kernel) == (
+        "reference jax chunk rule", None)
     (start,) = [e for e in events if isinstance(e, TrialStarted)]
     assert start.workers == ()
     assert_no_leaks()

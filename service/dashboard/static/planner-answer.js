@@ -36,7 +36,8 @@ PlannerAnswer.hide = function () {
 };
 
 PlannerAnswer.settings = (c) => `${c.framework} · ${c.mode === "none" ? "one chip" : c.mode} · ` +
-  `${c.chips} chip${c.chips === 1 ? "" : "s"} · ${c.param_sharding} · remat ${c.remat}`;
+  `${c.chips} chip${c.chips === 1 ? "" : "s"} · ${c.param_sharding} · remat ${c.remat}` +
+  (c.gdn_kernel ? ` · GDN: ${c.gdn_kernel}` : "");
 
 PlannerAnswer.tooltip = (f) => [f.basis + (f.note ? ": " + f.note : ""),
   f.trial_ids.length ? "trials " + f.trial_ids.join(", ") : ""].filter(Boolean).join("\n");
@@ -150,7 +151,7 @@ PlannerAnswer.draw = function (answer) {
   for (const id of PlannerAnswer.SECTIONS) document.getElementById(id).hidden = false;
   document.getElementById("summary").textContent =
     `${r.preset} (${r.frameworks.join(", ")}) at ${GS.num(r.seq_len, 10)} tokens × batch ${r.batch_size}, ` +
-    `${r.dtype}, on ${r.accelerator} ` +
+    `${r.dtype}, ${r.kernels || "reference"} kernels, on ${r.accelerator} ` +
     `chips, up to ${GS.num(r.max_chips, 10)}: ${answer.candidates.length} candidates, ${fitting.length} fit. ` +
     `Evidence: ${answer.evidence_trials} trial${answer.evidence_trials === 1 ? "" : "s"}. ${answer.model_note}`;
   const nothing = document.getElementById("nothing-fits");

@@ -8,7 +8,7 @@ let offset = 0;
 const DEFAULT_SORT = "-tokens_per_s_per_chip";  // the API's: left out of the link
 
 const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
-                 "layers", "attn_cp", "layout"];
+                 "layers", "attn_cp", "layout", "kernels"];
 const LISTS = ["chips", "repeat"];  // comma-separated in the form
 const NUMBERS = ["seq_len_min", "seq_len_max", "sweep_id"];
 const FORM_PARAMS = new Set([...SELECTS, ...LISTS, ...NUMBERS, "sort", "offset"]);
@@ -69,7 +69,9 @@ function resultRow(t) {
     GS.el("td", {}, t.mode), num(t.chips), num(GS.num(t.seq_len, 21)), num(t.batch_size),
     GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
     GS.el("td", {}, t.remat), GS.el("td", {}, t.layers), GS.el("td", {}, t.attn_cp || ""),
-    GS.el("td", {}, t.layout), num(t.repeat), GS.el("td", {}, t.accelerator),
+    GS.el("td", {}, t.layout), GS.el("td", {}, t.kernels || "reference"),
+    GS.el("td", {}, t.gdn_kernel || ""), GS.el("td", {}, t.attention_kernel || ""),
+    num(t.repeat), GS.el("td", {}, t.accelerator),
     GS.el("td", {}, t.device_name || ""), GS.attempts(t),
     num(GS.num(t.tokens_per_s_per_chip)),
     num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
@@ -121,6 +123,7 @@ async function init() {
   fillSelect("f-layers", o.layers, "any");
   fillSelect("f-attn_cp", o.attn_cps, "any");
   fillSelect("f-layout", o.layouts, "any");
+  fillSelect("f-kernels", o.kernels || ["reference"], "any");
   fillSelect("f-sort", o.result_sort_fields);
   choose(field("sort"), [DEFAULT_SORT.slice(1)]);
   readQuery(new URLSearchParams(window.location.search));

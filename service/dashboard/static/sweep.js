@@ -10,6 +10,7 @@ function trialRow(t, repeated) {
   const settings = `${t.dtype} · ${t.param_sharding} · remat ${t.remat}` +
                    (t.layers === "hybrid" ? ` · hybrid${t.attn_cp ? ", attn " + t.attn_cp : ""}` : "") +
                    (t.layout === "zigzag" ? " · zigzag" : "") +
+                   (t.kernels === "fused" ? " · fused" : "") +
                    (repeated ? ` · repeat ${t.repeat}` : "");
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
                        "data-attempts": t.attempt_history.length },
@@ -46,6 +47,7 @@ function showSweep(s, trials) {
     ` · layers ${(s.spec.layers || ["gdn_only"]).join(", ")}` +
     ((s.spec.layers || []).includes("hybrid") ? ` · attention CP ${s.spec.attn_cps.join(", ")}` : "") +
     ` · layouts ${(s.spec.layouts || ["contiguous"]).join(", ")}` +
+    ` · kernels ${(s.spec.kernels || ["reference"]).join(", ")}` +
     (s.spec.repeats > 1 ? ` · ${s.spec.repeats} repeats of every point` : "") +
     (s.spec.one_chip_baseline && s.spec.chips.includes(1) ? " · one-chip baseline (mode none) shared by every mode" : "");
   document.getElementById("sweep-error").textContent = s.error || "";

@@ -34,6 +34,7 @@ function formBody() {
   return {
     name: value("name"), kinds: checkedValues("kinds"), frameworks: checkedValues("frameworks"),
     modes: checkedValues("modes"), layers, layouts: checkedValues("layouts"),
+    kernels: checkedValues("kernels"),
     // the attention layers' CP modes mean something only for the hybrid decoder
     ...(layers.includes("hybrid") ? { attn_cps: checkedValues("attn_cps") } : {}),
     chips: intList(value("chips")), seq_lens: intList(value("seq_lens")), model,
@@ -50,17 +51,18 @@ function formBody() {
 
 // Trials the API will create (SweepSpec.grid_size): chips = 1 runs once as the one-chip
 // baseline, not once per mode; every measured point runs `repeats` times, a plan (JAX's
-// only) once.
+// reference step only) once.
 function showGridSize() {
   const b = formBody();
   const chips = new Set(b.chips), baseline = chips.has(1) ? 1 : 0;
   // per decoder: modes × attention CP modes (hybrid only) × layouts × chip counts
   const points = b.layers.reduce((total, layers) => total + b.modes.length *
     (layers === "hybrid" ? b.attn_cps.length : 1) * b.layouts.length * (chips.size - baseline) + baseline, 0);
-  const settings = (frameworks) => [frameworks, b.seq_lens, b.dtypes, b.param_shardings, b.remats]
-    .reduce((product, values) => product * values.length, 1);
+  const settings = (frameworks, kernels) => [frameworks, kernels, b.seq_lens, b.dtypes, b.param_shardings,
+                                             b.remats].reduce((product, values) => product * values.length, 1);
   const n = b.kinds.reduce((total, kind) => total + (kind === "plan"
-    ? settings(b.frameworks.filter((f) => f === "jax")) : (b.repeats || 1) * settings(b.frameworks)) * points, 0);
+    ? settings(b.frameworks.filter((f) => f === "jax"), b.kernels.filter((k) => k === "reference"))
+    : (b.repeats || 1) * settings(b.frameworks, b.kernels)) * points, 0);
   document.getElementById("grid-size").textContent =
     `${n} trial${n === 1 ? "" : "s"} (cap ${options ? options.grid_cap : "?"})`;
 }
@@ -120,6 +122,7 @@ async function init() {
   checkboxes(document.getElementById("layers"), "layers", options.layers, ["gdn_only"]);
   checkboxes(document.getElementById("attn_cps"), "attn_cps", options.attn_cps, ["all_gather_kv"]);
   checkboxes(document.getElementById("layouts"), "layouts", options.layouts, ["contiguous"]);
+  checkboxes(document.getElementById("kernels"), "kernels", options.kernels || ["reference"], ["reference"]);
   fillSelect(document.getElementById("preset"), options.presets, "tiny");
   checkboxes(document.getElementById("dtypes"), "dtypes", options.dtypes, ["float32"]);
   checkboxes(document.getElementById("param_shardings"), "param_shardings", options.param_shardings, ["replicated"]);

@@ -1,0 +1,144 @@
+"""The kernels dimension's resolver (gdn_core.kernels.resolve_kernels): what each framework runs
+under reference and fused on each device, and the reasons a fused point is skipped — each
+naming what was asked and what the kernel accepts, never a silent fallback to the reference."""
+
+from __future__ import annotations
+
+import pickle
+from importlib import metadata
+
+import pytest
+
+from gdn_core import kernels as K
+from gdn_core.cp_modes import CPSettings
+from gdn_core.kernels import KernelUnavailable, ResolvedKernels, resolve_kernels
+
+TORCH_V, JAX_V = metadata.version("torch"), metadata.version("jax")
+
+
+def _resolve(framework, kernels="fused", *, device_kind="cpu", dtype="float32", head_dim=64,
+             has_attention=True):
+    return resolve_kernels(framework, kernels, device_kind=device_kind, dtype=dtype,
+                           head_dim=head_dim, has_attention=has_attention)
+
+
+@pytest.fixture
+def fla(monkeypatch):
+    """fla-core present (True) or absent (False) as the resolver sees it."""
+    def set_installed(installed: bool) -> None:
+        monkeypatch.setattr(K, "_fla_installed", lambda: installed)
+    return set_installed
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("device_kind", ["cpu", "gpu", "tpu"])
+@pytest.mark.parametrize("has_attention", [True, False], ids=["hybrid", "gdn_only"])
+def test_reference_is_our_code_everywhere(framework, device_kind, has_attention):
+    """reference never depends on the device, dtype or packages: it is always servable."""
+    got = _resolve(framework, "reference", device_kind=device_kind, dtype="float32",
+                   head_dim=1024, has_attention=has_attention)
+    assert got == ResolvedKernels(
+        gdn=f"reference {framework} chunk rule",
+        attention=({"torch": "reference torch blockwise tiles",
+                    "jax": "reference jax blockwise"}[framework] if has_attention else None))
+
+
+@pytest.mark.parametrize("device_kind,dtype,attention", [
+    ("cpu", "float32", f"jax {JAX_V} dot_product_attention xla"),
+    ("cpu", "bfloat16", f"jax {JAX_V} dot_product_attention xla"),
+    ("gpu", "bfloat16", f"jax {JAX_V} dot_product_attention cudnn"),
+    ("gpu", "float16", f"jax {JAX_V} dot_product_attention cudnn"),
+    ("tpu", "float32", f"jax {JAX_V} splash attention"),
+    ("tpu", "bfloat16", f"jax {JAX_V} splash attention"),
+])
+def test_jax_fused_attention_and_reference_gdn_labelled(device_kind, dtype, attention):
+    got = _resolve("jax", device_kind=device_kind, dtype=dtype)
+    assert got.attention == attention
+    assert got.gdn == "reference jax chunk rule (no library kernel composes with CP state)"
+    assert got.gdn == K.jax_fused_gdn_name()
+
+
+def test_jax_fused_gdn_only_runs_anywhere():
+    got = _resolve("jax", device_kind="gpu", dtype="float32", head_dim=None, has_attention=False)
+    assert got == ResolvedKernels(gdn=K.jax_fused_gdn_name(), attention=None)
+
+
+def test_jax_fused_cudnn_needs_half_precision():
+    with pytest.raises(KernelUnavailable, match=r"cuDNN's dot_product_attention takes dtype "
+                                                r"bfloat16 or float16, got dtype='float32'"):
+        _resolve("jax", device_kind="gpu", dtype="float32")
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "tpu"])
+@pytest.mark.parametrize("installed", [True, False])
+def test_torch_fused_gdn_needs_a_cuda_device(fla, device_kind, installed):
+    fla(installed)
+    with pytest.raises(KernelUnavailable) as err:
+        _resolve("torch", device_kind=device_kind, has_attention=False)
+    assert str(err.value) == ("fla-core's chunk_gated_delta_rule needs a CUDA device (Triton); "
+                              f"this trial runs on {device_kind}")
+
+
+def test_torch_fused_gdn_needs_fla_core_on_gpu(fla):
+    fla(False)
+    with pytest.raises(KernelUnavailable, match=r"fla-core is not installed .*pip install "
+                                                r"fla-core"):
+        _resolve("torch", device_kind="gpu", dtype="bfloat16", has_attention=False)
+
+
+def test_torch_fused_gdn_with_fla_on_gpu_is_skipped_not_the_reference(fla):
+    """The fla-core path under CP is future work: a fused torch point is skipped saying so,
+    never run as the reference under the fused name."""
+    fla(True)
+    with pytest.raises(KernelUnavailable, match=r"^the fla-core path under context parallelism "
+                                                r"is not built yet"):
+        _resolve("torch", device_kind="gpu", dtype="bfloat16", has_attention=False)
+
+
+@pytest.mark.parametrize("dtype,head_dim,why", [
+    ("float32", 128, r"SDPA's flash backend on gpu takes dtype bfloat16 or float16, got "
+                     r"dtype='float32'"),
+    ("bfloat16", 512, r"SDPA's flash backend serves head_dim up to 256, got head_dim=512"),
+])
+def test_torch_fused_attention_limits_on_gpu(fla, monkeypatch, dtype, head_dim, why):
+    """Every reason is given at once: the GDN rule's and attention's."""
+    fla(True)
+    with pytest.raises(KernelUnavailable, match=rf"not built yet.*; {why}"):
+        _resolve("torch", device_kind="gpu", dtype=dtype, head_dim=head_dim)
+    # attention alone, as the attention modules will ask it
+    with pytest.raises(KernelUnavailable, match=why):
+        K._torch_fused_attention(device_kind="gpu", dtype=dtype, head_dim=head_dim)
+
+
+@pytest.mark.parametrize("device_kind,dtype,head_dim", [("cpu", "float32", 512),
+                                                        ("gpu", "bfloat16", 256),
+                                                        ("gpu", "float16", 64)])
+def test_torch_fused_attention_name(device_kind, dtype, head_dim):
+    assert (K._torch_fused_attention(device_kind=device_kind, dtype=dtype, head_dim=head_dim)
+            == f"torch {TORCH_V} sdpa flash ({device_kind})")
+
+
+def test_torch_on_tpu_has_no_attention_kernel():
+    with pytest.raises(KernelUnavailable, match="torch has no TPU path"):
+        K._torch_fused_attention(device_kind="tpu", dtype="bfloat16", head_dim=64)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(framework="mxnet"), r"framework='mxnet' is not one of: torch, jax"),
+    (dict(kernels="bogus"), r"kernels='bogus' is not one of: reference, fused"),
+    (dict(device_kind="npu"), r"device_kind='npu' is not one of: cpu, gpu, tpu"),
+])
+def test_bad_arguments_are_value_errors(bad, match):
+    args = dict(framework="jax", kernels="reference", device_kind="cpu") | bad
+    with pytest.raises(ValueError, match=match):
+        _resolve(args.pop("framework"), args.pop("kernels"), **args)
+
+
+def test_skip_reason_survives_pickling_and_cp_settings_carry_kernels():
+    """The reason crosses Ray processes; CPSettings checks the value like its other fields."""
+    err = pickle.loads(pickle.dumps(KernelUnavailable("why")))
+    assert isinstance(err, KernelUnavailable) and str(err) == "why"
+    assert CPSettings(mode="p2p", chips=2).kernels == "reference"
+    assert CPSettings(mode="p2p", chips=2, kernels="fused").kernels == "fused"
+    with pytest.raises(ValueError, match=r"kernels='bogus' is not one of: reference, fused"):
+        CPSettings(mode="p2p", chips=2, kernels="bogus")

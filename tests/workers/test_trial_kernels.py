@@ -1,0 +1,56 @@
+"""The kernels dimension through a local Ray (workers.trial_runner): each trial's workers
+resolve its kernels where the device and packages are known; a fused point they cannot serve
+is `skipped` with the reason (no metrics, never run as the reference), and a succeeded trial
+records what ran."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn_core.kernels import REFERENCE_GDN, jax_fused_gdn_name
+from workers.driver import run_sweep
+
+from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
+
+FLA_ON_CPU = ("fla-core's chunk_gated_delta_rule needs a CUDA device (Triton); this trial runs "
+              "on cpu")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow  # two JAX compiles on one chip (~15 s each here, less with a warm cache)
+def test_reference_and_fused_on_cpu_torch_skipped_jax_labelled(local_ray):
+    spec = tiny_spec(frameworks=["torch", "jax"], kernels=["reference", "fused"])
+    results = {(r.trial.framework, r.trial.kernels): r for r in run_sweep(spec, MemorySink())}
+    assert len(results) == 4
+
+    torch_fused = results["torch", "fused"]
+    assert (torch_fused.status, torch_fused.error) == ("skipped", FLA_ON_CPU)
+    assert torch_fused.trial.key.endswith("/kernels=fused")
+    assert [a.status for a in torch_fused.attempt_history] == ["skipped"]
+    m = torch_fused.metrics
+    assert m.step_time_s is None and m.tokens_per_s_per_chip is None and m.mfu is None
+    assert m.gdn_kernel is None and m.attention_kernel is None
+
+    jax_fused = results["jax", "fused"]
+    assert_consistent_metrics(jax_fused)
+    assert (jax_fused.metrics.gdn_kernel, jax_fused.metrics.attention_kernel) == (
+        jax_fused_gdn_name(), None)  # gdn_only: no attention layers
+    for framework in ("torch", "jax"):
+        reference = results[framework, "reference"]
+        assert_consistent_metrics(reference)
+        assert not reference.trial.key.endswith("/kernels=reference")
+        assert (reference.metrics.gdn_kernel, reference.metrics.attention_kernel) == (
+            REFERENCE_GDN[framework], None)
+    assert_no_leaks()
+
+
+@pytest.mark.timeout(120)
+def test_torch_fused_on_cpu_is_skipped_with_the_fla_reason(local_ray):
+    """The default tier's share: one torch point, reference runs, fused is skipped."""
+    results = {r.trial.kernels: r for r in run_sweep(tiny_spec(kernels=["reference", "fused"]),
+                                                     MemorySink())}
+    assert (results["fused"].status, results["fused"].error) == ("skipped", FLA_ON_CPU)
+    assert results["fused"].metrics.tokens_per_s_per_chip is None
+    assert_consistent_metrics(results["reference"])
+    assert results["reference"].metrics.gdn_kernel == "reference torch chunk rule"
+    assert_no_leaks()
