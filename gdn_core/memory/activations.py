@@ -106,10 +106,13 @@ def attention_exchange_bytes(model_cfg: ModelConfig, *, attn_cp: str, chips: int
                        kept for backward (remat full: recomputed, one layer's): grows with
                        T = D·t; its backward reduce-scatters dK/dV as a ring (never the whole
                        sequence's), holding what ring holds plus the float32 share of the
-                       block being added, B·t·2·G·hd·4
+                       block being added, B·t·2·G·hd·4, and a float32 query-sized buffer,
+                       B·t·H·hd·4 (the segment pair's dq beside the accumulator: measured
+                       since attention runs by segment pairs, not derived)
     Calibrated against XLA (tests/gdn_core/test_memory.py, t = 256, float32): what
-    all_gather_kv holds beyond ring predicted 655 360 / 1 179 648 B at D = 4 / 8, XLA 651 264 /
-    1 168 896; with two attention layers 1 179 648 vs 1 438 712 (XLA keeps a few blocks more).
+    all_gather_kv holds beyond ring predicted 786 432 / 1 310 720 B at D = 4 / 8, XLA 850 112 /
+    1 369 024; with two attention layers 1 310 720 vs 1 960 584 (XLA keeps more blocks live
+    across the two layers' backward than this counts: the model errs low there).
         ulysses        send and receive buffers of q, the KV heads sent (replicated when
                        G < D) and o: 2·B·t·hd·(2·H + 2·D·Gl)·b
     0 on one chip or without attention layers."""
@@ -125,7 +128,7 @@ def attention_exchange_bytes(model_cfg: ModelConfig, *, attn_cp: str, chips: int
         return ring
     if attn_cp == "all_gather_kv":
         kept = 1 if remat == "full" else n_attn
-        return kept * chips * block * b + ring + block * FLOAT32_BYTES
+        return kept * chips * block * b + ring + (block + B * t * H * hd) * FLOAT32_BYTES
     sent_kv_heads = chips * UlyssesHeads(num_k_heads=G, num_v_heads=H,
                                          chips=chips).key_heads_per_chip
     return 2 * B * t * hd * (2 * H + 2 * sent_kv_heads) * b
