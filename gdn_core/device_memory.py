@@ -153,6 +153,33 @@ def jax_peak_memory(devices, *, baseline: int | None = None) -> tuple[int | None
         "jax_peak_bytes_in_use_process_lifetime"
 
 
+JAX_GPU_MEMORY_FRACTION = 0.95
+"""The share of a GPU's memory a JAX trial process may allocate
+(XLA_PYTHON_CLIENT_MEM_FRACTION; JAX's default is 0.75, preallocated at start)."""
+CUDA_CONTEXT_RESERVE_BYTES = 1 << 30
+"""What a torch process on a GPU cannot give its caching allocator: the CUDA context and the
+cuBLAS, cuDNN and NCCL workspaces. Assumed (typically 0.5–1 GiB), not measured here."""
+
+
+def jax_gpu_allocator_env() -> dict[str, str]:
+    """The environment of a JAX process measuring on a GPU: no preallocation (so
+    peak_bytes_in_use is the run's own, not 75% of the GPU taken at start) and a stated limit
+    (JAX_GPU_MEMORY_FRACTION, what usable_chip_bytes admits against)."""
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": str(JAX_GPU_MEMORY_FRACTION)}
+
+
+def usable_chip_bytes(hbm_bytes: int, *, framework: str, accelerator_kind: str) -> int:
+    """What a trial of `framework` can allocate on one chip of `hbm_bytes`: on a GPU, JAX's
+    stated fraction of it (jax_gpu_allocator_env) or, for torch, all but the CUDA context's
+    reserve; on a TPU the whole HBM (the runtime's own reserve is not known here)."""
+    if accelerator_kind != "gpu":
+        return hbm_bytes
+    if framework == "jax":
+        return int(hbm_bytes * JAX_GPU_MEMORY_FRACTION)
+    return hbm_bytes - CUDA_CONTEXT_RESERVE_BYTES
+
+
 def jax_chip_capacity(devices) -> tuple[int | None, str]:
     """(bytes one chip can hold, source): memory_stats' bytes_limit on GPU/TPU, else the
     host's MemAvailable shared over this process's chips."""
@@ -164,6 +191,7 @@ def jax_chip_capacity(devices) -> tuple[int | None, str]:
     return None, "unknown"
 
 
-__all__ = ["RSS_SOURCE", "host_available_bytes", "jax_chip_capacity", "jax_peak_memory",
-           "jax_reset_peak", "peak_rss", "per_chip_rss", "reset_peak_rss",
-           "torch_chip_capacity", "torch_peak_memory", "torch_reset_peak"]
+__all__ = ["CUDA_CONTEXT_RESERVE_BYTES", "JAX_GPU_MEMORY_FRACTION", "RSS_SOURCE",
+           "host_available_bytes", "jax_chip_capacity", "jax_gpu_allocator_env",
+           "jax_peak_memory", "jax_reset_peak", "peak_rss", "per_chip_rss", "reset_peak_rss",
+           "torch_chip_capacity", "torch_peak_memory", "torch_reset_peak", "usable_chip_bytes"]

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Device check for a machine with one NVIDIA GPU (issue 9 §3), from the checkout on gdn_core
-# alone: PYTHONPATH=., no install, no network, no Ray/FastAPI/SQLAlchemy. Needs python3 with
-# torch (CUDA), jax (CUDA), optax, transformers, pytest and pytest-timeout.
+# Device check for a machine with one NVIDIA GPU (issues 9 and 23), from the checkout on
+# gdn_core alone: PYTHONPATH=., no install, no network, no Ray/FastAPI/SQLAlchemy. Needs
+# python3 with torch (CUDA), jax (CUDA), optax, transformers, pytest and pytest-timeout.
 #
-#   bash scripts/device-check.sh                 # on the GPU machine: under 5 minutes
+#   bash scripts/device-check.sh                 # on the GPU machine: under 8 minutes, cold
 #   bash scripts/device-check.sh --cpu-dry-run   # every part on CPU at toy sizes (slow, no limit)
 #
-# Parts, each under `timeout` (limits sum to 295 s; a failed or timed-out part is reported and
+# Parts, each under `timeout` (limits sum to 470 s; a failed or timed-out part is reported and
 # the next one still runs; exit 1 if any part failed):
-#   env     versions and devices (python -m gdn_core.bench env)
-#   tests   the gpu-marked tests: rule, layer, model, training step on CUDA vs CPU, fp32 and bf16
-#   kernel  python -m gdn_core.bench kernel --device cuda (fla's Triton rule beside ours when
-#           importable: the GPU anchor)
-#   step    python -m gdn_core.bench step: the one-chip training step of both frameworks on a
-#           preset shape, one table (tokens/s, MFU vs the GPU's peak in the row's dtype, measured
-#           memory, the rule's TFLOP/s); STEP_PRESET / STEP_LAYERS / STEP_SEQ_LEN override it
+#   env     30 s   versions and devices (python -m gdn_core.bench env)
+#   tests   120 s  the gpu-marked tests: rule, layer, model, training step on CUDA vs CPU
+#   kernel  80 s   python -m gdn_core.bench kernel --device cuda: fla-core's Triton rule beside
+#                  ours, alone, bf16, 8K tokens (Triton autotuning included)
+#   step    240 s  python -m gdn_core.bench step: the sweep's own step (run_cp_training, one
+#                  chip) for qwen3.5-0.8b as the hybrid decoder at full depth, 32K tokens, bf16:
+#                  torch reference, torch fused, JAX reference, JAX fused. Its own budget,
+#                  230 s (about 55 s a row; untimed on a GPU so far), stops a row that would
+#                  overrun, reports it "not reached" and still prints the rows it finished.
+#                  STEP_PRESET / STEP_LAYERS / STEP_SEQ_LEN override the point.
 # Without a CUDA device it says so, runs the gpu tests (they skip) and exits 0.
 #
 # Wheels: scripts/wheels/*.whl (fla-core 0.6.0 and its one dependency einops; pure Python,
@@ -101,13 +104,13 @@ grep -q "^devices: cuda=1" "$ENV_LOG" && CUDA=1
 grep -q "jax_gpu=1" "$ENV_LOG" && JAX_GPU=1
 
 if [ $DRY_RUN -eq 1 ]; then
-    echo "--cpu-dry-run: every part on CPU at toy sizes, without the 5-minute limits"
+    echo "--cpu-dry-run: every part on CPU at toy sizes, without the 8-minute limits"
     run_part tests 600 "${GPU_TESTS[@]}" -v --timeout=300
     run_part kernel 600 "$PYTHON" -m gdn_core.bench kernel --device cpu --seq-len 192 \
         --num-k-heads 1 --num-v-heads 2 --head-k-dim 32 --head-v-dim 32 --repeats 1 \
         --warmup 0 --inverse-blocks 0 --no-old-inverse
     run_part step 900 "$PYTHON" -m gdn_core.bench step --device cpu --preset tiny \
-        --seq-len 64 --steps 1 --warmup 1 --rule-repeats 1 --budget-s 850
+        --seq-len 64 --steps 1 --warmup 1 --budget-s 850
 elif [ $CUDA -eq 0 ]; then
     echo
     echo "no CUDA device: the gpu tests skip; the kernel and step benchmarks need one"
@@ -118,15 +121,18 @@ else
         SUMMARY+=("jax gpu backend: FAILED (see env)")
         FAILED=1
     fi
-    run_part tests 105 "${GPU_TESTS[@]}" -v --timeout=90
-    run_part kernel 70 "$PYTHON" -m gdn_core.bench kernel --device cuda --dtype bfloat16 \
+    run_part tests 120 "${GPU_TESTS[@]}" -v --timeout=90
+    run_part kernel 80 "$PYTHON" -m gdn_core.bench kernel --device cuda --dtype bfloat16 \
         --seq-len 8192 --num-k-heads 16 --num-v-heads 16 --repeats 3 --warmup 1 \
         --inverse-blocks 0 --no-old-inverse
-    # The step module keeps its own budget (85 s) inside the part's limit, so it always
-    # prints the table, with rows it could not reach marked as such.
-    run_part step 90 "$PYTHON" -m gdn_core.bench step --device cuda \
-        --preset "${STEP_PRESET:-qwen3.5-0.8b}" --layers "${STEP_LAYERS:-2}" \
-        --seq-len "${STEP_SEQ_LEN:-16384}" --steps 2 --warmup 1 --rule-repeats 2 --budget-s 85
+    # The step module keeps its own budget (230 s) inside the part's limit, so it always
+    # prints the table, with rows it could not reach marked as such (and exits 0 for them).
+    STEP_LAYER_ARGS=()
+    [ -n "${STEP_LAYERS:-}" ] && STEP_LAYER_ARGS=(--layers "$STEP_LAYERS")
+    run_part step 240 "$PYTHON" -m gdn_core.bench step --device cuda \
+        --preset "${STEP_PRESET:-qwen3.5-0.8b}" "${STEP_LAYER_ARGS[@]}" \
+        --seq-len "${STEP_SEQ_LEN:-32768}" --dtypes bfloat16 --steps 2 --warmup 1 \
+        --budget-s 230
 fi
 
 echo

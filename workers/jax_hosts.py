@@ -16,6 +16,8 @@ import os
 
 import ray
 
+from gdn_core.device_memory import jax_gpu_allocator_env
+
 from . import process_probe
 from .chip_process import ChipProcess
 from .compile_cache import jax_cache_env
@@ -137,6 +139,8 @@ def host_actor_options(chips, *, compile_cache_dir: str = "") -> list[tuple[tupl
         if kind == "cpu":
             local = len(bundles) * chips.chips_per_bundle
             env.update(JAX_NUM_CPU_DEVICES=str(local), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+        elif kind == "gpu":  # the step's own peak, against what admission assumed usable
+            env.update(jax_gpu_allocator_env())
         # The actor takes its first bundle's resources; the PG keeps the host's other bundles
         # reserved for it, so no other trial lands on those chips.
         processes.append((bundles, chips.actor_options(bundles[0], env=env)))

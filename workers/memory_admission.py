@@ -14,6 +14,7 @@ import os
 from gdn_core import hardware
 from gdn_core.config import ModelConfig
 from gdn_core.cp_modes import CPSettings
+from gdn_core.device_memory import usable_chip_bytes
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import TrainConfig
 
@@ -28,14 +29,21 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int) -> tuple[int | None, str]:
+def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int,
+                      framework: str | None = None) -> tuple[int | None, str]:
     """(bytes, what they are) of one chip of a `chips`-chip trial: the HBM of a GPU/TPU type
-    (gdn_core.hardware.CHIP_SPECS); for CPU chips, the physical memory of the host that
-    expands the sweep (the service's, or `gdn-sweep run`'s) shared by the trial's chips,
-    virtual CPU chips being partitions of one host. None: unknown, nothing is refused."""
+    (gdn_core.hardware.CHIP_SPECS), or with `framework` what a trial of it can allocate there
+    (gdn_core.device_memory.usable_chip_bytes: JAX's stated fraction on a GPU, torch's all but
+    the CUDA context); for CPU chips, the physical memory of the host that expands the sweep
+    (the service's, or `gdn-sweep run`'s) shared by the trial's chips, virtual CPU chips being
+    partitions of one host. None: unknown, nothing is refused."""
     if accelerator.kind != "cpu":
         hbm = hardware.hbm_bytes_per_chip(accelerator.type)
-        return hbm, f"the {_gib(hbm)} HBM of one {accelerator.type} chip"
+        nominal = f"the {_gib(hbm)} HBM of one {accelerator.type} chip"
+        if framework is None:
+            return hbm, nominal
+        usable = usable_chip_bytes(hbm, framework=framework, accelerator_kind=accelerator.kind)
+        return usable, f"the {_gib(usable)} a {framework} trial can allocate of {nominal}"
     host = host_memory_bytes()
     if host is None:
         return None, "unknown"
@@ -51,7 +59,7 @@ def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSetting
                    framework: str, accelerator: AcceleratorSpec) -> str | None:
     """Why the step is predicted not to fit one of the accelerator's chips (None: it fits, or
     the chip's memory is unknown)."""
-    available, what = chip_memory_bytes(accelerator, cp.chips)
+    available, what = chip_memory_bytes(accelerator, cp.chips, framework)
     if available is None:
         return None
     # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).

@@ -19,6 +19,14 @@ from collections import OrderedDict
 from .worker_group import WorkerGroup
 
 
+def peak_resets_per_trial(request) -> bool:
+    """Whether a process of this request can measure the next trial's memory peak apart from
+    the last one's: JAX on a GPU or TPU cannot reset its allocator's peak
+    (gdn_core.device_memory.jax_reset_peak), so such a group is never reused and each of its
+    trials starts in fresh processes; CPU RSS marks and torch's CUDA peak reset per trial."""
+    return request.framework != "jax" or request.accelerator_kind == "cpu"
+
+
 class WarmPool:
     """Thread-safe store of idle WorkerGroups; disabled, it shuts groups down on return."""
 
@@ -40,7 +48,8 @@ class WarmPool:
     def give(self, group: WorkerGroup) -> None:
         """Return a group that finished a trial cleanly."""
         with self._lock:
-            keep = self.enabled and not self._waiting[group.chips.request.resource]
+            keep = (self.enabled and not self._waiting[group.chips.request.resource]
+                    and peak_resets_per_trial(group.chips.request))
             if keep:
                 self._idle[id(group)] = group
         if not keep:

@@ -15,6 +15,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from gdn_core.device_memory import JAX_GPU_MEMORY_FRACTION
 from workers import jax_hosts, torch_ranks
 from workers.placement import ChipRequest, TrialChips, cuda_device_index
 from workers.worker_group import kill_actors
@@ -94,6 +95,12 @@ def test_torch_and_jax_ranks_get_distinct_gpus_in_bundle_order(gpu_nodes):
         seen = probe(jax_options)
         assert_one_distinct_gpu_each(chips, [b[0] for b, _ in jax_options], seen)
         assert {s["jax_platforms"] for s in seen} == {"cuda"}
+        # Measured on a GPU, JAX's allocator grows on demand up to the fraction admission
+        # assumed usable (not 75% taken at start).
+        for _, options in jax_options:
+            env = options["runtime_env"]["env_vars"]
+            assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+            assert float(env["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == JAX_GPU_MEMORY_FRACTION
     finally:
         chips.remove()
 

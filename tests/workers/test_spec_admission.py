@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from gdn_core import hardware
+from gdn_core.device_memory import CUDA_CONTEXT_RESERVE_BYTES, JAX_GPU_MEMORY_FRACTION
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.cp_modes import CPSettings
 from gdn_core.presets import get_preset
@@ -204,3 +205,28 @@ def test_hybrid_plans_are_skipped_and_memory_admission_counts_attention():
     assert predicted("all_gather_kv", 8) - predicted("all_gather_kv", 2) == pytest.approx(
         layers * (gathered(8) - gathered(2)) + predicted("ring", 8) - predicted("ring", 2),
         abs=1)
+
+
+def test_gpu_admission_compares_against_what_each_framework_can_allocate():
+    h100 = AcceleratorSpec(kind="gpu", type="h100")
+    hbm, nominal = chip_memory_bytes(h100, 8)
+    jax_usable, jax_what = chip_memory_bytes(h100, 8, "jax")
+    torch_usable, torch_what = chip_memory_bytes(h100, 8, "torch")
+    assert jax_usable == int(hbm * JAX_GPU_MEMORY_FRACTION) and "jax trial can allocate" in jax_what
+    assert torch_usable == hbm - CUDA_CONTEXT_RESERVE_BYTES and nominal in torch_what
+    # A point predicted between the usable and the nominal memory is refused, naming the
+    # usable figure: it would run out of memory where the nominal HBM says it fits.
+    def predicted(seq_len):
+        return predict_step_memory(get_preset("qwen3.5-27b"), TrainConfig(
+            seq_len=seq_len, dtype="bfloat16", param_sharding="fsdp", remat="full"),
+            mode="all_gather", chips=8, framework="jax").total
+
+    low, high = 1, 2 ** 12  # in steps of 4096 tokens: predicted(low) fits, predicted(high) not
+    assert predicted(low * 4096) < jax_usable < predicted(high * 4096)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if predicted(mid * 4096) <= jax_usable else (low, mid)
+    assert jax_usable < predicted(high * 4096) <= hbm  # inside the window
+    (trial,) = expand_trials(SweepSpec(**{**H100_27B, "param_shardings": ["fsdp"],
+                                          "remats": ["full"]}, seq_lens=[high * 4096]))
+    assert trial.skip_reason is not None and "a jax trial can allocate" in trial.skip_reason

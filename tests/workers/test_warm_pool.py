@@ -9,8 +9,10 @@ from workers.warm_pool import WarmPool
 
 
 class _Group:
-    def __init__(self, resource: str = "cpu_chip", chips: int = 2, framework: str = "torch"):
-        request = types.SimpleNamespace(resource=resource, chips=chips,
+    def __init__(self, resource: str = "cpu_chip", chips: int = 2, framework: str = "torch",
+                 accelerator_kind: str = "cpu"):
+        request = types.SimpleNamespace(resource=resource, chips=chips, framework=framework,
+                                        accelerator_kind=accelerator_kind,
                                         shape=(framework, chips, resource))
         self.chips = types.SimpleNamespace(request=request)
         self.shut_down = False
@@ -40,3 +42,15 @@ def test_a_retry_evicts_idle_groups_of_its_kind_and_the_pool_keeps_groups_again_
     later = _Group()
     pool.give(later)
     assert not later.shut_down and pool.idle_chips("cpu_chip") == 2
+
+
+def test_jax_groups_on_gpu_or_tpu_are_never_reused_so_each_trial_measures_its_own_peak():
+    pool = WarmPool(enabled=True)
+    kept = [_Group(framework="jax"), _Group(resource="GPU", accelerator_kind="gpu")]
+    fresh = [_Group(resource="GPU", framework="jax", accelerator_kind="gpu"),
+             _Group(resource="TPU", framework="jax", accelerator_kind="tpu")]
+    for group in kept + fresh:
+        pool.give(group)
+    assert [g.shut_down for g in kept] == [False, False]  # JAX on CPU, torch on GPU: reset
+    assert [g.shut_down for g in fresh] == [True, True]
+    assert pool.take(fresh[0].chips.request.shape) is None
