@@ -71,6 +71,11 @@ HALF_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 """What the GPU flash kernels (SDPA's flash backend, cuDNN attention) compute in."""
 SDPA_FLASH_MAX_HEAD_DIM = 256
 """The widest head SDPA's flash backend serves on a GPU."""
+CUDNN_MAX_HEAD_DIM = 256
+"""cuDNN flash attention's head-dim limit on Hopper and later (128 before; jax checks the
+device's compute capability when it runs)."""
+SPLASH_HEAD_DIM_MULTIPLE = 128
+"""Splash attention's heads fill TPU lanes."""
 FLA_DISTRIBUTION = "fla-core"
 FLA_MODULE = "fla"
 
@@ -88,11 +93,7 @@ def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: st
     (every reason found, joined by "; "). Pure rules: no kernel is imported, only versions
     looked up and fla-core's presence checked, so it runs where the trial runs (the worker
     knows its device and packages) before anything is built."""
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework={framework!r} is not one of: {', '.join(FRAMEWORKS)}")
-    if device_kind not in DEVICE_KINDS:
-        raise ValueError(f"device_kind={device_kind!r} is not one of: {', '.join(DEVICE_KINDS)}")
-    check_kernels(kernels)
+    _check_point(framework, kernels, device_kind)
     if kernels == "reference":
         return ResolvedKernels(gdn=REFERENCE_GDN[framework],
                                attention=REFERENCE_ATTENTION[framework] if has_attention else None)
@@ -106,6 +107,26 @@ def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: st
     if reasons:
         raise KernelUnavailable("; ".join(reasons))
     return ResolvedKernels(gdn=names[0], attention=names[1] if has_attention else None)
+
+
+def attention_kernel_name(framework: str, kernels: str, *, device_kind: str, dtype: str,
+                          head_dim: int | None) -> str:
+    """resolve_kernels' attention part alone: the name of what `framework` runs for the
+    hybrid's attention, or KernelUnavailable(reason). The framework's own resolver
+    (torch_gdn.attention_kernels, jax_gdn.kernels) starts here and adds what only the running
+    process can check (CUDA present, the device's capability, a library's private API)."""
+    _check_point(framework, kernels, device_kind)
+    if kernels == "reference":
+        return REFERENCE_ATTENTION[framework]
+    return _FUSED[framework][1](device_kind=device_kind, dtype=dtype, head_dim=head_dim)
+
+
+def _check_point(framework: str, kernels: str, device_kind: str) -> None:
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework={framework!r} is not one of: {', '.join(FRAMEWORKS)}")
+    if device_kind not in DEVICE_KINDS:
+        raise ValueError(f"device_kind={device_kind!r} is not one of: {', '.join(DEVICE_KINDS)}")
+    check_kernels(kernels)
 
 
 def _version(distribution: str) -> str:
@@ -161,9 +182,16 @@ def _jax_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None) -> str
 def _jax_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
     version = _version("jax")
     if device_kind == "tpu":
+        if head_dim is not None and head_dim % SPLASH_HEAD_DIM_MULTIPLE:
+            raise KernelUnavailable(f"splash attention needs head_dim a multiple of "
+                                    f"{SPLASH_HEAD_DIM_MULTIPLE} (TPU lanes), got "
+                                    f"head_dim={head_dim}")
         return JAX_SPLASH_ATTENTION.format(version=version)
     if device_kind == "gpu":
         _half_only("cuDNN's dot_product_attention", dtype)
+        if head_dim is not None and (head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM):
+            raise KernelUnavailable(f"cuDNN flash attention needs head_dim a multiple of 8 and "
+                                    f"<= {CUDNN_MAX_HEAD_DIM}, got head_dim={head_dim}")
         return JAX_DOT_PRODUCT_ATTENTION.format(version=version, implementation="cudnn")
     return JAX_DOT_PRODUCT_ATTENTION.format(version=version, implementation="xla")
 
@@ -173,7 +201,8 @@ _FUSED = {"torch": (_torch_fused_gdn, _torch_fused_attention),
 """Per framework: (the GDN rule's fused resolver, attention's)."""
 
 
-__all__ = ["DEFAULT_KERNELS", "FLA_GDN", "JAX_DOT_PRODUCT_ATTENTION", "JAX_GDN_NOT_FUSED",
-           "JAX_SPLASH_ATTENTION", "KERNELS", "KernelUnavailable", "Kernels", "REFERENCE_ATTENTION",
-           "REFERENCE_GDN", "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM", "TORCH_SDPA_FLASH",
+__all__ = ["CUDNN_MAX_HEAD_DIM", "DEFAULT_KERNELS", "FLA_GDN", "JAX_DOT_PRODUCT_ATTENTION",
+           "JAX_GDN_NOT_FUSED", "JAX_SPLASH_ATTENTION", "KERNELS", "KernelUnavailable", "Kernels",
+           "REFERENCE_ATTENTION", "REFERENCE_GDN", "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM",
+           "SPLASH_HEAD_DIM_MULTIPLE", "TORCH_SDPA_FLASH", "attention_kernel_name",
            "check_kernels", "jax_fused_gdn_name", "resolve_kernels"]

@@ -19,23 +19,22 @@ import functools
 import jax
 import numpy as np
 
+from .. import kernels as rules
 from ..kernels import KernelUnavailable, ResolvedKernels, check_kernels
 from .attention import ATTENTION_BLOCK
 from .attention_fused import SPLASH_BLOCK, cudnn_kernel, splash_kernel, xla_kernel
 from .attention_pairs import PairKernel, PairKernelName, check_pair_kernel, reference_kernel
 
-REFERENCE_ATTENTION = "reference jax blockwise"
-REFERENCE_GDN = "reference jax chunk rule"
+REFERENCE_ATTENTION = rules.REFERENCE_ATTENTION["jax"]
+REFERENCE_GDN = rules.REFERENCE_GDN["jax"]
 FUSED_ATTENTION: dict[str, PairKernelName] = {"cpu": "xla", "gpu": "cudnn", "cuda": "cudnn",
                                               "tpu": "splash"}
 """Backend (jax platform name) → the pair kernel `kernels="fused"` runs there."""
-CUDNN_DTYPES = ("bfloat16", "float16")
+DEVICE_KIND = {"cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}
+"""Backend (jax platform name) → gdn_core.kernels' device kind."""
 CUDNN_PRIMITIVES = ("_dot_product_attention_fwd_p_wrapper", "_dot_product_attention_bwd_p_wrapper",
                     "check_is_flash_attention", "check_cudnn_version")
 """What attention_fused.py uses of jax._src.cudnn.fused_attention_stablehlo (private: checked)."""
-CUDNN_MAX_HEAD_DIM = 256
-"""cuDNN flash attention's head-dim limit on Hopper and later (128 before; jax checks the
-device's compute capability when it runs)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,31 +63,25 @@ def attention_pair_kernel(kernels: str, *, backend: str) -> PairKernelName:
 def resolve_jax_attention_kernel(kernels: str, *, backend: str, dtype, head_dim: int,
                                  segment_len: int | None = None) -> str:
     """The attention implementation `kernels` runs on `backend` (jax platform: cpu, gpu, tpu)
-    for inputs of `dtype` and `head_dim`, named with its version; segment_len: the tokens of
-    one segment pair (a CP chip's segment, or ulysses' whole sequence), checked by splash.
-    Raises KernelUnavailable with the reason where the fused kernel cannot serve, ValueError
-    for an unknown `kernels`."""
+    for inputs of `dtype` and `head_dim`, named with its version (gdn_core.kernels' rule book,
+    which also checks dtype and head_dim); then what only this process can check: cuDNN's
+    private primitives present, and splash's segment length (segment_len: the tokens of one
+    segment pair, a CP chip's segment or ulysses' whole sequence). Raises KernelUnavailable
+    with the reason where the fused kernel cannot serve, ValueError for an unknown
+    `kernels`."""
     kernel = attention_pair_kernel(kernels, backend=backend)
-    dtype_name = np.dtype(dtype).name
-    version = f"jax {jax.__version__}"
-    if kernel == "reference":
-        return REFERENCE_ATTENTION
-    if kernel == "xla":
-        return f"{version} dot_product_attention xla"
+    name = rules.attention_kernel_name("jax", kernels, device_kind=DEVICE_KIND[backend],
+                                       dtype=np.dtype(dtype).name, head_dim=head_dim)
     if kernel == "cudnn":
-        _check_cudnn(dtype_name, head_dim)
-        return f"{version} dot_product_attention cudnn"
-    _check_splash(head_dim, segment_len)
-    return f"{version} splash_attention"
+        _check_cudnn_primitives()
+    if kernel == "splash" and segment_len is not None and segment_len % 128:
+        raise KernelUnavailable(f"splash attention needs segments of a multiple of 128 tokens "
+                                f"(its blocks, ≤ {SPLASH_BLOCK}, divide them), got "
+                                f"segment_len={segment_len}")
+    return name
 
 
-def _check_cudnn(dtype_name: str, head_dim: int) -> None:
-    if dtype_name not in CUDNN_DTYPES:
-        raise KernelUnavailable(f"cuDNN flash attention needs {' or '.join(CUDNN_DTYPES)} "
-                                f"inputs, got dtype={dtype_name}")
-    if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
-        raise KernelUnavailable(f"cuDNN flash attention needs head_dim a multiple of 8 and "
-                                f"<= {CUDNN_MAX_HEAD_DIM}, got head_dim={head_dim}")
+def _check_cudnn_primitives() -> None:
     try:
         from jax._src.cudnn import fused_attention_stablehlo as cudnn
         for name in CUDNN_PRIMITIVES:
@@ -98,21 +91,11 @@ def _check_cudnn(dtype_name: str, head_dim: int) -> None:
                                 f"attention_fused.py binds ({error})") from error
 
 
-def _check_splash(head_dim: int, segment_len: int | None) -> None:
-    if head_dim % 128:
-        raise KernelUnavailable(f"splash attention needs head_dim a multiple of 128 (TPU "
-                                f"lanes), got head_dim={head_dim}")
-    if segment_len is not None and segment_len % 128:
-        raise KernelUnavailable(f"splash attention needs segments of a multiple of 128 tokens "
-                                f"(its blocks, ≤ {SPLASH_BLOCK}, divide them), got "
-                                f"segment_len={segment_len}")
-
-
 def resolve_jax_gdn_kernel(kernels: str) -> str:
-    """The GDN rule `kernels` runs in JAX: the reference chunk rule either way (module
-    docstring)."""
+    """The GDN rule `kernels` runs in JAX: the reference chunk rule either way, labelled so
+    under fused (module docstring; gdn_core.kernels.jax_fused_gdn_name)."""
     check_kernels(kernels)
-    return REFERENCE_GDN
+    return REFERENCE_GDN if kernels == "reference" else rules.jax_fused_gdn_name()
 
 
 def resolve_jax_kernels(kernels: str, *, backend: str, dtype, head_dim: int | None,

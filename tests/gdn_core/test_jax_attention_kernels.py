@@ -33,10 +33,11 @@ from gdn_core.jax_gdn.kernels import (
     pair_kernel,
     resolve_jax_attention_kernel,
     resolve_jax_gdn_kernel,
+    resolve_jax_kernels,
 )
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
-from gdn_core.kernels import KernelUnavailable
+from gdn_core.kernels import JAX_GDN_NOT_FUSED, KernelUnavailable, resolve_kernels
 from gdn_core.testing import assert_close, max_verify_error, rel_err
 from gdn_core.train_config import TrainConfig
 
@@ -229,12 +230,20 @@ def test_resolvers_name_each_kernel_with_its_version():
     assert resolve("fused", backend="gpu", dtype="bfloat16") == (
         f"{VERSION} dot_product_attention cudnn")
     assert resolve("fused", backend="tpu", dtype="bfloat16", segment_len=1024) == (
-        f"{VERSION} splash_attention")
-    assert resolve_jax_gdn_kernel("reference") == resolve_jax_gdn_kernel("fused") == REFERENCE_GDN
+        f"{VERSION} splash attention")
+    # JAX's GDN is the reference under either value, and says so under fused.
+    assert resolve_jax_gdn_kernel("reference") == REFERENCE_GDN
+    assert resolve_jax_gdn_kernel("fused") == f"{REFERENCE_GDN} {JAX_GDN_NOT_FUSED}"
+    # The rule book a worker consults before building anything names the same kernels.
+    for backend, kind, dtype in (("cpu", "cpu", "float32"), ("gpu", "gpu", "bfloat16"),
+                                 ("tpu", "tpu", "bfloat16")):
+        assert resolve_kernels("jax", "fused", device_kind=kind, dtype=dtype, head_dim=256,
+                               has_attention=True) == resolve_jax_kernels(
+            "fused", backend=backend, dtype=dtype, head_dim=256, segment_len=1024)
 
 
 @pytest.mark.parametrize("backend, dtype, head_dim, segment_len, reason", [
-    ("gpu", "float32", 128, None, r"bfloat16 or float16 inputs, got dtype=float32"),
+    ("gpu", "float32", 128, None, r"bfloat16 or float16, got dtype='float32'"),
     ("gpu", "bfloat16", 12, None, r"multiple of 8 and <= 256, got head_dim=12"),
     ("gpu", "float16", 512, None, r"multiple of 8 and <= 256, got head_dim=512"),
     ("tpu", "bfloat16", 64, 1024, r"head_dim a multiple of 128 .*got head_dim=64"),

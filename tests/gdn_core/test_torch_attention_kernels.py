@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES, CPSettings
-from gdn_core.kernels import KernelUnavailable
+from gdn_core.kernels import KernelUnavailable, attention_kernel_name
 from gdn_core.presets import get_preset
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import HybridLanguageModel, context_parallel
@@ -173,7 +173,11 @@ def test_context_parallel_gives_attention_the_kernel_of_kernels(kernels, kernel)
 # ----------------------------------------------------------------------------- resolver
 
 def test_resolver_names_the_kernel_with_its_version():
-    version = torch.__version__.split("+")[0]
+    # The installed distribution's version, build tag included (e.g. +cu128): the name a
+    # worker's rule book (gdn_core.kernels) stores for the same point.
+    version = torch.__version__
+    assert attention_kernel_name("torch", "fused", device_kind="cpu", dtype="bfloat16",
+                                 head_dim=256) == f"torch {version} sdpa flash (cpu)"
     assert resolve_torch_attention_kernel("reference", device="cuda", dtype="float32",
                                           head_dim=512) == "reference torch blockwise tiles"
     for dtype in ("float32", "bfloat16", torch.float16):

@@ -29,6 +29,7 @@ from typing import Literal, Protocol, get_args
 
 import torch
 
+from ... import kernels as rules
 from ...kernels import Kernels, KernelUnavailable, check_kernels
 from .sdpa import SdpaKernel, cuda_flash_refusal
 from .tiles import BLOCK_TOKENS, TilesKernel, merge_into, tile_pairs
@@ -64,31 +65,36 @@ def attention_kernel(name: str, *, block: int = BLOCK_TOKENS) -> AttentionKernel
     return TilesKernel(block=block) if name == "tiles" else SdpaKernel()
 
 
-def _torch_version() -> str:
-    return torch.__version__.split("+")[0]
+DEVICE_KIND = {"cpu": "cpu", "cuda": "gpu"}
+"""torch device type → gdn_core.kernels' device kind (the types SDPA's flash op serves)."""
 
 
 def resolve_torch_attention_kernel(kernels: Kernels, *, device: str | torch.device,
                                    dtype: str | torch.dtype, head_dim: int) -> str:
     """The attention kernel a torch step runs for `kernels` on `device` with q/k/v in `dtype`
     (a training dtype name, 'float32' / 'bfloat16', or a torch.dtype) and this head_dim,
-    named with its version, e.g. "torch 2.13.0 sdpa flash (cpu)". Raises KernelUnavailable
-    with the reason where the fused kernel cannot serve the point (the trial is then skipped,
-    never run on the reference)."""
+    named with its version, e.g. "torch 2.13.0 sdpa flash (gpu)": gdn_core.kernels' rule book
+    (dtype and head_dim on a GPU), then what only this process can check (the device type, the
+    CPU op's dtypes, CUDA present, the GPU's capability, flash built in). Raises
+    KernelUnavailable with the reason where the fused kernel cannot serve the point (the trial
+    is then skipped, never run on the reference)."""
     check_kernels(kernels)
-    if kernels == "reference":
-        return "reference torch blockwise tiles"
     device = torch.device(device)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    name = f"torch {_torch_version()} sdpa flash ({device.type})"
+    if kernels == "fused" and device.type not in DEVICE_KIND:
+        raise KernelUnavailable(f"no SDPA flash op for device type {device.type!r} (served: "
+                                f"{', '.join(DEVICE_KIND)}); use kernels='reference'")
+    name = rules.attention_kernel_name("torch", kernels,
+                                       device_kind=DEVICE_KIND.get(device.type, "cpu"),
+                                       dtype=str(dtype).removeprefix("torch."),
+                                       head_dim=head_dim)
+    if kernels == "reference":
+        return name
     if device.type == "cpu":
         if dtype not in CPU_FLASH_DTYPES:
             raise KernelUnavailable(
                 f"{name} computes in {', '.join(map(str, CPU_FLASH_DTYPES))}, not {dtype}")
         return name
-    if device.type != "cuda":
-        raise KernelUnavailable(f"no SDPA flash op for device type {device.type!r} (served: "
-                                "cpu, cuda); use kernels='reference'")
     if not torch.cuda.is_available():
         raise KernelUnavailable(f"{name}: CUDA is not available on this host")
     reason = cuda_flash_refusal(dtype=dtype, head_dim=head_dim,
