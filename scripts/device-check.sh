@@ -72,6 +72,7 @@ export JAX_PLATFORMS="${JAX_PLATFORMS-}"  # '': JAX initialises every backend pr
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # torch and JAX share the GPU in the tests' process
 export JAX_COMPILATION_CACHE_DIR="$PWD/$WORK/jax-cache"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+export JAX_COMPILATION_CACHE_INCLUDE_METADATA_IN_KEY=true  # the step's bytes read its metadata
 export PYTHONUNBUFFERED=1
 
 FAILED=0

@@ -27,13 +27,17 @@ def jax_cache_env(cache_dir: str | None) -> dict[str, str]:
     """Environment variables that turn JAX's persistent cache on at `cache_dir` (none if empty).
 
     The thresholds are lowered to zero because XLA:CPU programs of small presets compile in
-    seconds and are small: JAX's defaults (1 s, any size) would skip some of them.
+    seconds and are small: JAX's defaults (1 s, any size) would skip some of them. The key
+    includes the programs' metadata: a step's bytes are told apart by the named scopes of its
+    collectives (gdn_core.jax_gdn.cp.train.comm_bytes_per_chip), which an entry compiled from
+    other source would carry stale.
     """
     if not cache_dir:
         return {}
     return {"JAX_COMPILATION_CACHE_DIR": cache_dir,
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+            "JAX_COMPILATION_CACHE_INCLUDE_METADATA_IN_KEY": "true"}
 
 
 __all__ = ["JAX_CACHE_DIR_ENV", "default_jax_cache_dir", "jax_cache_env"]

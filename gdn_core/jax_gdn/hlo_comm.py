@@ -155,6 +155,10 @@ def _logical_lines(hlo_text: str):
         yield pending
 
 
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+"""The JAX source path of an instruction (its metadata), named scopes included."""
+
+
 def _parse(hlo_text: str):
     """Instructions as (computation, name, shape, op, operands and attributes); each
     computation's call sites as (callee, times per call, trip count unknown)."""
@@ -270,7 +274,9 @@ def received_bytes_per_chip(compiled_or_hlo_text, num_chips: int) -> dict:
     CP position order when a tuple of axes is given out of the mesh's order.
     Returns: {"max_bytes": int (the most any chip receives), "per_chip": [int] * num_chips,
         "ops": [{"name", "op", "operand_bytes", "groups", "times", "trip_count_unknown",
-        "per_chip": [int]}]} — one entry per collective instruction.
+        "per_chip": [int], "op_name": the JAX source path (named scopes included), "operands":
+        [{"bytes", "per_chip": as if that operand were sent alone}]}]} — one entry per
+        collective instruction (a combined one lists each operand it carries).
     Raises ValueError when a collective's operand has no printed shape and no definition in
     its computation (the bytes would be a guess).
     """
@@ -289,19 +295,27 @@ def received_bytes_per_chip(compiled_or_hlo_text, num_chips: int) -> dict:
         if kind is None:
             continue
         if kind == "recv":  # its operand is a token; the buffer is its result's first array
-            S = shape_bytes(_ARRAY.search(shape)[0])
+            operand_bytes = [shape_bytes(_ARRAY.search(shape)[0])]
         else:
-            S = 0
+            operand_bytes = []
             for operand, printed in _operands(attrs):
                 if printed is None and (computation, operand) not in sizes:
                     raise ValueError(f"operand %{operand} of {op} %{name} (computation "
                                      f"{computation}) has no shape in the HLO text")
-                S += shape_bytes(printed) if printed else sizes[(computation, operand)]
+                operand_bytes.append(shape_bytes(printed) if printed
+                                     else sizes[(computation, operand)])
+        S = sum(operand_bytes)
         received, groups = _received(kind, S, attrs, num_chips)
         n = times.get(computation, 1)
         per_chip = np.rint(received * n).astype(np.int64)
         total += per_chip
+        op_name = _OP_NAME.search(attrs)
+        # Each operand as if sent alone (what a combined collective's parts would cost).
+        alone = [np.rint(_received(kind, b, attrs, num_chips)[0] * n).astype(np.int64).tolist()
+                 for b in operand_bytes] if len(operand_bytes) > 1 else [per_chip.tolist()]
         ops.append({"name": name, "op": kind, "operand_bytes": S, "groups": groups,
                     "times": n, "trip_count_unknown": unknown.get(computation, False),
-                    "per_chip": per_chip.tolist()})
+                    "per_chip": per_chip.tolist(), "op_name": op_name[1] if op_name else "",
+                    "operands": [{"bytes": b, "per_chip": c}
+                                 for b, c in zip(operand_bytes, alone)]})
     return {"max_bytes": int(total.max(initial=0)), "per_chip": total.tolist(), "ops": ops}

@@ -15,6 +15,7 @@ def test_cache_env_turns_the_cache_on_or_off(monkeypatch):
     env = jax_cache_env("/tmp/x")
     assert env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/x"
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+    assert env["JAX_COMPILATION_CACHE_INCLUDE_METADATA_IN_KEY"] == "true"
     assert jax_cache_env("") == {}
     monkeypatch.setenv(JAX_CACHE_DIR_ENV, "")
     assert default_jax_cache_dir() == "" and DriverOptions().jax_compile_cache_dir == ""

@@ -61,9 +61,27 @@ def _spec(dim: int, axis: AxisName) -> P:
     return P() if dim == REPLICATED else P(*([None] * dim), axis)
 
 
+WEIGHT_SYNC_SCOPE = "weight_sync"
+"""The named scope of every collective that moves weights or their gradients (not CP
+traffic): hlo_comm finds them by it in the compiled step's metadata."""
+
+
+def _weight_sync(collective):
+    """`collective` under WEIGHT_SYNC_SCOPE."""
+    def scoped(*args, **kwargs):
+        with jax.named_scope(WEIGHT_SYNC_SCOPE):
+            return collective(*args, **kwargs)
+    return scoped
+
+
+_all_gather = _weight_sync(lax.all_gather)
+_psum = _weight_sync(lax.psum)
+_psum_scatter = _weight_sync(lax.psum_scatter)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
 def _gather(shard, dim: int, axis: AxisName, dtype):
-    return lax.all_gather(shard.astype(dtype), axis, axis=dim, tiled=True)
+    return _all_gather(shard.astype(dtype), axis, axis=dim, tiled=True)
 
 
 def _gather_fwd(shard, dim, axis, dtype):
@@ -72,8 +90,8 @@ def _gather_fwd(shard, dim, axis, dtype):
 
 def _gather_bwd(dim, axis, dtype, _, cotangent):
     del dtype  # the gradient is summed in float32 whatever the compute dtype
-    return (lax.psum_scatter(cotangent.astype(jnp.float32), axis, scatter_dimension=dim,
-                             tiled=True),)
+    return (_psum_scatter(cotangent.astype(jnp.float32), axis, scatter_dimension=dim,
+                          tiled=True),)
 
 
 _gather.defvjp(_gather_fwd, _gather_bwd)
@@ -129,9 +147,9 @@ class WeightLayout:
         """This chip's gradient contributions -> the summed gradients in grad_specs' layout."""
         def reduce(g, d):
             if d == REPLICATED or self.sharding == "replicated":
-                return lax.psum(g, self.axis)
+                return _psum(g, self.axis)
             if self.sharding == "zero1":
-                return lax.psum_scatter(g, self.axis, scatter_dimension=d, tiled=True)
+                return _psum_scatter(g, self.axis, scatter_dimension=d, tiled=True)
             return g  # fsdp: the gather's backward already reduce-scattered it
         return jax.tree.map(reduce, grads, self.dims)
 
@@ -151,8 +169,8 @@ class WeightLayout:
             updates, opt_state = optimizer.update(grad_shards, opt_state, param_shards)
             new_shards = optax.apply_updates(param_shards, updates)
             return jax.tree.map(
-                lambda x, d: x if d == REPLICATED else lax.all_gather(x, self.axis, axis=d,
-                                                                      tiled=True),
+                lambda x, d: x if d == REPLICATED else _all_gather(x, self.axis, axis=d,
+                                                                   tiled=True),
                 new_shards, self.dims), opt_state
         return apply
 

@@ -138,33 +138,32 @@ def weight_specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis,
 
 
 def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                     mode: CPMode, sync_grads: bool = True, attn_cp: AttnCPMode = "all_gather_kv",
+                     mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS) -> StepFn:
-    """The un-jitted, shard_mapped step; see make_cp_train_step.
-
-    sync_grads=False builds the reference that prices the weights' traffic: replicated weights
-    (whatever train_cfg.param_sharding says) and no gradient reduction, each chip updating with
-    its own share — only for counting bytes, never for training.
-    """
+    """The un-jitted, shard_mapped step; see make_cp_train_step."""
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
                  attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
-    return _shard_mapped_step(model_cfg, train_cfg, cp, sync_grads)
+    return _shard_mapped_step(model_cfg, train_cfg, cp)
 
 
-def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
-                       sync_grads: bool) -> StepFn:
-    if not sync_grads:
-        train_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
+LOSS_SUM_SCOPE = "loss_sum"
+"""The named scope of the global loss's sum over the chips (train.comm_bytes_per_chip counts
+it as CP traffic)."""
+
+
+def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP) -> StepFn:
     weights, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, cp.axis, cp.chips)
     step = build_step_fn(
         model_cfg, train_cfg, global_tokens=train_cfg.batch_size * train_cfg.seq_len,
-        grad_transform=weights.reduce_grads if sync_grads else None, fetch=weights.fetch(),
+        grad_transform=weights.reduce_grads, fetch=weights.fetch(),
         apply_update=weights.apply_update(make_optimizer(train_cfg)),
         **model_hooks(cp, train_cfg.seq_len))
 
     def shard_step(params, opt_state, inputs_Bt, targets_Bt):
         params, opt_state, loss_share = step(params, opt_state, inputs_Bt, targets_Bt)
-        return params, opt_state, lax.psum(loss_share, cp.axis)
+        with jax.named_scope(LOSS_SUM_SCOPE):
+            loss = lax.psum(loss_share, cp.axis)
+        return params, opt_state, loss
 
     seq = P(None, cp.axis)
     return jax.shard_map(shard_step, mesh=cp.mesh, in_specs=(param_specs, opt_specs, seq, seq),
@@ -192,16 +191,14 @@ def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
                  attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
-    return jitted_step(model_cfg, train_cfg, cp, True)
+    return jitted_step(model_cfg, train_cfg, cp)
 
 
 @functools.lru_cache(maxsize=32)
-def jitted_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
-                sync_grads: bool) -> StepFn:
-    """make_cp_train_step for validated settings (sync_grads: as build_cp_step_fn). Cached:
-    pass the same arguments positionally, as the callers do, to hit the same entry."""
-    return jax.jit(_shard_mapped_step(model_cfg, train_cfg, cp, sync_grads),
-                   donate_argnums=(0, 1) if sync_grads else ())
+def jitted_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP) -> StepFn:
+    """make_cp_train_step for validated settings. Cached: pass the same arguments
+    positionally, as the callers do, to hit the same entry."""
+    return jax.jit(_shard_mapped_step(model_cfg, train_cfg, cp), donate_argnums=(0, 1))
 
 
 def global_arrays(tree, shardings):

@@ -25,8 +25,9 @@ from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
 from ..train import ESTIMATE_SOURCE, compiled_peak_bytes, run_timed_steps
 from .common import AxisName
-from .step import (MeshCP, cp_step_shapes, cp_training_inputs, host_copy, jitted_step,
-                   mesh_cp, synthetic_batch)
+from .param_sharding import WEIGHT_SYNC_SCOPE
+from .step import (LOSS_SUM_SCOPE, MeshCP, cp_step_shapes, cp_training_inputs, host_copy,
+                   jitted_step, mesh_cp, synthetic_batch)
 from .verify import verify_budget, verify_error
 
 COMM_SOURCE = "xla_hlo"
@@ -64,7 +65,7 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     For sizing (memory, comm) without running, and for run_cp_training. Equal arguments reuse
     the compile within a process. compiler_options: XLA options (e.g. a lower backend
     optimisation level for quick tests); they change code generation, not the collectives.
-    The bytes also compile the sync_grads=False reference (at FAST).
+    One compile: the bytes are read from this program (comm_bytes_per_chip).
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
                  attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
@@ -75,37 +76,55 @@ def _compile(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
              compiler_options: dict | None = None) -> CompiledCPStep:
     start = time.perf_counter()
     shapes = cp_step_shapes(model_cfg, train_cfg, mesh=cp.mesh, axis=cp.axis)
-    compiled = jitted_step(model_cfg, train_cfg, cp, True).lower(*shapes).compile(
+    compiled = jitted_step(model_cfg, train_cfg, cp).lower(*shapes).compile(
         compiler_options)
-    reference_cfg = dataclasses.replace(train_cfg, param_sharding="replicated")
-    reference = jitted_step(model_cfg, reference_cfg, cp, False).lower(
-        *cp_step_shapes(model_cfg, reference_cfg, mesh=cp.mesh, axis=cp.axis)).compile(FAST)
     compile_time_s = time.perf_counter() - start
-    cp_bytes, sync_bytes = comm_bytes_per_chip(compiled, reference, cp.mesh.devices.size)
+    cp_bytes, sync_bytes = comm_bytes_per_chip(compiled, cp.mesh.devices.size)
     return CompiledCPStep(compiled=compiled,
                           estimated_memory_bytes=compiled_peak_bytes(compiled),
                           cp_comm_bytes_per_step=cp_bytes, grad_sync_bytes_per_step=sync_bytes,
                           compile_time_s=compile_time_s)
 
 
-def comm_bytes_per_chip(compiled, reference, num_chips: int):
-    """(cp bytes, weight-traffic bytes): the most any chip receives per step in each.
-
-    reference: the same step compiled with sync_grads=False (replicated weights, no gradient
-    reduction), so it runs the mode's exchanges, the conv halo and the loss psum exactly as
-    the step does (remat included) and nothing else. CP bytes are its per-chip total; the
-    weights' traffic (gradient all-reduce or reduce-scatter, zero1's and fsdp's all-gathers,
-    loops counted per trip) is what the step receives beyond it.
+def comm_bytes_per_chip(compiled, num_chips: int) -> tuple[int, int]:
+    """(cp bytes, weight-traffic bytes): the most any chip receives per step in each, from the
+    step's own compiled program. A collective under param_sharding.WEIGHT_SYNC_SCOPE moves
+    weights or their gradients (the gradient all-reduce or reduce-scatter, zero1's and fsdp's
+    all-gathers, loops counted per trip); every other one is CP traffic: the modes'
+    exchanges, the conv halo and the loss sum (step.LOSS_SUM_SCOPE). XLA's combiners merge
+    collectives (the loss sum into the gradient all-reduce, say) and join their source paths
+    with ":" in operand order, so a merged one is split by operand, each as if sent alone.
     """
-    def per_chip(program):
-        return np.asarray(received_bytes_per_chip(program, num_chips)["per_chip"])
+    ops = received_bytes_per_chip(compiled, num_chips)["ops"]
+    if ops and not any(LOSS_SUM_SCOPE in op["op_name"] for op in ops):
+        raise RuntimeError(
+            "the compiled step's collectives carry none of this code's named scopes: an "
+            "executable from JAX's persistent cache compiled from other source (its metadata "
+            "is stale); set jax_compilation_cache_include_metadata_in_key (env "
+            "JAX_COMPILATION_CACHE_INCLUDE_METADATA_IN_KEY=true) where the cache is on")
+    cp, weights = np.zeros(num_chips, np.int64), np.zeros(num_chips, np.int64)
+    for op in ops:
+        for is_weights, per_chip in _parts(op):
+            if is_weights:
+                weights += per_chip
+            else:
+                cp += per_chip
+    return int(cp.max()), int(weights.max())
 
-    cp_per_chip = per_chip(reference)
-    sync_per_chip = per_chip(compiled) - cp_per_chip
-    if (sync_per_chip < 0).any():
-        raise RuntimeError(f"could not separate the weights' traffic: per chip {sync_per_chip} "
-                           f"of {per_chip(compiled)} received")
-    return int(cp_per_chip.max()), int(sync_per_chip.max())
+
+def _parts(op: dict) -> list[tuple[bool, list[int]]]:
+    """(moves weights, bytes per chip) of each part of a collective (an entry of
+    hlo_comm.received_bytes_per_chip's ops): its operands when it merges several."""
+    names = op["op_name"].split(":")
+    if len(op["operands"]) > 1 and len(names) == len(op["operands"]):
+        return [(WEIGHT_SYNC_SCOPE in name, operand["per_chip"])
+                for name, operand in zip(names, op["operands"])]
+    if WEIGHT_SYNC_SCOPE in op["op_name"] and len(set(
+            WEIGHT_SYNC_SCOPE in name for name in names)) > 1:
+        raise RuntimeError(f"collective {op['name']} merges weight traffic with other traffic "
+                           f"and its {len(names)} source paths do not match its "
+                           f"{len(op['operands'])} operands: cannot separate CP bytes")
+    return [(WEIGHT_SYNC_SCOPE in op["op_name"], op["per_chip"])]
 
 
 def _local_devices(mesh) -> list:
