@@ -160,18 +160,22 @@ def test_planner_page_draws_the_apis_answer(planner_url, page):
 
     # the form's values go to the link, and the link gives the same answer back
     page.fill("#f-max_chips", "2")
+    page.select_option("#f-kernels", "fused")
     page.click("#plan-submit")
     page.wait_for_function("() => document.body.dataset.plannerState === 'answered' && "
                            "[...document.querySelectorAll('#fitting tbody tr')]"
                            ".every(r => Number(r.dataset.chips) <= 2)")
     link = page.url
     assert parse_qs(urlsplit(link).query)["max_chips"] == ["2"]
-    smaller = capacity(planner_url, {**QUERY, "max_chips": 2}).json()
+    assert parse_qs(urlsplit(link).query)["kernels"] == ["fused"]
+    smaller = capacity(planner_url, {**QUERY, "max_chips": 2, "kernels": "fused"}).json()
+    assert smaller["request"]["kernels"] == "fused"
     page.goto(link)
     page.wait_for_selector("body[data-planner-state=answered]")
     assert_rows_match(table_rows(page, "#fitting"),
                       [c for c in smaller["candidates"] if c["fits"]])
     assert page.input_value("#f-max_chips") == "2"
+    assert page.input_value("#f-kernels") == "fused"
     assert float(page.input_value("#f-chip_memory_gib")) * 2 ** 30 == QUERY["chip_memory_bytes"]
 
 

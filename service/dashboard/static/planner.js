@@ -6,7 +6,7 @@
 const Planner = {};
 Planner.GIB = 2 ** 30;
 Planner.SCALARS = ["preset", "seq_len", "accelerator", "max_chips", "batch_size", "dtype",
-                   "num_layers"];
+                   "kernels", "num_layers"];
 Planner.FORM_KEYS = new Set([...Planner.SCALARS, "chip_memory_bytes", "frameworks"]);
 Planner.asked = 0;  // the latest request's number: a slower earlier answer is dropped
 
@@ -152,6 +152,7 @@ Planner.start = async function () {
     Planner.fillSelect(Planner.field("preset"), options.presets, "— choose a preset —");
     Planner.fillSelect(Planner.field("accelerator"), options.accelerator_types, "— choose a chip type —");
     Planner.fillSelect(Planner.field("dtype"), options.dtypes, "the API's default");
+    Planner.fillSelect(Planner.field("kernels"), options.kernels, "the API's default");
     Planner.field("frameworks").replaceChildren(...options.frameworks.map((f) => GS.el("label", {},
       GS.el("input", { type: "checkbox", name: "frameworks", value: f }), " " + f)));
   } catch (err) {
