@@ -90,6 +90,25 @@ def test_step_table_runs_the_sweeps_step_reference_beside_fused_on_cpu(tmp_path)
     assert markdown.count("| skipped |") == 1
 
 
+@pytest.mark.timeout(120)
+def test_step_table_torch_rows_run_the_sweeps_step_and_skip_fused_gdn_on_cpu(tmp_path):
+    # The default tier's share of the above: torch only (no JAX compile), ~5 s here.
+    done = subprocess.run(
+        [sys.executable, "-m", "gdn_core.bench", "step", "--device", "cpu", "--preset", "tiny",
+         "--seq-len", "64", "--steps", "1", "--warmup", "1", "--dtypes", "float32",
+         "--frameworks", "torch", "--budget-s", "100", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    reference, fused = json.loads((tmp_path / "step-table.json").read_text())
+    assert (reference["kernels"], fused["kernels"]) == ("reference", "fused")
+    assert reference["status"] == "ok" and 0 < reference["mfu"] <= 1
+    assert reference["gdn_kernel"] == "reference torch chunk rule"
+    assert reference["model_flops_per_step"] == model_flops_per_step(
+        get_preset("tiny", layers="hybrid"), batch=1, seq_len=64).total
+    assert fused["status"] == "skipped" and "CUDA" in fused["reason"]
+    assert fused["step_time_s"] is None and fused["losses"] == []
+
+
 def test_rows_beyond_the_budget_are_reported_not_lost_and_exit_0(tmp_path, capsys):
     code = step.main(["--device", "cpu", "--preset", "tiny", "--dtypes", "bfloat16,float32",
                       "--budget-s", "0", "--out", str(tmp_path)])
