@@ -52,7 +52,7 @@ def test_reference_is_our_code_everywhere(framework, device_kind, has_attention)
     ("tpu", "bfloat16", f"jax {JAX_V} splash attention"),
 ])
 def test_jax_fused_attention_and_reference_gdn_labelled(device_kind, dtype, attention):
-    got = _resolve("jax", device_kind=device_kind, dtype=dtype)
+    got = _resolve("jax", device_kind=device_kind, dtype=dtype, head_dim=128)
     assert got.attention == attention
     assert got.gdn == "reference jax chunk rule (no library kernel composes with CP state)"
     assert got.gdn == K.jax_fused_gdn_name()
@@ -67,6 +67,19 @@ def test_jax_fused_cudnn_needs_half_precision():
     with pytest.raises(KernelUnavailable, match=r"cuDNN's dot_product_attention takes dtype "
                                                 r"bfloat16 or float16, got dtype='float32'"):
         _resolve("jax", device_kind="gpu", dtype="float32")
+
+
+@pytest.mark.parametrize("device_kind, head_dim, reason", [
+    ("gpu", 12, r"cuDNN flash attention needs head_dim a multiple of 8 and <= 256, got "
+                r"head_dim=12"),
+    ("gpu", 512, r"<= 256, got head_dim=512"),
+    ("tpu", 64, r"splash attention needs head_dim a multiple of 128 \(TPU lanes\), got "
+                r"head_dim=64"),
+])
+def test_jax_fused_attention_head_limits_are_checked_before_a_trial_is_built(
+        device_kind, head_dim, reason):
+    with pytest.raises(KernelUnavailable, match=reason):
+        _resolve("jax", device_kind=device_kind, dtype="bfloat16", head_dim=head_dim)
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", "tpu"])
