@@ -12,10 +12,11 @@ them exactly as reset_parameters does on a whole model (same generator, same ord
 values), and each parameter's local part — its FSDP2 shard (a DTensor), or the whole of a plain
 parameter — is copied to `device` before the next module. The device never holds more than the
 rank's parameters; the host holds one module's (a GDN layer, the embedding) at a time. This is
-torchtitan's meta-device flow (fully_shard on meta, to_empty, init) with the init replayed on the
-host, where torchtitan draws on the shards with DTensor's RNG (values that then depend on the
-mesh); here they are the one-chip model's bit for bit, so a CP run and its one-chip reference
-train the same weights.
+torchtitan's meta-device flow (parallelize on meta, to_empty, init_weights) except for the
+draws: torchtitan initialises the DTensor shards in place with DTensor's own RNG, whose values
+are not those of our one-chip build (one CPU generator over the whole model); replaying that
+generator on the host keeps them bit for bit, so a CP run and its one-chip reference train the
+same weights.
 """
 
 from __future__ import annotations
