@@ -64,8 +64,8 @@ def local_part(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     rank = param.device_mesh.get_local_rank()
     part = chunks[rank] if rank < len(chunks) else full.narrow(placement.dim, 0, 0)
     if part.shape != param.to_local().shape:
-        raise RuntimeError(f"shard of {tuple(full.shape)} on rank {rank}: expected "
-                           f"{tuple(param.to_local().shape)}, torch.chunk gives {tuple(part.shape)}")
+        raise RuntimeError(f"shard of {tuple(full.shape)} on rank {rank}: the parameter's is "
+                           f"{tuple(param.to_local().shape)}, torch.chunk's {tuple(part.shape)}")
     return part
 
 

@@ -13,6 +13,11 @@ Legend: D chips, P parameter bytes.
 from __future__ import annotations
 
 import functools
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -146,3 +151,47 @@ def test_init_is_never_the_trials_peak(sharding):
           f"predicted {predicted} B per chip")
     assert init_peak <= predicted
     assert init_peak <= compiled_peak_bytes(step)
+
+
+# Each process checks its own chips' shards against the host init: no process ever holds
+# another's, and none needs the whole arrays to be fed.
+WORKER = """
+import sys
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{sys.argv[1]}", num_processes=2,
+                           process_id=int(sys.argv[2]))
+import numpy as np
+from jax.sharding import Mesh
+from tests.gdn_core.test_jax_sharded_init import MODEL, host_init, train_cfg
+from gdn_core.jax_gdn.cp.step import sharded_init
+
+assert jax.device_count() == 4 and jax.local_device_count() == 2
+tree = sharded_init(MODEL, train_cfg(sys.argv[3]), Mesh(np.array(jax.devices()), ("cp",)),
+                    "cp")()
+expected = host_init(MODEL)
+for got, want in zip(jax.tree.leaves(tree), jax.tree.leaves(expected)):
+    assert len(got.addressable_shards) == 2
+    for shard in got.addressable_shards:
+        assert np.array_equal(np.asarray(shard.data), np.asarray(want)[shard.index])
+print("ok", flush=True)
+jax.distributed.shutdown()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sharding", ["zero1", "fsdp"])
+def test_sharded_init_across_two_processes(sharding):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(i), sharding],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, cwd=pathlib.Path(__file__).parents[2])
+               for i in range(2)]
+    for worker in workers:
+        out, err = worker.communicate(timeout=280)
+        assert worker.returncode == 0 and out.strip().endswith("ok"), err[-3000:]

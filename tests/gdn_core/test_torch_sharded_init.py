@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.data import synthetic_tokens
 from gdn_core.memory.parameters import parameter_count
 from gdn_core.memory.step import predict_step_memory
@@ -155,3 +155,32 @@ def test_build_and_step_within_the_step_prediction(sharding):
         peak = per_rank[sharding]["peak"]
         print(f"{sharding} rank {rank}: build + step peak {peak} B, predicted {predicted} B")
         assert peak <= predicted, (rank, peak, predicted)
+
+
+def hybrid_model(tied: bool) -> ModelConfig:
+    return ModelConfig(name="sharded-init-hybrid", gdn=MODEL.gdn, num_layers=4,
+                       intermediate_size=128, vocab_size=128, layers="hybrid",
+                       attention=AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=16),
+                       tie_word_embeddings=tied)
+
+
+def hybrid_weights(rank: int, world_size: int, tied: bool) -> dict:
+    model, _ = build_cp_training(hybrid_model(tied), train_cfg("fsdp"), group=None, mode=MODE)
+    names, params = zip(*model.named_parameters())
+    return {name: t.detach().numpy().copy()
+            for name, t in zip(names, full_tensors(list(params)))}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_sharded_hybrid_build_is_todays_seeded_build(tied):
+    # Gated attention's norms are drawn twice (its own step, then theirs); a tied LM head is
+    # the embedding's one parameter under FSDP2's root.
+    expected = {name: p.detach().numpy() for name, p in
+                build_model(hybrid_model(tied), train_cfg("fsdp")).named_parameters()}
+    for rank, weights in enumerate(run_in_process_group(hybrid_weights, world_size=D,
+                                                        args=(tied,), timeout_s=200)):
+        assert weights.keys() == expected.keys()
+        for name, value in expected.items():
+            assert np.array_equal(weights[name], value), (rank, name)
