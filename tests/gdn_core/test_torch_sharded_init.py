@@ -6,9 +6,11 @@ training step (the live bytes' high-water mark: CPU has no allocator statistics 
 Checked: the weights are build_model's (today's one-chip seeded build) bit for bit under every
 param_sharding; under fsdp the build never holds the whole model (a whole copy anywhere, as
 building on the device before fully_shard did, would exceed it), under replicated and zero1
-(weights whole by definition) no second copy; and, the issue's acceptance, the peak of build +
-one step within predict_step_memory's step prediction (framework "torch").
-Legend: D ranks, N parameters.
+(weights whole by definition) no second copy; the build's peak within the weights + AdamW
+state the predictor reserves for the whole step; and, the issue's acceptance, the peak of
+build + one step within predict_step_memory's step prediction (framework "torch") — met by
+zero1, not by fsdp, whose FSDP2 step alone exceeds it (strict xfail, numbers there).
+Legend: D ranks.
 """
 
 from __future__ import annotations
