@@ -30,7 +30,8 @@ from gdn_core.memory.step import predict_step_memory
 from gdn_core.torch_gdn.cp.sharding import full_tensors
 from gdn_core.torch_gdn.cp.train import build_cp_training, gradient_sync, shard_batch
 from gdn_core.torch_gdn.model import SwiGLU
-from gdn_core.torch_gdn.train import build_model, train_step
+from gdn_core.torch_gdn.init import materialise
+from gdn_core.torch_gdn.train import build_model, language_model, train_step
 from gdn_core.train_config import PARAM_SHARDINGS, TrainConfig
 
 from .torch_dist import run_in_process_group
@@ -157,6 +158,30 @@ def test_build_and_step_within_the_step_prediction(sharding):
         peak = per_rank[sharding]["peak"]
         print(f"{sharding} rank {rank}: build + step peak {peak} B, predicted {predicted} B")
         assert peak <= predicted, (rank, peak, predicted)
+
+
+def meta_model(model_cfg: ModelConfig = MODEL):
+    with torch.device("meta"):
+        return language_model(model_cfg, seed=train_cfg("replicated").seed)
+
+
+def test_materialise_without_a_group_is_the_seeded_build():
+    model = meta_model()
+    checksum = materialise(model, seed=train_cfg("replicated").seed, device="cpu")
+    expected = build_model(MODEL, train_cfg("replicated"))
+    for (name, got), want in zip(model.named_parameters(), expected.parameters()):
+        assert got.device.type == "cpu" and torch.equal(got, want), name
+    assert checksum == pytest.approx(sum((i + 1) * p.double().sum().item()
+                                         for i, p in enumerate(expected.parameters())),
+                                     rel=1e-12)
+
+
+def test_materialise_refuses_to_leave_a_parameter_undrawn():
+    model = meta_model()
+    steps = model.init_steps()
+    model.init_steps = lambda: steps[:-1]  # forget the LM head
+    with pytest.raises(RuntimeError, match=r"no init step draws \['lm_head.weight'\]"):
+        materialise(model, seed=0, device="cpu")
 
 
 def hybrid_model(tied: bool) -> ModelConfig:
