@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..config import FULL_ATTENTION, AttentionConfig, GDNConfig, ModelConfig
 
@@ -156,8 +157,11 @@ def cast_floating(tree, dtype):
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def _normal(key, shape):
-    return INIT_STD * jax.random.normal(key, shape, jnp.float32)
+def _normal(key, shape, std: float = INIT_STD):
+    # The barrier keeps XLA from folding `std` into normal's own √2 when the init is jitted
+    # (jax_gdn.cp.step.sharded_init): the jitted, sharded init then draws these eager values
+    # bit for bit (off by one ulp in half the elements without it).
+    return std * lax.optimization_barrier(jax.random.normal(key, shape, jnp.float32))
 
 
 def init_layer_params(cfg: GDNConfig, key: jax.Array) -> Params:
@@ -190,7 +194,7 @@ def init_attention_params(cfg: AttentionConfig, hidden_size: int, key: jax.Array
               "v_proj": (G * E, hidden_size), "o_proj": (hidden_size, H * E)}
     params: Params = {}
     for k, (name, shape) in zip(jax.random.split(key, 4), shapes.items()):
-        params[name] = {"weight": std * jax.random.normal(k, shape, jnp.float32)}
+        params[name] = {"weight": _normal(k, shape, std)}
         if cfg.attention_bias:
             params[name]["bias"] = jnp.zeros((shape[0],), jnp.float32)
     params["q_norm"] = {"weight": jnp.zeros((E,), jnp.float32)}

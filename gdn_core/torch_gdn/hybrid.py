@@ -18,6 +18,7 @@ Shape legend: B batch, T tokens, D hidden, V vocabulary, R rotated channels.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -29,7 +30,8 @@ from .attention import GatedAttention, ZeroCenteredRMSNorm, rotary_cos_sin
 from .device_index import device_index
 from .layer import GatedDeltaNet
 from .loss import chunked_cross_entropy_sum
-from .model import INIT_STD, DecoderBlock, SwiGLU
+from .model import (INIT_STD, DecoderBlock, InitStep, SwiGLU, draw_normal_weight, draw_swiglu,
+                    fill_weight, run_init_steps)
 
 
 class HybridDecoderLayer(DecoderBlock):
@@ -113,25 +115,27 @@ class HybridLanguageModel(nn.Module):
                 f"{kinds.count(FULL_ATTENTION)} gated-attention layers")
         return f"{text}; {self.cfg.note}" if self.cfg.moe is not None else text
 
+    def init_steps(self) -> list[InitStep]:
+        """reset_parameters as InitSteps (model.InitStep), in draw order: modules in
+        registration order, then the embedding and (untied) the LM head."""
+        steps: list[InitStep] = []
+        for module in self.modules():
+            if isinstance(module, (GatedDeltaNet, GatedAttention)):
+                steps.append((module, functools.partial(module.reset_parameters, std=INIT_STD)))
+            elif isinstance(module, ZeroCenteredRMSNorm):
+                steps.append((module, functools.partial(fill_weight, module, 0.0)))
+            elif isinstance(module, SwiGLU):
+                steps.append((module, functools.partial(draw_swiglu, module)))
+        heads = [self.model.embed_tokens] + ([] if self.cfg.tie_word_embeddings else
+                                             [self.lm_head])
+        return steps + [(module, functools.partial(draw_normal_weight, module))
+                        for module in heads]
+
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
         """Draw all weights from a generator seeded with `seed` (same seed, same model):
         linears and embedding N(0, 0.02), zero-centred norms 0, GDN layers as transformers."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        # Modules in registration order, so the draw order (hence the weights) is fixed.
-        for module in self.modules():
-            if isinstance(module, GatedDeltaNet):
-                module.reset_parameters(gen, std=INIT_STD)
-            elif isinstance(module, GatedAttention):
-                module.reset_parameters(gen, std=INIT_STD)
-            elif isinstance(module, ZeroCenteredRMSNorm):
-                module.weight.zero_()
-            elif isinstance(module, SwiGLU):
-                for lin in (module.gate_proj, module.up_proj, module.down_proj):
-                    nn.init.normal_(lin.weight, 0.0, INIT_STD, generator=gen)
-        nn.init.normal_(self.model.embed_tokens.weight, 0.0, INIT_STD, generator=gen)
-        if not self.cfg.tie_word_embeddings:
-            nn.init.normal_(self.lm_head.weight, 0.0, INIT_STD, generator=gen)
+        run_init_steps(self.init_steps(), seed)
 
     def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None,

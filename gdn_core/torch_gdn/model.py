@@ -17,6 +17,9 @@ Shape legend: B batch, T tokens, D hidden, F MLP width, V vocabulary (logits onl
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,6 +30,35 @@ from .layer import GatedDeltaNet, recomputed
 from .loss import chunked_cross_entropy_sum
 
 INIT_STD = 0.02
+
+
+InitStep = tuple[nn.Module, Callable[[torch.Generator], object]]
+"""One step of a model's seeded init: (module, draw); draw(generator) sets every parameter of
+`module` (its submodules' included), reading them by attribute when it runs. A model's
+init_steps, run in order on one generator, are its reset_parameters; torch_gdn.init replays
+them one module at a time on host tensors to materialise a meta-device model's shards."""
+
+
+def run_init_steps(steps: list[InitStep], seed: int) -> None:
+    """Run `steps` in order on one CPU generator seeded with `seed` (the draw order fixes the
+    weights)."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for _, draw in steps:
+        draw(generator)
+
+
+def fill_weight(module: nn.Module, value: float, generator: torch.Generator) -> None:
+    del generator  # draws nothing
+    module.weight.fill_(value)
+
+
+def draw_normal_weight(module: nn.Module, generator: torch.Generator) -> None:
+    nn.init.normal_(module.weight, 0.0, INIT_STD, generator=generator)
+
+
+def draw_swiglu(module: "SwiGLU", generator: torch.Generator) -> None:
+    for linear in (module.gate_proj, module.up_proj, module.down_proj):
+        draw_normal_weight(linear, generator)
 
 
 class RMSNorm(nn.Module):
@@ -117,21 +149,24 @@ class GDNLanguageModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.reset_parameters(seed)
 
+    def init_steps(self) -> list[InitStep]:
+        """reset_parameters as InitSteps, in draw order: modules in registration order, then
+        the embedding and the LM head."""
+        steps: list[InitStep] = []
+        for module in self.modules():
+            if isinstance(module, GatedDeltaNet):
+                steps.append((module, functools.partial(module.reset_parameters, std=INIT_STD)))
+            elif isinstance(module, RMSNorm):
+                steps.append((module, functools.partial(fill_weight, module, 1.0)))
+            elif isinstance(module, SwiGLU):
+                steps.append((module, functools.partial(draw_swiglu, module)))
+        return steps + [(module, functools.partial(draw_normal_weight, module))
+                        for module in (self.embed_tokens, self.lm_head)]
+
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
         """Draw all weights from a generator seeded with `seed` (same seed, same model)."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        # Modules in registration order, so the draw order (hence the weights) is fixed.
-        for module in self.modules():
-            if isinstance(module, GatedDeltaNet):
-                module.reset_parameters(gen, std=INIT_STD)
-            elif isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
-            elif isinstance(module, SwiGLU):
-                for lin in (module.gate_proj, module.up_proj, module.down_proj):
-                    nn.init.normal_(lin.weight, 0.0, INIT_STD, generator=gen)
-        for weight in (self.embed_tokens.weight, self.lm_head.weight):
-            nn.init.normal_(weight, 0.0, INIT_STD, generator=gen)
+        run_init_steps(self.init_steps(), seed)
 
     def hidden_states(self, tokens_BT: torch.Tensor) -> torch.Tensor:
         """Return the final normed hidden states [B, T, D] (the LM head's input)."""

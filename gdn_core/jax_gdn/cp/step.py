@@ -20,6 +20,8 @@ The settings (mode, attn_cp, layout, the shape they split) are validated once, b
 which every public entry point calls first; what it returns, a MeshCP, is what the step's
 internals take, and the layers they bind (cp_gdn_layer_unchecked, attention.ATTENTION_CP) do
 not check again at every trace.
+Fresh weights and AdamW state are created in that layout (sharded_init: jit with
+out_shardings, each chip drawing only its shards), the host init's values bit for bit.
 Legend: B batch, T global tokens, t = T/D tokens per chip.
 """
 
@@ -238,24 +240,65 @@ def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                        axis: AxisName, params=None, layout: Layout = "contiguous"):
     """(params, opt_state, inputs_BT, targets_BT) as global arrays for make_cp_train_step.
 
-    Fresh weights (seed train_cfg.seed), or the host pytree `params` given (e.g.
-    params.from_state_dict of a checkpoint), and fresh AdamW state, laid out by
-    train_cfg.param_sharding; the synthetic batch's inputs tokens[:, :-1] and targets
-    tokens[:, 1:] [B, T], T split over `axis` in cp_layout.shard_order(layout). Call on every
-    process of a multi-process mesh (each feeds only its own devices).
+    Fresh weights (seed train_cfg.seed) and AdamW state are created in their layout
+    (train_cfg.param_sharding) by sharded_init: no chip ever holds a whole copy of what is
+    sharded. A host pytree `params` given (e.g. params.from_state_dict of a checkpoint) is
+    laid out shard by shard, its fresh AdamW state created sharded (sharded_optimizer_init).
+    The synthetic batch's inputs tokens[:, :-1] and targets tokens[:, 1:] [B, T], T split
+    over `axis` in cp_layout.shard_order(layout). Call on every process of a multi-process
+    mesh (each creates or feeds only its own devices' shards).
     """
     axis = axis if isinstance(axis, str) else tuple(axis)
     D = mesh_chip_count(mesh, axis)
-    _, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, axis, D)
+    _, param_specs, _ = weight_specs(model_cfg, train_cfg, axis, D)
     tokens_BT1 = synthetic_batch(model_cfg, train_cfg)
     order = shard_order(chips=D, seq_len=train_cfg.seq_len, layout=layout)
     if params is None:
-        params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
-    opt_state = make_optimizer(train_cfg).init(params)
-    return (global_arrays(params, _named(mesh, param_specs)),
-            global_arrays(opt_state, _named(mesh, opt_specs)),
+        params, opt_state = sharded_init(model_cfg, train_cfg, mesh, axis)()
+    else:
+        params = global_arrays(params, _named(mesh, param_specs))
+        opt_state = sharded_optimizer_init(model_cfg, train_cfg, mesh, axis)(params)
+    return (params, opt_state,
             *global_arrays((tokens_BT1[:, :-1][:, order], tokens_BT1[:, 1:][:, order]),
                            NamedSharding(mesh, P(None, axis))))
+
+
+def _target_shardings(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis):
+    """(params, opt_state) NamedShardings of the step's weight layout on `mesh`."""
+    _, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, axis,
+                                             mesh_chip_count(mesh, axis))
+    return _named(mesh, param_specs), _named(mesh, opt_specs)
+
+
+@functools.lru_cache(maxsize=16)
+def sharded_init(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: AxisName):
+    """Jitted init() -> (params, opt_state): fresh weights (seed train_cfg.seed) and AdamW
+    state, created directly in the step's layout (weight_specs) through jit's out_shardings.
+
+    XLA partitions the init like any program: each chip draws and zeroes only its own shards
+    (a multi-process mesh included, no host copy), so zero1's moments and fsdp's weights
+    never exist whole on one chip. With jax_threefry_partitionable (jax's default) the
+    random bits do not depend on the sharding, so the values are
+    init_model_params(model_cfg, PRNGKey(train_cfg.seed))'s bit for bit, and a CP-vs-one-
+    chip verify compares the same weights. axis: a name or a tuple (hashable: cached).
+    """
+    param_shardings, opt_shardings = _target_shardings(model_cfg, train_cfg, mesh, axis)
+    optimizer = make_optimizer(train_cfg)
+
+    def init():
+        params = init_model_params(model_cfg, jax.random.PRNGKey(train_cfg.seed))
+        return params, optimizer.init(params)
+
+    return jax.jit(init, out_shardings=(param_shardings, opt_shardings))
+
+
+@functools.lru_cache(maxsize=16)
+def sharded_optimizer_init(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh,
+                           axis: AxisName):
+    """Jitted init(params) -> opt_state: fresh AdamW state of laid-out params, created in its
+    layout (sharded_init's, for weights given rather than drawn)."""
+    _, opt_shardings = _target_shardings(model_cfg, train_cfg, mesh, axis)
+    return jax.jit(make_optimizer(train_cfg).init, out_shardings=opt_shardings)
 
 
 def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName):

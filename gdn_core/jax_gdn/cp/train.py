@@ -137,8 +137,10 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
                     verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
     """Train under CP (`cp`) on one fixed synthetic batch; call on every process of `mesh`.
 
-    Every process builds the same weights (seed train_cfg.seed) and tokens, and feeds only its
-    own devices' shards. warmup_steps untimed, then `steps` timed steps (outputs blocked on).
+    Every process creates only its own devices' shards of the weights and AdamW state (seed
+    train_cfg.seed; step.sharded_init: never a whole copy of what is sharded) and feeds them
+    their shards of the tokens. warmup_steps untimed, then `steps` timed steps (outputs
+    blocked on).
     Peak memory per chip is measured over the whole run (device_memory.jax_peak_memory of this
     process's chips: the device allocator's peak, on CPU the process RSS / its chips); XLA's
     memory analysis of the compiled step is the separate estimate. Comm per chip per step:

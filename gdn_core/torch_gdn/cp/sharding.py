@@ -49,15 +49,19 @@ def check_param_sharding(param_sharding: str) -> None:
                          f"{', '.join(PARAM_SHARDINGS)}")
 
 
-def shard_parameters(model: nn.Module, train_cfg: TrainConfig, *, group) -> nn.Module:
+def shard_parameters(model: nn.Module, train_cfg: TrainConfig, *, group,
+                     device: str | torch.device | None = None) -> nn.Module:
     """Apply train_cfg.param_sharding's parameter layout to `model` in place; return it.
 
     Only fsdp changes the model (its parameters become DTensor shards), so call it after
-    context_parallel and before building the optimizer.
+    context_parallel and before building the optimizer. device: where the shards will live
+    (default: where the parameters are); name it for a meta-device model, which
+    init.materialise then fills shard by shard (FSDP2 shards meta parameters as they are).
     """
     if train_cfg.param_sharding != "fsdp":
         return model
-    device_type = next(model.parameters()).device.type
+    device_type = torch.device(device).type if device is not None else \
+        next(model.parameters()).device.type
     mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type)
     bf16 = train_cfg.dtype == "bfloat16"
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,

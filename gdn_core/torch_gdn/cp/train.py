@@ -34,7 +34,9 @@ from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..attention_kernels import resolve_torch_attention_kernel
-from ..train import build_model, language_model, train_step
+from ..init import materialise
+from ..model import set_remat
+from ..train import language_model, train_step
 from .attention import check_attention_shape
 from .comm import count_comm, rank_size
 from .grad_sync import GRAD_SYNC_OP, OverlappedGradientSum
@@ -62,28 +64,46 @@ def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, 
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
     made context-parallel (GDN layers `mode`, attention layers `attn_cp` with the attention
     kernel of `kernels`, shards in `layout`), train_cfg.remat set, laid out per
-    train_cfg.param_sharding."""
-    model = build_model(model_cfg, train_cfg, device)
-    check_same_weights(model, group=group)
+    train_cfg.param_sharding.
+
+    Initialised sharded (init.py): built on the meta device, made context-parallel and laid
+    out there, then only this rank's part of the seeded weights is materialised on `device`
+    (fsdp: its FSDP2 shards; replicated and zero1 hold the weights whole by definition, and
+    zero1's AdamW state is created, for this rank's parameters only, at the first step). No
+    rank's device ever holds more weights than its layout keeps; the values are the one-chip
+    build_model's bit for bit.
+    """
+    with torch.device("meta"):  # shapes only: the seeded draws of reset_parameters are no-ops
+        model = set_remat(language_model(model_cfg, seed=train_cfg.seed), train_cfg.remat)
     # In place, before FSDP2 wraps the blocks.
     context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout,
                      kernels=kernels)
-    shard_parameters(model, train_cfg, group=group)
+    shard_parameters(model, train_cfg, group=group, device=device)
+    checksum = materialise(model, seed=train_cfg.seed, device=device)
+    check_same_checksum(checksum, group=group, device=torch.device(device))
     return model, build_sharded_optimizer(model, train_cfg, group=group)
 
 
-@torch.no_grad()
-def check_same_weights(model: nn.Module, *, group) -> None:
-    """Raise RuntimeError unless every rank's weights give the same float64 checksum."""
-    params = list(model.parameters())
-    device = params[0].device
-    checksum = torch.stack([(i + 1) * p.double().sum() for i, p in enumerate(params)]).sum()
-    max_and_neg_min = torch.stack([checksum, -checksum]).to(device)
+def check_same_checksum(checksum: float, *, group, device: torch.device) -> None:
+    """Raise RuntimeError (on every rank) unless every rank's weight checksum is the same."""
+    max_and_neg_min = torch.tensor([checksum, -checksum], dtype=torch.float64, device=device)
     dist.all_reduce(max_and_neg_min, op=dist.ReduceOp.MAX, group=group)
     high, low = max_and_neg_min[0].item(), -max_and_neg_min[1].item()
     if high != low:  # the same on every rank, so every rank raises
         raise RuntimeError(f"weights differ across the CP group: checksums range from {low!r} "
                            f"to {high!r}; build the model with the same seed on every rank")
+
+
+@torch.no_grad()
+def check_same_weights(model: nn.Module, *, group) -> None:
+    """Raise RuntimeError unless every rank's weights give the same float64 checksum (of the
+    whole values: FSDP2 shards are gathered one parameter at a time, collectives on every
+    rank)."""
+    checksum = 0.0
+    for i, param in enumerate(model.parameters()):
+        (whole,) = full_tensors([param.detach()])
+        checksum += (i + 1) * whole.double().sum().item()
+    check_same_checksum(checksum, group=group, device=next(model.parameters()).device)
 
 
 def shard_batch(tokens_BT1: torch.Tensor, *, rank: int, chips: int,
