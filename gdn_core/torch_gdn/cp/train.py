@@ -34,6 +34,7 @@ from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..attention_kernels import resolve_torch_attention_kernel
+from ..gdn_kernels import GDNKernelName, resolve_torch_gdn_kernel
 from ..train import build_model, language_model, train_step
 from .attention import check_attention_shape
 from .comm import count_comm, rank_size
@@ -58,16 +59,17 @@ def gradient_sync(param_sharding: str, *, group):
 
 def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                       device: str | torch.device = "cpu", attn_cp: AttnCPMode = "all_gather_kv",
-                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS):
+                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
+                      gdn_kernel: GDNKernelName | None = None):
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
-    made context-parallel (GDN layers `mode`, attention layers `attn_cp` with the attention
-    kernel of `kernels`, shards in `layout`), train_cfg.remat set, laid out per
-    train_cfg.param_sharding."""
+    made context-parallel (GDN layers `mode` with the rule kernel of `kernels` / `gdn_kernel`,
+    attention layers `attn_cp` with the attention kernel of `kernels`, shards in `layout`:
+    layer.context_parallel), train_cfg.remat set, laid out per train_cfg.param_sharding."""
     model = build_model(model_cfg, train_cfg, device)
     check_same_weights(model, group=group)
     # In place, before FSDP2 wraps the blocks.
     context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout,
-                     kernels=kernels)
+                     kernels=kernels, gdn_kernel=gdn_kernel)
     shard_parameters(model, train_cfg, group=group)
     return model, build_sharded_optimizer(model, train_cfg, group=group)
 
@@ -197,7 +199,8 @@ def check_cp_training_shape(model_cfg: ModelConfig, *, chips: int, seq_len: int,
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp: CPSettings,
                     steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
                     verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+                    verify_memory_budget_bytes: int | None = None,
+                    gdn_kernel: GDNKernelName | None = None) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group` (cp.chips
     ranks).
 
@@ -221,8 +224,11 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     Raises ValueError naming the numbers when the group is not cp.chips ranks, or when cp's
     modes or layout cannot split the shape over it (check_cp_training_shape); raises
     kernels.KernelUnavailable (every rank alike, before any collective) when cp.kernels is
-    'fused' and the fused attention kernel cannot serve a hybrid decoder's attention here
-    (resolve_torch_attention_kernel).
+    'fused' and fla-core's GDN kernel cannot serve the point here (resolve_torch_gdn_kernel:
+    on CPU "fla-core's chunk_gated_delta_rule needs a CUDA device") or the fused attention
+    kernel cannot serve a hybrid decoder's attention (resolve_torch_attention_kernel).
+    gdn_kernel="reference" (tests) runs the reference rule kernel as fla's CPU stand-in through
+    the same composition instead of resolving fla; only with cp.kernels 'fused'.
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
@@ -232,13 +238,17 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=cp.mode,
                             attn_cp=cp.attn_cp, layout=cp.layout)
     device = torch.device(device)
+    if cp.kernels == "fused" and gdn_kernel is None:  # the fla kernel, or the reason it can't
+        resolve_torch_gdn_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
+                                 chunk_size=model_cfg.gdn.chunk_size,
+                                 head_k_dim=model_cfg.gdn.head_k_dim)
     if FULL_ATTENTION in model_cfg.layer_pattern:
         resolve_torch_attention_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
                                        head_dim=model_cfg.attention.head_dim)
     device_memory.torch_reset_peak(device)
     model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=cp.mode,
                                          device=device, attn_cp=cp.attn_cp, layout=cp.layout,
-                                         kernels=cp.kernels)
+                                         kernels=cp.kernels, gdn_kernel=gdn_kernel)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
