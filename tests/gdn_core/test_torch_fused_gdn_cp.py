@@ -35,6 +35,7 @@ from gdn_core.torch_gdn.gdn_kernels import (
     resolve_torch_gdn_kernel,
 )
 
+from . import test_torch_cp as contiguous_cp  # its bf16 cases, inputs and oracle
 from .rule_inputs import RuleCase, make_inputs
 from .test_torch_cp_zigzag import (
     CHUNK,
@@ -127,6 +128,21 @@ def run_layer(rank: int, D: int, mode: str, layout: str, remat: bool) -> dict:
 LAYER_CASES = [("contiguous", False), ("zigzag", False), ("zigzag", True)]
 
 
+def run_bf16(rank: int, D: int, mode: str) -> dict:
+    """One rank of test_torch_cp's bf16 case (q, k, v in bf16) through the kernel composition."""
+    case = contiguous_cp.CPCase(mode, D, dtype="bfloat16")
+    x = contiguous_cp.global_inputs(case)
+    seq = slice(rank * case.t, (rank + 1) * case.t)
+    xs = contiguous_cp.as_tensors(x, case, seq)
+    o, final = chunk_gated_delta_rule_cp(
+        *(xs[n] for n in NAMES[:5]), group=None, mode=mode, initial_state=xs["initial_state"],
+        output_final_state=True, use_qk_l2norm=True,
+        kernel=ReferenceGDNKernel(contiguous_cp.CHUNK))
+    contiguous_cp.loss_of(o, final, x, seq, 1.0 / D).backward()
+    return dict({n: np32(torch.zeros_like(xs[n]) if xs[n].grad is None else xs[n].grad)
+                 for n in NAMES}, o=np32(o), final=np32(final), dtype=str(o.dtype))
+
+
 def refusals(D: int) -> dict:
     """What kernels="fused" does on CPU without a stand-in: run_cp_training refuses before any
     collective; a layer given fla's kernel raises rather than running anything else."""
@@ -157,6 +173,7 @@ def fused_job(rank: int, D: int) -> dict:
     out = {case.id: run_rule(rank, D, case) for case in rule_cases(D)}
     out.update({(m, lay, remat): run_layer(rank, D, m, lay, remat)
                 for m in MODES for lay, remat in LAYER_CASES})
+    out.update({("bf16", m): run_bf16(rank, D, m) for m in MODES})
     out["refusals"] = refusals(D)
     return out
 
@@ -222,6 +239,21 @@ def test_fused_layer_matches_single_chip(mode, layout, remat, D):
         for rank, r in enumerate(ranks):
             fwd, bwd = zigzag_layer_bytes(mode, D, rank)
             assert (r["forward"], r["backward"]) == (fwd * (1 + remat), bwd), rank
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("D", DS, ids="D{}".format)
+@pytest.mark.parametrize("mode", MODES)
+def test_kernel_composition_bf16_inputs(mode, D):
+    """bf16 q, k, v (the summary computes in float32): o comes back bf16 within test_torch_cp's
+    BF16_TOL of the single chip on the same inputs, gradients too; the final state within TOL."""
+    case = contiguous_cp.CPCase(mode, D, dtype="bfloat16")
+    ranks, ref = [r[("bf16", mode)] for r in results(D)], contiguous_cp.reference(case)
+    assert ranks[0]["dtype"] == "torch.bfloat16"
+    got = contiguous_cp.gathered(ranks)
+    for name in ("o",) + NAMES:
+        assert_close(f"kernel {case.id}: {name}", ref[name], got[name], contiguous_cp.BF16_TOL)
+    assert_close(f"kernel {case.id}: final", ref["final"], ranks[0]["final"], TOL)
 
 
 @pytest.mark.timeout(240)
