@@ -24,9 +24,13 @@ from gdn_core import kernels as rule_book
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.kernels import FLA_GDN, KernelUnavailable, resolve_kernels
 from gdn_core.testing import assert_close, rel_err
-from gdn_core.torch_gdn import HybridLanguageModel, chunk_gated_delta_rule, context_parallel
+from gdn_core.torch_gdn import HybridLanguageModel, context_parallel
 from gdn_core.torch_gdn.chunk import fold_chunk_pairs, prepare_chunks
-from gdn_core.torch_gdn.cp import ContextParallelGatedDeltaNet, chunk_gated_delta_rule_cp, count_comm
+from gdn_core.torch_gdn.cp import (
+    ContextParallelGatedDeltaNet,
+    chunk_gated_delta_rule_cp,
+    count_comm,
+)
 from gdn_core.torch_gdn.cp.kernel_rule import kernel_summary
 from gdn_core.torch_gdn.gdn_kernels import (
     FlaGDNKernel,
@@ -399,8 +403,9 @@ def test_fla_kernel_through_the_composition_on_cuda(dtype):
     names = ("q", "k", "v", "g", "beta", "initial_state")
 
     def run(kernel, in_dtype):
-        xs = {n: torch.tensor(x[n], device="cuda").to(in_dtype if n in "qkv" else torch.float32)
-              .requires_grad_() for n in names}
+        xs = {n: torch.tensor(x[n], device="cuda")
+              .to(in_dtype if n in ("q", "k", "v") else torch.float32).requires_grad_()
+              for n in names}
         o, final = two_segments(kernel, *(xs[n] for n in names))
         ((o.float() * W_o).sum() + (final * W_f).sum()).backward()
         return dict({n: xs[n].grad for n in names}, o=o, final=final), xs
