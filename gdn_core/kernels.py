@@ -78,6 +78,12 @@ SPLASH_HEAD_DIM_MULTIPLE = 128
 """Splash attention's heads fill TPU lanes."""
 FLA_DISTRIBUTION = "fla-core"
 FLA_MODULE = "fla"
+FLA_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64)
+"""The chunk sizes fla-core 0.6's chunk_gated_delta_rule accepts (ours also takes 128)."""
+FLA_MAX_HEAD_K_DIM = 256
+"""The widest key head fla-core 0.6's state kernels serve (chunk_delta_h asserts K <= 256)."""
+FLA_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""The q/k/v dtypes fla-core's Triton kernels compute in (float32 dots run as TF32)."""
 
 
 def jax_fused_gdn_name() -> str:
@@ -86,22 +92,28 @@ def jax_fused_gdn_name() -> str:
 
 
 def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: str,
-                    head_dim: int | None, has_attention: bool) -> ResolvedKernels:
+                    head_dim: int | None, has_attention: bool,
+                    gdn_head_k_dim: int | None = None,
+                    gdn_chunk_size: int | None = None) -> ResolvedKernels:
     """The implementations a step of `framework` runs under `kernels` on a `device_kind` chip
     ("cpu" | "gpu" | "tpu") in `dtype`, with attention layers of `head_dim` if
     `has_attention`; KernelUnavailable(reason) when a fused kernel cannot serve the point
-    (every reason found, joined by "; "). Pure rules: no kernel is imported, only versions
-    looked up and fla-core's presence checked, so it runs where the trial runs (the worker
-    knows its device and packages) before anything is built."""
+    (every reason found, joined by "; "). gdn_head_k_dim / gdn_chunk_size (the GDN layers'
+    key head width and chunk size), where given, are checked against what fla-core serves.
+    Pure rules: no kernel is imported, only versions looked up and fla-core's presence
+    checked, so it runs where the trial runs (the worker knows its device and packages)
+    before anything is built."""
     _check_point(framework, kernels, device_kind)
     if kernels == "reference":
         return ResolvedKernels(gdn=REFERENCE_GDN[framework],
                                attention=REFERENCE_ATTENTION[framework] if has_attention else None)
     rules = _FUSED[framework]
     reasons, names = [], []
-    for rule in (rules[0], *(rules[1:] if has_attention else ())):
+    gdn_shape = {"gdn_head_k_dim": gdn_head_k_dim, "gdn_chunk_size": gdn_chunk_size}
+    for i, rule in enumerate((rules[0], *(rules[1:] if has_attention else ()))):
         try:
-            names.append(rule(device_kind=device_kind, dtype=dtype, head_dim=head_dim))
+            names.append(rule(device_kind=device_kind, dtype=dtype, head_dim=head_dim,
+                              **(gdn_shape if i == 0 else {})))
         except KernelUnavailable as err:
             reasons.append(str(err))
     if reasons:
@@ -150,7 +162,10 @@ def _half_only(what: str, dtype: str) -> None:
                                 f"dtype={dtype!r}; use dtypes: [bfloat16] or kernels: [reference]")
 
 
-def _torch_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
+def _torch_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None,
+                     gdn_head_k_dim: int | None = None, gdn_chunk_size: int | None = None) -> str:
+    """fla-core's chunk_gated_delta_rule, composed with our CP exchanges through its public
+    initial_state (torch_gdn.cp.kernel_rule), where it can serve the point."""
     if device_kind != "gpu":
         raise KernelUnavailable("fla-core's chunk_gated_delta_rule needs a CUDA device "
                                 f"(Triton); this trial runs on {device_kind}")
@@ -158,10 +173,19 @@ def _torch_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None) -> s
         raise KernelUnavailable(f"fla-core is not installed on this worker (no module "
                                 f"{FLA_MODULE!r}); fused torch GDN runs fla-core's "
                                 "chunk_gated_delta_rule: pip install fla-core")
-    raise KernelUnavailable(
-        f"the fla-core path under context parallelism is not built yet (fla-core "
-        f"{_version(FLA_DISTRIBUTION)} is installed; its chunk_gated_delta_rule does not yet "
-        "compose with this project's CP exchanges); use kernels: [reference]")
+    name = FLA_GDN.format(version=_version(FLA_DISTRIBUTION))
+    reasons = []
+    if dtype not in FLA_DTYPES:
+        reasons.append(f"takes dtype {', '.join(FLA_DTYPES)}, got dtype={dtype!r}")
+    if gdn_chunk_size is not None and gdn_chunk_size not in FLA_CHUNK_SIZES:
+        reasons.append(f"takes chunk_size {', '.join(map(str, FLA_CHUNK_SIZES))}, got "
+                       f"chunk_size={gdn_chunk_size}")
+    if gdn_head_k_dim is not None and gdn_head_k_dim > FLA_MAX_HEAD_K_DIM:
+        reasons.append(f"serves head_k_dim up to {FLA_MAX_HEAD_K_DIM}, got "
+                       f"head_k_dim={gdn_head_k_dim}")
+    if reasons:
+        raise KernelUnavailable(f"{name} {' and '.join(reasons)}; use kernels: [reference]")
+    return name
 
 
 def _torch_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
@@ -175,7 +199,8 @@ def _torch_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None
     return TORCH_SDPA_FLASH.format(version=_version("torch"), device=device_kind)
 
 
-def _jax_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
+def _jax_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None,
+                   gdn_head_k_dim: int | None = None, gdn_chunk_size: int | None = None) -> str:
     return jax_fused_gdn_name()
 
 
@@ -201,8 +226,9 @@ _FUSED = {"torch": (_torch_fused_gdn, _torch_fused_attention),
 """Per framework: (the GDN rule's fused resolver, attention's)."""
 
 
-__all__ = ["CUDNN_MAX_HEAD_DIM", "DEFAULT_KERNELS", "FLA_GDN", "JAX_DOT_PRODUCT_ATTENTION",
-           "JAX_GDN_NOT_FUSED", "JAX_SPLASH_ATTENTION", "KERNELS", "KernelUnavailable", "Kernels",
+__all__ = ["CUDNN_MAX_HEAD_DIM", "DEFAULT_KERNELS", "FLA_CHUNK_SIZES", "FLA_DTYPES", "FLA_GDN",
+           "FLA_MAX_HEAD_K_DIM", "JAX_DOT_PRODUCT_ATTENTION", "JAX_GDN_NOT_FUSED",
+           "JAX_SPLASH_ATTENTION", "KERNELS", "KernelUnavailable", "Kernels",
            "REFERENCE_ATTENTION", "REFERENCE_GDN", "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM",
            "SPLASH_HEAD_DIM_MULTIPLE", "TORCH_SDPA_FLASH", "attention_kernel_name",
            "check_kernels", "jax_fused_gdn_name", "resolve_kernels"]

@@ -72,7 +72,8 @@ class ChipProcess:
         try:
             resolved = resolve_kernels(
                 trial.framework, trial.kernels, device_kind=self.kind, dtype=trial.dtype,
-                head_dim=model_cfg.attention.head_dim if hybrid else None, has_attention=hybrid)
+                head_dim=model_cfg.attention.head_dim if hybrid else None, has_attention=hybrid,
+                gdn_head_k_dim=model_cfg.gdn.head_k_dim, gdn_chunk_size=model_cfg.gdn.chunk_size)
         except KernelUnavailable as err:
             return {"unavailable": str(err)}
         return {"gdn": resolved.gdn, "attention": resolved.attention}

@@ -23,7 +23,8 @@ from .attention import attention_cp_extra_flops
 from .conventions import (FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_chunk, check_positive,
                           sum_fields)
 from .model import ModelFlops, layer_counts, model_flops_per_step, model_forward_flops
-from .rule import RuleFlops, check_gdn_kernel, gdn_kernel, rule_block_macs, rule_flops
+from .rule import (RuleFlops, check_gdn_kernel, fla_block_macs, gdn_kernel, rule_block_macs,
+                   rule_flops)
 
 
 def unit_lower_inverse_flops(*, batch: int, seq_len: int, num_v_heads: int,
@@ -49,7 +50,9 @@ class CPOverheadFlops:
     """Extra FLOPs of a CP mode over the single-chip rule, summed over chips, forward + backward."""
 
     fold: int
-    """Composing each chip's chunk pairs into one (A, b) pair: D·(n − 1) compositions."""
+    """Each chip's (A, b) pair: reference, composing its chunk pairs, D·(n − 1) compositions;
+    fused, fla's summary call (values [0 | v] of width K+V from initial state [I | 0],
+    torch_gdn.cp.kernel_rule), D·n blocks at head_v_dim K+V as fla runs them."""
     prefix: int
     """Turning the exchanged pairs into each chip's incoming state (all_gather, log_scan)."""
     state_apply: int
@@ -58,6 +61,9 @@ class CPOverheadFlops:
     """Rule work on chunks added by padding each shard, not the whole sequence, to C tokens."""
     shard_padding_forward: int = 0
     """The forward part of shard_padding (what remat recomputes); not added to total."""
+    fold_forward: int | None = None
+    """The forward part of fold where its backward is not two forwards (fused: fla's summary
+    call); None: fold / 3. Not added to total."""
 
     @property
     def total(self) -> int:
@@ -67,7 +73,9 @@ class CPOverheadFlops:
     def forward(self) -> int:
         """The forward part: a third of the exchanges' work (fold, prefix, state_apply: their
         backward is two forwards), the shard padding's forward as its kernel runs it."""
-        return ((self.fold + self.prefix + self.state_apply) // FWD_BWD_MULTIPLIER
+        fold_forward = (self.fold // FWD_BWD_MULTIPLIER if self.fold_forward is None
+                        else self.fold_forward)
+        return ((self.prefix + self.state_apply) // FWD_BWD_MULTIPLIER + fold_forward
                 + self.shard_padding_forward)
 
 
@@ -98,8 +106,9 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
     computes A·h + b on every chip in each of its D − 1 rounds and discards all but one (not
     counted; Dk²·Dv each, small next to the fold). ulysses splits heads, not the sequence: no
     overhead. chips == 1 runs the single-chip rule: no overhead. The exchanges are ours under
-    either kernel; with kernel="fused" fla's own summary work (its cp_context, or the local
-    summary feeding our p2p / log_scan exchange) is counted as ours, not separately.
+    either kernel; with kernel="fused" the fold is fla's summary call instead (one call per
+    chip at head_v_dim K+V, its discarded output included: fla has no state-only call), and
+    the incoming state feeds fla's call through initial_state (the shard's rule: not overhead).
     """
     check_mode(mode)
     check_gdn_kernel(kernel)
@@ -123,8 +132,13 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
                                                 head_v_dim=V)
     per_row = FLOPS_PER_MAC * batch * num_v_heads * num_layers
     scale = FWD_BWD_MULTIPLIER * per_row
+    fold, fold_forward = scale * D * (local_chunks - 1) * compose_macs, None
+    if kernel == "fused":
+        summary = fla_block_macs(C, K, K + V)
+        fold = per_row * D * local_chunks * summary.total
+        fold_forward = per_row * D * local_chunks * summary.forward
     return CPOverheadFlops(
-        fold=scale * D * (local_chunks - 1) * compose_macs,
+        fold=fold, fold_forward=fold_forward,
         prefix=scale * prefix_macs,
         state_apply=scale * D * apply_macs,
         shard_padding=per_row * extra_chunks * block_step,

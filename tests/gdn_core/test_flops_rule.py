@@ -92,8 +92,13 @@ def test_fused_shard_padding_runs_fla_blocks():
     per_row = 2 * 2 * 3 * 5  # FLOPs per MAC × rows × heads × layers
     assert fused.shard_padding == per_row * 3 * fla.total
     assert fused.shard_padding_forward == per_row * 3 * fla.forward
-    assert (fused.fold, fused.prefix, fused.state_apply) == (
-        reference.fold, reference.prefix, reference.state_apply)
+    assert (fused.prefix, fused.state_apply) == (reference.prefix, reference.state_apply)
+    # the fold is fla's summary call: values [0 | v] of width K+V, one per chunk of each chip
+    summary = fla_block_macs(64, 16, 16 + 8)
+    assert fused.fold == per_row * 16 * summary.total
+    assert fused.forward == ((fused.prefix + fused.state_apply) // 3
+                             + per_row * 16 * summary.forward
+                             + fused.shard_padding_forward)
     assert reference.forward * 3 == reference.total
     with pytest.raises(ValueError, match="gdn_kernel='flash' is not one of: reference, fused"):
         cp_overhead_flops("all_gather", kernel="flash", **shape)

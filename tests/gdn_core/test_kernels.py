@@ -99,13 +99,25 @@ def test_torch_fused_gdn_needs_fla_core_on_gpu(fla):
         _resolve("torch", device_kind="gpu", dtype="bfloat16", has_attention=False)
 
 
-def test_torch_fused_gdn_with_fla_on_gpu_is_skipped_not_the_reference(fla):
-    """The fla-core path under CP is future work: a fused torch point is skipped saying so,
-    never run as the reference under the fused name."""
+def test_torch_fused_gdn_with_fla_on_gpu_is_fla_named_with_its_version(fla):
+    """fla-core's kernel composed with the CP exchanges (torch_gdn.cp.kernel_rule): the name a
+    result stores, with the installed version, never the reference under the fused name."""
     fla(True)
-    with pytest.raises(KernelUnavailable, match=r"^the fla-core path under context parallelism "
-                                                r"is not built yet"):
-        _resolve("torch", device_kind="gpu", dtype="bfloat16", has_attention=False)
+    got = _resolve("torch", device_kind="gpu", dtype="bfloat16", has_attention=False)
+    assert got == ResolvedKernels(gdn=K.FLA_GDN.format(version=K._version("fla-core")),
+                                  attention=None)
+
+
+@pytest.mark.parametrize("changes,why", [
+    (dict(gdn_chunk_size=128), r"takes chunk_size 16, 32, 64, got chunk_size=128"),
+    (dict(gdn_head_k_dim=512), r"serves head_k_dim up to 256, got head_k_dim=512"),
+    (dict(dtype="float64"), r"takes dtype float32, bfloat16, float16, got dtype='float64'"),
+])
+def test_torch_fused_gdn_limits_of_fla(fla, changes, why):
+    fla(True)
+    args = dict(device_kind="gpu", dtype="bfloat16", has_attention=False) | changes
+    with pytest.raises(KernelUnavailable, match=rf"^fla-core .* chunk_gated_delta_rule {why}"):
+        resolve_kernels("torch", "fused", head_dim=None, **args)
 
 
 @pytest.mark.parametrize("dtype,head_dim,why", [
@@ -114,9 +126,9 @@ def test_torch_fused_gdn_with_fla_on_gpu_is_skipped_not_the_reference(fla):
     ("bfloat16", 512, r"SDPA's flash backend serves head_dim up to 256, got head_dim=512"),
 ])
 def test_torch_fused_attention_limits_on_gpu(fla, monkeypatch, dtype, head_dim, why):
-    """Every reason is given at once: the GDN rule's and attention's."""
+    """fla serves the GDN rule here; attention's reason alone is given."""
     fla(True)
-    with pytest.raises(KernelUnavailable, match=rf"not built yet.*; {why}"):
+    with pytest.raises(KernelUnavailable, match=rf"^{why}"):
         _resolve("torch", device_kind="gpu", dtype=dtype, head_dim=head_dim)
     # attention alone, as the attention modules will ask it
     with pytest.raises(KernelUnavailable, match=why):

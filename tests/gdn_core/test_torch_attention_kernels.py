@@ -252,16 +252,30 @@ def kernel_calls():
 
 def fused_training_run(D: int) -> dict:
     """run_cp_training of the tiny hybrid with CPSettings(kernels='fused'), verified against one
-    chip (the reference model), and the kernel calls it made."""
+    chip (the reference model), and the kernel calls it made. The GDN layers' fused kernel is
+    fla-core's, CUDA only: here the reference rule kernel stands in for it through the same
+    composition (gdn_kernel="reference"; its calls are counted as "gdn")."""
     from gdn_core.torch_gdn.cp.train import run_cp_training
+    from gdn_core.torch_gdn.gdn_kernels import ReferenceGDNKernel
 
     from .test_torch_cp_hybrid import model_cfg, train_cfg
 
     cp = CPSettings(mode="p2p", chips=D, attn_cp="ring", layout="zigzag", kernels="fused")
-    with kernel_calls() as calls:
-        report = run_cp_training(model_cfg(D), train_cfg(D), group=None, cp=cp, steps=1,
-                                 warmup_steps=0, verify=True)
-    return {"max_rel_err": report.max_rel_err, "calls": dict(calls)}
+    gdn_call = ReferenceGDNKernel.__call__
+    gdn_calls = [0]
+
+    def counted(self, *args, **kwargs):
+        gdn_calls[0] += 1
+        return gdn_call(self, *args, **kwargs)
+
+    ReferenceGDNKernel.__call__ = counted
+    try:
+        with kernel_calls() as calls:
+            report = run_cp_training(model_cfg(D), train_cfg(D), group=None, cp=cp, steps=1,
+                                     warmup_steps=0, verify=True, gdn_kernel="reference")
+    finally:
+        ReferenceGDNKernel.__call__ = gdn_call
+    return {"max_rel_err": report.max_rel_err, "calls": dict(calls, gdn=gdn_calls[0])}
 
 
 def kernel_job(rank: int, D: int) -> dict:
@@ -314,11 +328,14 @@ def test_bf16_attention_cp_against_float32(mode, D):
 @pytest.mark.parametrize("D", DS, ids="D{}".format)
 def test_kernels_fused_reaches_attention_from_run_cp_training(D):
     """CPSettings(kernels='fused'): the hybrid's attention runs sdpa only (ring, zigzag: three
-    visible pairs per rank at D = 2, forward, verify and step), and the step equals one chip."""
+    visible pairs per rank at D = 2, forward, verify and step), its GDN layers the rule kernel
+    through the CP composition (the reference kernel standing in for fla-core's on CPU), and
+    the step equals one chip."""
     from .test_torch_cp_hybrid import TOL
 
     for r in kernel_results(D):
         run = r["fused_run"]
         assert run["calls"]["tiles"] == 0 and run["calls"]["sdpa"] > 0, run
+        assert run["calls"]["gdn"] > 0, run
         assert run["max_rel_err"] < TOL, run
 

@@ -39,6 +39,7 @@ from ...cp_modes import (
 from ...kernels import DEFAULT_KERNELS, Kernels, check_kernels
 from ..attention import GatedAttention
 from ..attention_kernels import ATTENTION_KERNEL_FOR
+from ..gdn_kernels import FUSED_GDN_KERNEL, GDNKernelName, GDNRuleKernel, gdn_rule_kernel
 from ..hybrid import HybridDecoder
 from ..layer import GatedDeltaNet, causal_conv1d
 from .comm import rank_size
@@ -53,11 +54,13 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
 
     Built from an existing layer: shares its Parameters and submodules (same names), so it is
     a GatedDeltaNet whose pieces (project, causal_conv, gates, split_heads, rule, output) act on
-    the original weights; only forward changes.
+    the original weights; only forward changes. `gdn_kernel` (gdn_kernels.GDNRuleKernel, e.g.
+    fla-core's under kernels="fused") runs every rule step through its public call, composed
+    with the exchanges (cp.kernel_rule); None keeps this package's CP rule.
     """
 
     def __init__(self, layer: GatedDeltaNet, *, group, mode: CPMode,
-                 layout: Layout = "contiguous") -> None:
+                 layout: Layout = "contiguous", gdn_kernel: GDNRuleKernel | None = None) -> None:
         check_mode(mode)
         check_layout(layout)
         if isinstance(layer, ContextParallelGatedDeltaNet):
@@ -74,9 +77,11 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         self.train(layer.training)
         self.recompute_core = layer.recompute_core
         self.group, self.mode, self.layout = group, mode, layout
+        self.gdn_kernel = gdn_kernel
 
     def extra_repr(self) -> str:
-        return (f"mode={self.mode!r}, layout={self.layout!r}, "
+        kernel = "cp rule" if self.gdn_kernel is None else self.gdn_kernel.name
+        return (f"mode={self.mode!r}, layout={self.layout!r}, gdn_kernel={kernel!r}, "
                 f"chips={rank_size(self.group)[1]}")
 
     def check_shape(self, t: int) -> None:
@@ -119,7 +124,7 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             o_BtHV, _ = chunk_gated_delta_rule_cp(
                 q, k, v, g, beta, group=self.group, mode=self.mode, layout=self.layout,
-                use_qk_l2norm=True, chunk_size=self.cfg.chunk_size)
+                use_qk_l2norm=True, chunk_size=self.cfg.chunk_size, kernel=self.gdn_kernel)
         return o_BtHV
 
     def _core_ulysses(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
@@ -146,20 +151,30 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK)
         q, k, v = torch.split(conv_BTC, [G * Dk, G * Dk, len(v_heads) * Dv], dim=-1)
         g, beta = self.gates(a_BTH1[..., 0], b_BTH1[..., 0], heads=v_heads)
+        rule_args = (q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk), v.reshape(B, T, -1, Dv),
+                     g, beta)
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
-            o_BTHV, _ = self.rule(q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk),
-                                  v.reshape(B, T, -1, Dv), g, beta)
+            if self.gdn_kernel is None:
+                o_BTHV, _ = self.rule(*rule_args)
+            else:  # one kernel call on this rank's heads over the whole sequence
+                o_BTHV, _ = self.gdn_kernel(*rule_args, use_qk_l2norm_in_kernel=True)
         return heads_to_seq(o_BTHV, group=self.group, layout=self.layout)
 
 
 def context_parallel(module: nn.Module, *, group, mode: CPMode,
                      attn_cp: AttnCPMode = "all_gather_kv",
                      layout: Layout = "contiguous",
-                     kernels: Kernels = DEFAULT_KERNELS) -> nn.Module:
+                     kernels: Kernels = DEFAULT_KERNELS,
+                     gdn_kernel: GDNKernelName | None = None) -> nn.Module:
     """Make `module` run on this rank's sequence shard (in `layout`) over `group`: GDN layers
     under CP `mode`, gated full-attention layers under `attn_cp` (cp.attention) with the
     attention kernel of `kernels` (attention_kernels.ATTENTION_KERNEL_FOR: reference → tiles,
-    fused → sdpa; the GDN layers run this package's rule either way).
+    fused → sdpa). GDN layers under kernels="reference" run this package's CP rule; under
+    "fused" the rule kernel `gdn_kernel` (gdn_kernels: default fla-core's, "fla"; "reference"
+    is its CPU stand-in through the same composition), built per layer at its chunk size and
+    composed with the exchanges (cp.kernel_rule). Which kernel can serve a device and dtype
+    is resolve_torch_gdn_kernel's to say (run_cp_training asks it first); the fla kernel
+    raises KernelUnavailable if called where it cannot run.
 
     A GatedDeltaNet or GatedAttention: returns a new context-parallel layer sharing its
     Parameters (the argument itself is left unchanged). Any other module (GDNLanguageModel,
@@ -176,13 +191,20 @@ def context_parallel(module: nn.Module, *, group, mode: CPMode,
     check_attn_cp(attn_cp)
     check_layout(layout)
     check_kernels(kernels)
+    if kernels == "reference" and gdn_kernel is not None:
+        raise ValueError(f"gdn_kernel={gdn_kernel!r} is for kernels='fused'; kernels='reference' "
+                         "runs this package's CP rule")
+    fused_gdn = (gdn_kernel or FUSED_GDN_KERNEL) if kernels == "fused" else None
 
     def parallel(layer: nn.Module) -> nn.Module:
         if isinstance(layer, GatedAttention):
             return ContextParallelGatedAttention(layer, group=group, attn_cp=attn_cp,
                                                  layout=layout,
                                                  kernel=ATTENTION_KERNEL_FOR[kernels])
-        return ContextParallelGatedDeltaNet(layer, group=group, mode=mode, layout=layout)
+        kernel = None if fused_gdn is None else gdn_rule_kernel(
+            fused_gdn, chunk_size=layer.cfg.chunk_size)
+        return ContextParallelGatedDeltaNet(layer, group=group, mode=mode, layout=layout,
+                                            gdn_kernel=kernel)
 
     if isinstance(module, (GatedDeltaNet, GatedAttention)):
         return parallel(module)

@@ -9,6 +9,7 @@ from ..chunk import initial_state_or_zeros
 from .all_gather import chunk_gated_delta_rule_all_gather
 from .comm import rank_size
 from .common import CPRule
+from .kernel_rule import chunk_gated_delta_rule_kernel_cp
 from .log_scan import chunk_gated_delta_rule_log_scan
 from .p2p import chunk_gated_delta_rule_p2p
 from .ulysses import chunk_gated_delta_rule_ulysses
@@ -23,7 +24,8 @@ CP_RULES: dict[str, CPRule] = {
 
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
                               layout: Layout = "contiguous", initial_state=None,
-                              output_final_state=False, use_qk_l2norm=False, chunk_size=64):
+                              output_final_state=False, use_qk_l2norm=False, chunk_size=64,
+                              kernel=None):
     """Gated delta rule over a sequence split across the ranks of `group` (context parallel).
 
     Args:
@@ -36,6 +38,10 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
             in the same local order. Every mode serves both, with no re-shard.
         initial_state: [B, Hv, Dk, Dv], the same on every rank: the state before token 0.
         use_qk_l2norm, chunk_size: as in chunk_gated_delta_rule.
+        kernel: None, this package's rule (its chunk pairs folded and replayed around the
+            exchange: common.py); or a gdn_kernels.GDNRuleKernel (fla-core's under
+            kernels="fused", its own chunk size) composed through its public call alone
+            (kernel_rule.py; ulysses: one call on the rank's heads).
     Returns:
         o: this rank's shard [B, T/D, Hv, Dv] in q's dtype, and, if asked, the float32 state
         after the whole global sequence [B, Hv, Dk, Dv], identical on every rank.
@@ -57,7 +63,14 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
     check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
     check_layout(layout, chips=D, seq_len=T_local * D)
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)
-    o, final_BHKV = CP_RULES[mode](
-        q, k, v, g, beta, group=group, h0_BHKV=h0_BHKV, output_final_state=output_final_state,
-        use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)
+    args = dict(group=group, h0_BHKV=h0_BHKV, output_final_state=output_final_state,
+                use_qk_l2norm=use_qk_l2norm, layout=layout)
+    if kernel is None:
+        o, final_BHKV = CP_RULES[mode](q, k, v, g, beta, chunk_size=chunk_size, **args)
+    elif mode == "ulysses":
+        o, final_BHKV = chunk_gated_delta_rule_ulysses(q, k, v, g, beta, chunk_size=chunk_size,
+                                                       kernel=kernel, **args)
+    else:
+        o, final_BHKV = chunk_gated_delta_rule_kernel_cp(kernel, q, k, v, g, beta, mode=mode,
+                                                         **args)
     return o.to(q.dtype), final_BHKV

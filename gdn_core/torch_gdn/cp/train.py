@@ -34,6 +34,7 @@ from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
 from ..attention_kernels import resolve_torch_attention_kernel
+from ..gdn_kernels import GDNKernelName, resolve_torch_gdn_kernel
 from ..init import materialise
 from ..model import set_remat
 from ..train import language_model, train_step
@@ -60,11 +61,12 @@ def gradient_sync(param_sharding: str, *, group):
 
 def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                       device: str | torch.device = "cpu", attn_cp: AttnCPMode = "all_gather_kv",
-                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS):
+                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
+                      gdn_kernel: GDNKernelName | None = None):
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
-    made context-parallel (GDN layers `mode`, attention layers `attn_cp` with the attention
-    kernel of `kernels`, shards in `layout`), train_cfg.remat set, laid out per
-    train_cfg.param_sharding.
+    made context-parallel (GDN layers `mode` with the rule kernel of `kernels` / `gdn_kernel`,
+    attention layers `attn_cp` with the attention kernel of `kernels`, shards in `layout`:
+    layer.context_parallel), train_cfg.remat set, laid out per train_cfg.param_sharding.
 
     Initialised sharded (init.py): built on the meta device, made context-parallel and laid
     out there, then only this rank's part of the seeded weights is materialised on `device`
@@ -77,7 +79,7 @@ def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, 
         model = set_remat(language_model(model_cfg, seed=train_cfg.seed), train_cfg.remat)
     # In place, before FSDP2 wraps the blocks.
     context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout,
-                     kernels=kernels)
+                     kernels=kernels, gdn_kernel=gdn_kernel)
     shard_parameters(model, train_cfg, group=group, device=device)
     checksum = materialise(model, seed=train_cfg.seed, device=device)
     check_same_checksum(checksum, group=group, device=torch.device(device))
@@ -92,18 +94,6 @@ def check_same_checksum(checksum: float, *, group, device: torch.device) -> None
     if high != low:  # the same on every rank, so every rank raises
         raise RuntimeError(f"weights differ across the CP group: checksums range from {low!r} "
                            f"to {high!r}; build the model with the same seed on every rank")
-
-
-@torch.no_grad()
-def check_same_weights(model: nn.Module, *, group) -> None:
-    """Raise RuntimeError unless every rank's weights give the same float64 checksum (of the
-    whole values: FSDP2 shards are gathered one parameter at a time, collectives on every
-    rank)."""
-    checksum = 0.0
-    for i, param in enumerate(model.parameters()):
-        (whole,) = full_tensors([param.detach()])
-        checksum += (i + 1) * whole.double().sum().item()
-    check_same_checksum(checksum, group=group, device=next(model.parameters()).device)
 
 
 def shard_batch(tokens_BT1: torch.Tensor, *, rank: int, chips: int,
@@ -217,7 +207,8 @@ def check_cp_training_shape(model_cfg: ModelConfig, *, chips: int, seq_len: int,
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp: CPSettings,
                     steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
                     verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+                    verify_memory_budget_bytes: int | None = None,
+                    gdn_kernel: GDNKernelName | None = None) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group` (cp.chips
     ranks).
 
@@ -241,8 +232,11 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     Raises ValueError naming the numbers when the group is not cp.chips ranks, or when cp's
     modes or layout cannot split the shape over it (check_cp_training_shape); raises
     kernels.KernelUnavailable (every rank alike, before any collective) when cp.kernels is
-    'fused' and the fused attention kernel cannot serve a hybrid decoder's attention here
-    (resolve_torch_attention_kernel).
+    'fused' and fla-core's GDN kernel cannot serve the point here (resolve_torch_gdn_kernel:
+    on CPU "fla-core's chunk_gated_delta_rule needs a CUDA device") or the fused attention
+    kernel cannot serve a hybrid decoder's attention (resolve_torch_attention_kernel).
+    gdn_kernel="reference" (tests) runs the reference rule kernel as fla's CPU stand-in through
+    the same composition instead of resolving fla; only with cp.kernels 'fused'.
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
@@ -252,13 +246,17 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=cp.mode,
                             attn_cp=cp.attn_cp, layout=cp.layout)
     device = torch.device(device)
+    if cp.kernels == "fused" and gdn_kernel is None:  # the fla kernel, or the reason it can't
+        resolve_torch_gdn_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
+                                 chunk_size=model_cfg.gdn.chunk_size,
+                                 head_k_dim=model_cfg.gdn.head_k_dim)
     if FULL_ATTENTION in model_cfg.layer_pattern:
         resolve_torch_attention_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
                                        head_dim=model_cfg.attention.head_dim)
     device_memory.torch_reset_peak(device)
     model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=cp.mode,
                                          device=device, attn_cp=cp.attn_cp, layout=cp.layout,
-                                         kernels=cp.kernels)
+                                         kernels=cp.kernels, gdn_kernel=gdn_kernel)
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
