@@ -43,7 +43,8 @@ class CPSettings:
     mode: CPMode
     """The GDN layers' CP mode (CP_MODES)."""
     chips: int
-    """Chips of the CP group (D); the process group or mesh the step runs on has this many."""
+    """All chips of the step's mesh: dp replicas × cp_chips CP chips each. The process group
+    (torch) or mesh (JAX) the step runs on has this many."""
     attn_cp: AttnCPMode = "all_gather_kv"
     """The full-attention layers' CP mode (ATTN_CP_MODES); a gdn_only model has no attention
     layers and ignores it."""
@@ -52,6 +53,12 @@ class CPSettings:
     kernels: Kernels = DEFAULT_KERNELS
     """Which implementation the step runs (kernels.KERNELS): it travels with how the step is
     split, since a fused kernel composes with the CP exchanges."""
+    dp: int = 1
+    """Data-parallel replicas (torchtitan's dp_shard, MaxText's data/fsdp axis): each holds
+    TrainConfig.batch_size sequences of the global batch (dp × batch_size) and splits them
+    over its own cp_chips; weights, gradients and optimizer state are laid out
+    (param_sharding) over all `chips`, gradients summed over all of them, CP exchanges stay
+    within a replica. dp must divide chips."""
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -60,6 +67,22 @@ class CPSettings:
         check_kernels(self.kernels)
         if isinstance(self.chips, bool) or not isinstance(self.chips, int) or self.chips < 1:
             raise ValueError(f"chips={self.chips!r} is not a chip count; use an integer >= 1")
+        check_dp(self.dp, chips=self.chips)
+
+    @property
+    def cp_chips(self) -> int:
+        """Chips of one replica's CP group (D in the mode's formulas): chips // dp."""
+        return self.chips // self.dp
+
+
+def check_dp(dp: int, *, chips: int) -> None:
+    """Raise ValueError naming the numbers unless dp is a positive integer dividing chips."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp={dp!r} is not a replica count; use an integer >= 1")
+    if chips % dp:
+        divisors = [d for d in range(1, chips + 1) if chips % d == 0]
+        raise ValueError(f"dp={dp} does not divide chips={chips}: dp must be one of "
+                         f"{', '.join(map(str, divisors))}")
 
 
 def check_cp_shape(*, mode: str, chips: int, seq_len: int, num_k_heads: int, num_v_heads: int,

@@ -40,7 +40,9 @@ class TrainConfig:
     """One training step's data and optimizer settings."""
 
     batch_size: int = 1
-    """Sequences per step."""
+    """Sequences per step of one data-parallel replica (a CP run with CPSettings.dp replicas
+    trains on a global batch of dp × batch_size sequences, replica d on sequences
+    d·batch_size … (d+1)·batch_size − 1 of data.synthetic_tokens(batch_size=dp·batch_size))."""
     seq_len: int = 256
     """Global tokens per sequence (split across chips under CP)."""
     dtype: ComputeDType = "float32"
@@ -114,7 +116,9 @@ class CPTrainReport(TrainReport):
     mode: str
     """CP mode (gdn_core.cp_modes.CP_MODES)."""
     chips: int
-    """Chips in the CP group."""
+    """All chips of the step's mesh (dp × the CP group's chips)."""
+    dp: int = 1
+    """Data-parallel replicas (CPSettings.dp); the CP group of each has chips // dp chips."""
     cp_comm_bytes_per_step: int
     """Bytes this chip received per step in the mode's exchanges (forward + backward, halo
     included; ARCHITECTURE.md's table)."""
