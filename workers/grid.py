@@ -8,8 +8,13 @@ planner does not compile, or a measured point predicted not to fit its chip
 One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
 (framework, seq_len, dtype, param_sharding, remat, layers, kernels, repeat) as trials of mode "none"
 (no attn_cp, layout contiguous): the one-chip baseline that every mode's chips > 1 trials
-name in `baseline_key`. What gdn_core runs for a trial's names (mode "none", attn_cp None) is
+name in `baseline_key`. A pure data-parallel mesh (dp = chips: one chip per replica, no CP)
+runs once the same way. What gdn_core runs for a trial's names (mode "none", attn_cp None) is
 decided in one place, trial_cp_settings.
+
+`dp` (data-parallel replicas) splits a trial's `chips` into dp replicas of chips / dp CP chips
+(gdn_core.cp_modes.CPSettings): the shape rules, attention CP and layout apply to the CP
+chips, weights are laid out over all chips, each replica trains batch_size sequences.
 
 The decoder (`layers`): gdn_only (every layer GDN, what every sweep before issue 13 ran) or
 hybrid (the published pattern: GDN layers beside gated full attention). Hybrid trials add the
@@ -35,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gdn_core.config import Layers, ModelConfig
 from gdn_core.cp_layout import Layout, check_layout
 from gdn_core.cp_modes import (CP_MODES, AttnCPMode, CPMode, CPSettings,
-                               check_attention_cp_shape, check_cp_shape)
+                               check_attention_cp_shape, check_cp_shape, check_dp)
 from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.presets import get_preset
 from gdn_core.train_config import ParamSharding, Remat, TrainConfig
@@ -55,29 +60,31 @@ hybrid baseline): all_gather_kv on one chip gathers nothing, plain causal attent
 
 
 def trial_cp_settings(*, mode: TrialMode, attn_cp: AttnCPMode | None, layout: Layout,
-                      chips: int, kernels: Kernels = DEFAULT_KERNELS) -> CPSettings:
+                      chips: int, kernels: Kernels = DEFAULT_KERNELS, dp: int = 1) -> CPSettings:
     """What gdn_core runs for a trial point: the one place a trial's names become gdn_core's.
-    mode "none" (the one-chip baseline) runs as ONE_CHIP_CP_MODE; attn_cp None (no attention
-    layers, or the baseline) as ONE_CHIP_ATTN_CP, which a gdn_only model ignores; `kernels`
-    passes through."""
+    mode "none" (one chip per replica: the one-chip baseline, or pure data parallel) runs as
+    ONE_CHIP_CP_MODE; attn_cp None (no attention layers, or no CP) as ONE_CHIP_ATTN_CP, which
+    a gdn_only model ignores; `kernels` and `dp` pass through."""
     return CPSettings(mode=ONE_CHIP_CP_MODE if mode == "none" else mode,
                       attn_cp=ONE_CHIP_ATTN_CP if attn_cp is None else attn_cp,
-                      layout=layout, chips=chips, kernels=kernels)
+                      layout=layout, chips=chips, kernels=kernels, dp=dp)
 
 
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
               param_sharding: str, remat: str, repeat: int | None = None,
               kind: str = "measure", layers: str = "gdn_only", attn_cp: str | None = None,
-              layout: str = "contiguous", kernels: str = DEFAULT_KERNELS) -> str:
+              layout: str = "contiguous", kernels: str = DEFAULT_KERNELS, dp: int = 1) -> str:
     """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
     every grid dimension, so no two points collide. A dimension added after keys were first
     stored is named only when it differs from what every trial ran before it existed: plan
-    trials start with `plan/`, and `/layers=hybrid`, `/attn_cp=…` (hybrid trials with
-    attention CP), `/layout=zigzag`, `/kernels=fused` and `/repeat=r` (repeats > 1) follow the
-    step settings — so keys of sweeps that have none of them stay as they were, and resume
-    finds them. The omitted values are fixed (gdn_only, no attn_cp, contiguous, reference),
-    so keys stay distinct."""
-    key = (f"{framework}/{mode}/chips={chips}/seq_len={seq_len}"
+    trials start with `plan/`, `/dp=n` (n > 1 replicas) follows the chips, and
+    `/layers=hybrid`, `/attn_cp=…` (hybrid trials with attention CP), `/layout=zigzag`,
+    `/kernels=fused` and `/repeat=r` (repeats > 1) follow the step settings — so keys of
+    sweeps that have none of them stay as they were, and resume finds them. The omitted
+    values are fixed (dp 1, gdn_only, no attn_cp, contiguous, reference), so keys stay
+    distinct."""
+    mesh = f"chips={chips}" if dp == 1 else f"chips={chips}/dp={dp}"
+    key = (f"{framework}/{mode}/{mesh}/seq_len={seq_len}"
            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
     key = key if kind == "measure" else f"{kind}/{key}"
     if layers != "gdn_only":
@@ -100,8 +107,12 @@ class TrialSpec(BaseModel):
     mode: TrialMode
     """A CP mode, or "none": the one-chip baseline (chips=1), run as ONE_CHIP_CP_MODE."""
     chips: int
+    """All chips of the trial's mesh: dp replicas × chips / dp CP chips."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel replicas (gdn_core.cp_modes.CPSettings.dp); divides chips."""
     seq_len: int
     batch_size: int
+    """Sequences per replica: the step's global batch is dp × batch_size."""
     preset: str
     num_layers: int
     vocab_size: int
@@ -135,9 +146,11 @@ class TrialSpec(BaseModel):
 
     @model_validator(mode="after")
     def _none_is_one_chip(self) -> "TrialSpec":
-        if self.mode == "none" and self.chips != 1:
-            raise ValueError(f"mode='none' (no context parallelism) needs chips=1, got "
-                             f"chips={self.chips}; use one of {', '.join(CP_MODES)}")
+        check_dp(self.dp, chips=self.chips)
+        if self.mode == "none" and self.chips != self.dp:
+            raise ValueError(f"mode='none' (no context parallelism) needs one chip per replica "
+                             f"(chips = dp), got chips={self.chips}, dp={self.dp}; use one of "
+                             f"{', '.join(CP_MODES)}")
         if self.repeat >= self.repeats:
             raise ValueError(f"repeat={self.repeat} must be below repeats={self.repeats}")
         if self.kind == "plan" and (self.framework != "jax" or self.kernels != DEFAULT_KERNELS):
@@ -159,12 +172,17 @@ class TrialSpec(BaseModel):
                          param_sharding=self.param_sharding, remat=self.remat,
                          repeat=self.repeat if self.repeats > 1 else None, kind=self.kind,
                          layers=self.layers, attn_cp=self.attn_cp, layout=self.layout,
-                         kernels=self.kernels)
+                         kernels=self.kernels, dp=self.dp)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per step over all replicas: dp × batch_size."""
+        return self.dp * self.batch_size
 
     def cp_settings(self) -> CPSettings:
         """How gdn_core splits this trial's step over its chips (trial_cp_settings)."""
         return trial_cp_settings(mode=self.mode, attn_cp=self.attn_cp, layout=self.layout,
-                                 chips=self.chips, kernels=self.kernels)
+                                 chips=self.chips, kernels=self.kernels, dp=self.dp)
 
     def to_model_config(self) -> ModelConfig:
         """The model this trial trains (its preset, depth, vocabulary and decoder `layers`)."""
@@ -193,16 +211,16 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
     for repeat, kind in itertools.product(range(spec.repeats), spec.kinds):
         if kind == "plan" and repeat > 0:
             continue  # a compile says the same every time
-        seen_baselines = set()
-        for (framework, kernels, layers, mode, attn_cp, layout, chips, seq_len, dtype,
+        seen_once = set()
+        for (framework, kernels, layers, mode, attn_cp, layout, (chips, dp), seq_len, dtype,
              param_sharding, remat) in spec.grid(kind):
             settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
                             param_sharding=param_sharding, remat=remat, layers=layers,
                             kernels=kernels)
-            if chips == 1 and spec.has_baseline:
-                if tuple(settings.values()) in seen_baselines:
+            if spec.runs_once(chips, dp):
+                if (chips, dp, *settings.values()) in seen_once:
                     continue
-                seen_baselines.add(tuple(settings.values()))
+                seen_once.add((chips, dp, *settings.values()))
                 mode, attn_cp, layout = "none", None, "contiguous"
             baseline_key = None
             if chips > 1 and 1 in spec.chips and kind == "measure":
@@ -210,14 +228,14 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                             else dict(mode=mode, attn_cp=attn_cp, layout=layout))
                 baseline_key = trial_key(**one_chip, chips=1, **settings,
                                          repeat=repeat if spec.repeats > 1 else None)
-            point = (kind, mode, attn_cp, layout, chips, *settings.values())
+            point = (kind, mode, attn_cp, layout, chips, dp, *settings.values())
             model_cfg = model_cfgs[layers]
             if point not in skip_reasons:
                 cp = trial_cp_settings(mode=mode, attn_cp=attn_cp, layout=layout, chips=chips,
-                                       kernels=kernels)
+                                       kernels=kernels, dp=dp)
                 skip_reasons[point] = _skip_reason(spec, model_cfg, cp, kind=kind, **settings)
             trials.append(TrialSpec(
-                kind=kind, framework=framework, mode=mode, chips=chips, seq_len=seq_len,
+                kind=kind, framework=framework, mode=mode, chips=chips, dp=dp, seq_len=seq_len,
                 batch_size=spec.batch_size, preset=model_cfg.name,
                 num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
                 param_sharding=param_sharding, remat=remat, layers=layers, attn_cp=attn_cp,
@@ -233,10 +251,10 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
 
 def cp_shape_problem(model_cfg: ModelConfig, cp: CPSettings, *, seq_len: int) -> str | None:
     """Why the GDN mode, the attention layers' attn_cp (hybrid) or the layout of `cp` cannot
-    split seq_len tokens of this model over cp.chips (None: they can). Zigzag cuts the
-    sequence into 2·chips segments, each of which needs the conv halo of tokens before it;
-    ulysses attention needs query heads divisible by chips."""
-    gdn, mode, layout, chips = model_cfg.gdn, cp.mode, cp.layout, cp.chips
+    split seq_len tokens of this model over a replica's cp.cp_chips (None: they can). Zigzag
+    cuts the sequence into 2·chips segments, each of which needs the conv halo of tokens
+    before it; ulysses attention needs query heads divisible by chips."""
+    gdn, mode, layout, chips = model_cfg.gdn, cp.mode, cp.layout, cp.cp_chips
     try:
         check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
                        num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
@@ -264,9 +282,10 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kin
     problem = cp_shape_problem(model_cfg, cp, seq_len=seq_len)
     if problem is not None:
         return problem
-    if kind == "plan" and (layers != "gdn_only" or cp.layout != "contiguous"):
-        return (f"plan trials compile the gdn_only contiguous JAX step (gdn_core.jax_gdn.plan); "
-                f"layers={layers!r}, layout={cp.layout!r} is not planned; use kinds: [measure]")
+    if kind == "plan" and (layers != "gdn_only" or cp.layout != "contiguous" or cp.dp > 1):
+        return (f"plan trials compile the gdn_only contiguous JAX step on a CP-only mesh "
+                f"(gdn_core.jax_gdn.plan); layers={layers!r}, layout={cp.layout!r}, dp={cp.dp} "
+                f"is not planned; use kinds: [measure]")
     if spec.admit_over_memory or kind == "plan":
         return None
     train_cfg = TrainConfig(batch_size=spec.batch_size, seq_len=seq_len, dtype=dtype,

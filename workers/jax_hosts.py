@@ -26,6 +26,8 @@ from .options import DriverOptions
 from .placement import cuda_device_index, tpu_worker_id
 
 MESH_AXIS = "cp"
+DATA_AXIS = "dp"
+"""The data-parallel axis of a dp × cp trial's 2-D mesh (batch sharded over it)."""
 _PLATFORM = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 
 
@@ -99,9 +101,12 @@ class JaxHostActor(ChipProcess):
     def _train(self, trial: TrialSpec):
         from gdn_core.jax_gdn.cp.train import run_cp_training
 
-        return run_cp_training(trial.to_model_config(), trial.to_train_config(), mesh=self.mesh,
+        mesh, batch_axis = trial_mesh(self.mesh, trial.dp)
+        data_parallel = {} if batch_axis is None else {"batch_axis": batch_axis}
+        return run_cp_training(trial.to_model_config(), trial.to_train_config(), mesh=mesh,
                                axis=MESH_AXIS, cp=trial.cp_settings(), steps=trial.steps,
-                               warmup_steps=trial.warmup_steps, verify=trial.verify)
+                               warmup_steps=trial.warmup_steps, verify=trial.verify,
+                               **data_parallel)
 
     def _peak_memory(self) -> tuple[int | None, str]:
         """Per chip, labelled: the device peak on GPU/TPU, on CPU the process's RSS mark
@@ -111,6 +116,18 @@ class JaxHostActor(ChipProcess):
         from gdn_core.device_memory import jax_peak_memory
 
         return jax_peak_memory(jax.local_devices())
+
+
+def trial_mesh(mesh, dp: int):
+    """(mesh, batch axis) of a trial with dp replicas on the process's 1-D mesh over all
+    chips: the mesh itself for dp 1 (no batch axis), else (dp, chips / dp) with axes
+    (DATA_AXIS, MESH_AXIS), so each replica's CP group is chips / dp neighbours of the 1-D
+    hardware order (a TPU torus's ring segments)."""
+    if dp == 1:
+        return mesh, None
+    from jax.sharding import Mesh
+
+    return Mesh(mesh.devices.reshape(dp, -1), (DATA_AXIS, MESH_AXIS)), DATA_AXIS
 
 
 def distributed_process_id(accelerator_kind: str, process_index: int,
@@ -166,5 +183,5 @@ def rendezvous_refs(actors: list, *, timeout_s: float, get) -> list:
     return [a.join.remote(coordinator, timeout_s) for a in actors]
 
 
-__all__ = ["JaxHostActor", "MESH_AXIS", "distributed_process_id", "host_actor_options",
+__all__ = ["DATA_AXIS", "JaxHostActor", "MESH_AXIS", "distributed_process_id", "host_actor_options",
            "rendezvous_refs", "spawn"]

@@ -63,9 +63,9 @@ def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSetting
     if available is None:
         return None
     # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).
-    predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp.mode, chips=cp.chips,
-                                    framework=framework, attn_cp=cp.attn_cp,
-                                    layout=cp.layout).total
+    predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp.mode,
+                                    chips=cp.cp_chips, dp=cp.dp, framework=framework,
+                                    attn_cp=cp.attn_cp, layout=cp.layout).total
     if predicted <= available:
         return None
     return (f"predicted memory {_gib(predicted)} per chip ({predicted} bytes, "

@@ -121,8 +121,9 @@ def memory_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport]) -> dict:
     estimated = _largest(reports, "estimated_memory_bytes")
     cp = trial.cp_settings()
     predicted = predict_step_memory(trial.to_model_config().stand_in, trial.to_train_config(),
-                                    mode=cp.mode, chips=cp.chips, framework=trial.framework,
-                                    attn_cp=cp.attn_cp, layout=cp.layout)
+                                    mode=cp.mode, chips=cp.cp_chips, dp=cp.dp,
+                                    framework=trial.framework, attn_cp=cp.attn_cp,
+                                    layout=cp.layout)
     return dict(
         peak_memory_bytes_per_chip=measured.peak_memory_bytes if measured else None,
         memory_source=measured.memory_source if measured else None,
@@ -142,7 +143,8 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     if not reports:
         raise ValueError("trial_metrics needs at least one report")
     model_cfg = trial.to_model_config()
-    batch, seq_len, chips = trial.batch_size, trial.seq_len, trial.chips
+    # The whole mesh's work: every replica's sequences, on all its chips.
+    batch, seq_len, chips = trial.global_batch_size, trial.seq_len, trial.chips
     step_times = per_step_times_s(reports)
     step = statistics.median(step_times)
     compile_times = [t for t in (getattr(r, "compile_time_s", None) for r in reports)
@@ -150,7 +152,7 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     # MFU's numerator is the model's cost whatever kernel ran; HFU's counts what `kernels` ran
     model_flops = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
     cp = trial.cp_settings()
-    hardware_flops = hardware_flops_per_step(model_cfg, mode=cp.mode, chips=chips,
+    hardware_flops = hardware_flops_per_step(model_cfg, mode=cp.mode, chips=cp.cp_chips,
                                              batch=batch, seq_len=seq_len,
                                              framework=trial.framework, remat=trial.remat,
                                              attn_cp=cp.attn_cp, layout=cp.layout,

@@ -134,11 +134,11 @@ class AcceleratorSpec(BaseModel):
 
 class SweepSpec(BaseModel):
     """A grid of trials: kinds × frameworks × kernels × layers × modes × attn_cps (hybrid
-    only) × layouts × chips × seq_lens × dtypes × param_shardings × remats, for one model and
-    batch,
+    only) × layouts × meshes (chips × dp, where dp divides chips) × seq_lens × dtypes ×
+    param_shardings × remats, for one model and batch (per data-parallel replica),
     each measured point run `repeats` times (chips=1 once for all modes, attn_cps and layouts:
-    the one-chip baseline). Plan trials are JAX's reference step only and made once: a compile
-    says the same every time."""
+    the one-chip baseline; a pure data-parallel mesh, dp = chips, likewise once). Plan trials
+    are JAX's reference step only and made once: a compile says the same every time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: Name
@@ -157,7 +157,14 @@ class SweepSpec(BaseModel):
         default=["contiguous"], min_length=1, validation_alias=AliasChoices("layouts", "layout"),
         description=f"sequence layouts over the chips ({', '.join(LAYOUTS)}; zigzag: chip r "
                     "holds chunks r and 2D−1−r)")
-    chips: list[StrictInt] = Field(min_length=1, description=f"chip counts, 1 to {MAX_CHIPS}")
+    chips: list[StrictInt] = Field(min_length=1, description=f"chip counts, 1 to {MAX_CHIPS}: "
+                                   "all chips of a trial's mesh (dp × its CP chips)")
+    dp: list[StrictInt] = Field(
+        default=[1], min_length=1,
+        description="data-parallel replicas per mesh: each of a trial's chips counts splits "
+                    "into dp replicas of chips / dp CP chips (only the dp values dividing it); "
+                    "each replica trains batch_size sequences, weights and optimizer state "
+                    "are laid out over all chips, CP exchanges stay within a replica")
     seq_lens: list[StrictInt] = Field(min_length=1,
                                       description=f"global tokens per sequence, 1 to {MAX_SEQ_LEN}")
     model: ModelSpec = ModelSpec()
@@ -192,10 +199,10 @@ class SweepSpec(BaseModel):
     chip's memory (memory_admission.chip_memory_bytes) is recorded skipped, the reason naming both. True: run
     such points anyway (to find where the prediction is wrong, or to record the OOM)."""
 
-    @field_validator("chips", "seq_lens")
+    @field_validator("chips", "seq_lens", "dp")
     @classmethod
     def _in_range_unique(cls, values: list[int], info) -> list[int]:
-        high = MAX_CHIPS if info.field_name == "chips" else MAX_SEQ_LEN
+        high = MAX_SEQ_LEN if info.field_name == "seq_lens" else MAX_CHIPS
         bad = [v for v in values if not 1 <= v <= high]
         if bad:
             shown = ", ".join(map(str, bad[:5])) + (", …" if len(bad) > 5 else "")
@@ -240,6 +247,15 @@ class SweepSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _every_dp_makes_a_mesh(self) -> "SweepSpec":
+        lonely = [d for d in self.dp if not any(c % d == 0 for c in self.chips)]
+        if lonely:
+            raise ValueError(f"dp={lonely} divides none of chips={self.chips}: a mesh of dp "
+                             f"replicas needs a chip count that is a multiple of dp; add such "
+                             f"chips or drop those dp values")
+        return self
+
+    @model_validator(mode="after")
     def _attention_needs_hybrid(self) -> "SweepSpec":
         if "hybrid" in self.layers and PRESETS[self.model.preset].attention is None:
             raise ValueError(f"layers includes 'hybrid' but preset={self.model.preset!r} has no "
@@ -260,22 +276,33 @@ class SweepSpec(BaseModel):
         """The attention CP modes trials of `layers` run: none without attention layers."""
         return list(self.attn_cps) if layers == "hybrid" else [None]
 
+    @property
+    def meshes(self) -> list[tuple[int, int]]:
+        """(chips, dp) of every mesh the sweep spans: each chip count with each dp dividing it."""
+        return [(chips, dp) for chips in self.chips for dp in self.dp if chips % dp == 0]
+
     def grid(self, kind: str = "measure"):
         """Every grid point of `kind` as (framework, kernels, layers, mode, attn_cp, layout,
-        chips, seq_len, dtype, param_sharding, remat), in a stable order (before the baseline
-        folds chips=1 into one mode, and before repeats: see grid.expand_trials); attn_cp is
-        None for gdn_only."""
+        (chips, dp), seq_len, dtype, param_sharding, remat), in a stable order (before the
+        baseline folds meshes without CP into one mode, and before repeats: see
+        grid.expand_trials); attn_cp is None for gdn_only."""
         for framework, kernels, layers in itertools.product(
                 self.frameworks_of(kind), self.kernels_of(kind), self.layers):
             yield from itertools.product(
                 [framework], [kernels], [layers], self.modes, self.attn_cps_of(layers),
-                self.layouts, self.chips, self.seq_lens, self.dtypes, self.param_shardings,
+                self.layouts, self.meshes, self.seq_lens, self.dtypes, self.param_shardings,
                 self.remats)
 
     @property
     def has_baseline(self) -> bool:
         """Whether chips=1 runs once as mode "none" rather than once per mode."""
         return self.one_chip_baseline and 1 in self.chips
+
+    def runs_once(self, chips: int, dp: int) -> bool:
+        """Whether a mesh runs once as mode "none" rather than once per mode, attn_cp and
+        layout: it has no CP (one chip per replica), and is either pure data parallel or the
+        one-chip baseline."""
+        return chips == dp and (dp > 1 or self.has_baseline)
 
     @property
     def grid_size(self) -> int:
@@ -286,11 +313,12 @@ class SweepSpec(BaseModel):
     def grid_size_of(self, kind: str) -> int:
         """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × kernels (plans:
         reference) × seq_lens × dtypes × param_shardings × remats × Σ over layers of (modes ×
-        attn_cps (hybrid) × layouts × chip counts, where chips=1 counts once when it is the
-        baseline)."""
-        multi_chip = len(self.chips) - (1 if self.has_baseline else 0)
+        attn_cps (hybrid) × layouts × meshes, where a mesh that runs once (runs_once: the
+        one-chip baseline, pure data parallel) counts once)."""
+        once = sum(self.runs_once(chips, dp) for chips, dp in self.meshes)
+        per_mode = len(self.meshes) - once
         points = sum(len(self.modes) * len(self.attn_cps_of(layers)) * len(self.layouts)
-                     * multi_chip + (1 if self.has_baseline else 0) for layers in self.layers)
+                     * per_mode + once for layers in self.layers)
         settings = math.prod(len(values) for values in (
             self.frameworks_of(kind), self.kernels_of(kind), self.seq_lens, self.dtypes,
             self.param_shardings, self.remats))

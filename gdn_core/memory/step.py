@@ -30,7 +30,7 @@ import dataclasses
 
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from ..cp_layout import check_layout
-from ..cp_modes import check_attention_cp_shape, check_cp_shape
+from ..cp_modes import check_attention_cp_shape, check_cp_shape, check_dp
 from ..train_config import TrainConfig, check_framework
 from .activations import (COMPUTE_BYTES, FLOAT32_BYTES, attention_exchange_bytes,
                           attention_saved_bytes_per_token, gdn_exchange_bytes,
@@ -116,11 +116,14 @@ class MemoryPrediction:
 def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
                         chips: int, framework: str, optimizer: bool = True,
                         attn_cp: str = "all_gather_kv",
-                        layout: str = "contiguous") -> MemoryPrediction:
+                        layout: str = "contiguous", dp: int = 1) -> MemoryPrediction:
     """Predict the per-chip bytes of one CP training step (forward, backward, sync, AdamW).
 
-    train_cfg: batch, global seq_len, dtype, param_sharding, remat as the step runs them;
-    mode / chips: the CP layout (chips == 1: the single-chip step, any mode); attn_cp: the
+    train_cfg: batch (per replica), global seq_len, dtype, param_sharding, remat as the step
+    runs them; mode / chips: the CP layout of one replica (chips == 1: the single-chip step,
+    any mode); dp: data-parallel replicas (cp_modes.CPSettings.dp): weights, gradients and
+    optimizer state are laid out over all dp × chips chips, activations and exchanges are a
+    replica's (a chip holds batch × seq_len / chips tokens whatever dp is); attn_cp: the
     attention layers' CP mode (hybrid decoder only); layout: contiguous or zigzag (the same
     bytes per chip: each chip holds T/D tokens either way). optimizer=False leaves out
     AdamW's state and update: a gradient-only run, as a verify reference is.
@@ -139,8 +142,10 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
         check_attention_cp_shape(attn_cp=attn_cp, chips=chips,
                                  num_heads=model_cfg.attention.num_heads)
     is_jax = framework == "jax"
-    sharding = train_cfg.param_sharding if chips > 1 else "replicated"
-    params = param_counts(model_cfg, chips, framework)
+    check_dp(dp, chips=chips * dp)
+    weight_chips = chips * dp  # the chips param_sharding lays the weights over
+    sharding = train_cfg.param_sharding if weight_chips > 1 else "replicated"
+    params = param_counts(model_cfg, weight_chips, framework)
     B, t = train_cfg.batch_size, train_cfg.seq_len // chips
     compute_bytes = COMPUTE_BYTES[train_cfg.dtype]
     bf16 = train_cfg.dtype == "bfloat16"
@@ -161,7 +166,7 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
         # collectives overlap, the ones before not yet freed), the running layer's whole
         # float32 gradient and its reduce-scatter input.
         compute = params.layer * (FSDP2_GATHERED_LAYERS * compute_bytes + 2 * FLOAT32_BYTES) \
-            + params.layer * compute_bytes // chips + params.top * FLOAT32_BYTES
+            + params.layer * compute_bytes // weight_chips + params.top * FLOAT32_BYTES
     elif bf16 and (not is_jax or train_cfg.remat == "none"):
         # torch autocast caches a bf16 copy of every matmul weight for the whole forward;
         # JAX keeps each layer's bf16 casts as residuals unless the layer is recomputed.
@@ -191,7 +196,7 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
     # sum_gradients concatenates the gradients into one flat buffer, replicated and zero1),
     # then the update (optax fuses AdamW into the donated buffers; torch's foreach AdamW, its
     # CUDA default, builds one list of the state's slice for the denominator).
-    if chips == 1:
+    if weight_chips == 1:
         synced = 0
     elif is_jax:
         synced = {"replicated": params.total, "zero1": opt_elements, "fsdp": 0}[sharding]

@@ -196,3 +196,24 @@ def test_cpu_chip_peak_is_its_process_rate_over_its_chips():
     with pytest.raises(ValueError, match="different dtypes"):
         metrics.trial_peak([metrics.ChipPeak(1.0, "a", "float32"),
                             metrics.ChipPeak(1.0, "a", "bfloat16")])
+
+
+@pytest.mark.timeout(30)
+def test_a_dp_mesh_counts_every_replicas_tokens_and_flops_over_all_its_chips():
+    """dp 2 × cp 2: the step trains 2 replicas × batch_size sequences on 4 chips, so tokens/s/
+    chip, model and hardware FLOPs cover the global batch, and the prediction is the mesh's."""
+    trial = next(t for t in expand_trials(tiny_spec(modes=["p2p"], chips=[4], dp=[2],
+                                                    seq_lens=[64], steps=2, warmup_steps=1)))
+    assert (trial.chips, trial.dp, trial.global_batch_size) == (4, 2, 2)
+    reports = [dataclasses.replace(_report([0.5, 0.5], 100, "rss", 10), chips=4, dp=2)
+               for _ in range(4)]
+    m = metrics.trial_metrics(trial, reports, peak=metrics.ChipPeak(1e12, "test", "float32"))
+    model_cfg = get_preset("tiny", num_layers=1)
+    assert m.tokens_per_s_per_chip == pytest.approx(2 * 64 / 0.5 / 4)
+    assert m.model_flops_per_step == model_flops_per_step(model_cfg, batch=2, seq_len=64).total
+    assert m.hardware_flops_per_step == hardware_flops_per_step(
+        model_cfg, mode="p2p", chips=2, batch=2, seq_len=64, framework=trial.framework).total
+    assert m.mfu == pytest.approx(m.model_flops_per_step / (0.5 * 4 * 1e12))
+    assert m.predicted_memory_bytes_per_chip == predict_step_memory(
+        model_cfg, trial.to_train_config(), mode="p2p", chips=2, dp=2,
+        framework=trial.framework).total
