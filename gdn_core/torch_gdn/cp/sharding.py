@@ -15,9 +15,9 @@ flattened dp × cp mesh, cp.mesh) is the FSDP / ZeRO axis; with dp = 1 that is t
                 gathered copies are bf16 (MixedPrecisionPolicy, reduce in fp32), as torchtitan.
 
 CP ranks hold different sequence shards of one batch and replicas different rows of the global
-batch, so gradients are SUMMED over the group in every layout. FSDP2's and ZeRO's own collectives bypass comm.py's counted wrappers: their
-bytes come from weight_sync_bytes, an exact count from the shard sizes (FSDP2 pads dim 0 of
-every parameter to a multiple of D).
+batch, so gradients are SUMMED over the group in every layout. FSDP2's and ZeRO's own
+collectives bypass comm.py's counted wrappers: their bytes come from weight_sync_bytes, an
+exact count from the shard sizes (FSDP2 pads dim 0 of every parameter to a multiple of D).
 """
 
 from __future__ import annotations

@@ -337,7 +337,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
     return CPTrainReport(
         losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
-        mode=cp.mode, chips=chips, dp=cp.dp, cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
+        mode=cp.mode, chips=chips, dp=cp.dp,
+        cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
         grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
             model, optimizer, train_cfg, group=group),
         comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
