@@ -7,7 +7,8 @@ one module per mode: `ulysses`, `p2p`, `all_gather`, `log_scan` (the last three 
 previous rank's last K−1 tokens for the causal conv. `context_parallel` makes a GatedDeltaNet
 (or every one inside a model) run on sequence shards; `run_cp_training` is the per-rank runner
 of a CP training step (gradients summed over the group by `grad_sync`: `sum_gradients` after
-backward, `OverlappedGradientSum` while backward runs).
+backward, `OverlappedGradientSum` while backward runs); `mesh.dp_cp_mesh` lays data-parallel
+replicas beside the CP groups (CPSettings.dp).
 """
 
 from .comm import CommCounter, count_comm

@@ -1,11 +1,12 @@
-"""Summing the gradients over the CP group: after backward (sum_gradients), or while backward
+"""Summing the gradients over the step's group (every CP rank of every data-parallel replica):
+after backward (sum_gradients), or while backward
 still runs (OverlappedGradientSum, what a CP step uses for replicated and zero1 weights; FSDP2
 overlaps its own reduce-scatter).
 
 Every rank's loss is its share of the global mean (cp.train), so the group's gradients sum to
-the single-chip ones: an all-reduce with SUM (gloo has no AVG). Bytes follow the ring
-convention, 2·(D−1)/D × the gradient bytes of each dtype, recorded in open count_comm()
-counters as op GRAD_SYNC_OP (backward phase).
+the single-chip ones on the global batch: an all-reduce with SUM (gloo has no AVG). Bytes
+follow the ring convention, 2·(D−1)/D × the gradient bytes of each dtype (D: all the group's
+ranks), recorded in open count_comm() counters as op GRAD_SYNC_OP (backward phase).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""param_sharding over the CP group: the CP ranks double as the FSDP / ZeRO axis.
+"""param_sharding over the step's whole group: every rank of every data-parallel replica (the
+flattened dp × cp mesh, cp.mesh) is the FSDP / ZeRO axis; with dp = 1 that is the CP group.
+`group` below is that whole group and D its size (all chips).
 
     replicated  every rank holds all weights, gradients and AdamW state; gradients all-reduced
                 (SUM) by train.sum_gradients.
@@ -12,10 +14,10 @@
                 each rank's loss is already its share of the global mean). Under bfloat16 the
                 gathered copies are bf16 (MixedPrecisionPolicy, reduce in fp32), as torchtitan.
 
-CP ranks hold different sequence shards of one batch, so gradients are SUMMED over the group
-in every layout. FSDP2's and ZeRO's own collectives bypass comm.py's counted wrappers: their
-bytes come from weight_sync_bytes, an exact count from the shard sizes (FSDP2 pads dim 0 of
-every parameter to a multiple of D).
+CP ranks hold different sequence shards of one batch and replicas different rows of the global
+batch, so gradients are SUMMED over the group in every layout. FSDP2's and ZeRO's own
+collectives bypass comm.py's counted wrappers: their bytes come from weight_sync_bytes, an
+exact count from the shard sizes (FSDP2 pads dim 0 of every parameter to a multiple of D).
 """
 
 from __future__ import annotations

@@ -1,23 +1,27 @@
 """Context-parallel training: a per-rank runner, its verify against one chip, and the choice of
-gradient sum over the CP group (cp.grad_sync).
+gradient sum over the step's group (cp.grad_sync).
 
-Every rank of the CP group holds a sequence shard of the batch (cp_layout: contiguous, or the
-zigzag segments r and 2D−1−r) and the model (GDN-only, or the hybrid decoder whose attention
-layers run under `attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding:
-replicated, zero1 or fsdp over the group).
-Its loss is (sum of its token losses) / (global token count) (train_step's global_tokens), so
-the ranks' losses and parameter gradients each sum to the single-chip ones: the gradients are
-all-reduced (SUM; gloo has no AVG) while backward runs and waited for before the optimizer step
+The step's group holds dp replicas × D CP ranks (cp.mesh; dp = 1: one CP group). Replica d
+trains on rows d·B … (d+1)·B − 1 of the global batch (dp·B sequences); each rank of its CP
+group holds a sequence shard of those rows (cp_layout: contiguous, or the zigzag segments r
+and 2D−1−r) and the model (GDN-only, or the hybrid decoder whose attention layers run under
+`attn_cp`) in the layout of TrainConfig.param_sharding (cp.sharding: replicated, zero1 or fsdp
+over the whole group). CP exchanges stay within the replica's CP group.
+Its loss is (sum of its token losses) / (global token count dp·B·T) (train_step's
+global_tokens), so the losses and parameter gradients of all dp·D ranks each sum to the
+single-chip ones on the global batch: the gradients are all-reduced over the whole group (SUM;
+gloo has no AVG) while backward runs and waited for before the optimizer step
 (grad_sync.OverlappedGradientSum; fsdp: FSDP2's reduce-scatter, also SUM), after which the
 ranks' weights are the single-chip step's. A timed step reads nothing back to the host: its loss
 stays a device tensor until the steps are over.
-Legend: B batch, T global tokens, t = T/D tokens per rank.
+Legend: B batch per replica, T global tokens, t = T/D tokens per rank.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 
 import torch
@@ -42,6 +46,7 @@ from .attention import check_attention_shape
 from .comm import count_comm, rank_size
 from .grad_sync import GRAD_SYNC_OP, OverlappedGradientSum
 from .layer import context_parallel
+from .mesh import dp_cp_mesh
 from .sharding import (
     COMM_SOURCE,
     build_sharded_optimizer,
@@ -62,11 +67,13 @@ def gradient_sync(param_sharding: str, *, group):
 def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
                       device: str | torch.device = "cpu", attn_cp: AttnCPMode = "all_gather_kv",
                       layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
-                      gdn_kernel: GDNKernelName | None = None):
+                      gdn_kernel: GDNKernelName | None = None, dp: int = 1):
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
     made context-parallel (GDN layers `mode` with the rule kernel of `kernels` / `gdn_kernel`,
     attention layers `attn_cp` with the attention kernel of `kernels`, shards in `layout`:
     layer.context_parallel), train_cfg.remat set, laid out per train_cfg.param_sharding.
+    `group` holds all ranks; with dp > 1 replicas the CP layers run on this rank's replica's
+    CP group (mesh.dp_cp_mesh), the weight layout stays over the whole group.
 
     Initialised sharded (init.py): built on the meta device, made context-parallel and laid
     out there, then only this rank's part of the seeded weights is materialised on `device`
@@ -77,8 +84,9 @@ def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, 
     """
     with torch.device("meta"):  # shapes only: the seeded draws of reset_parameters are no-ops
         model = set_remat(language_model(model_cfg, seed=train_cfg.seed), train_cfg.remat)
+    cp_group = dp_cp_mesh(group, dp=dp, device_type=torch.device(device).type).cp_group
     # In place, before FSDP2 wraps the blocks.
-    context_parallel(model, group=group, mode=mode, attn_cp=attn_cp, layout=layout,
+    context_parallel(model, group=cp_group, mode=mode, attn_cp=attn_cp, layout=layout,
                      kernels=kernels, gdn_kernel=gdn_kernel)
     shard_parameters(model, train_cfg, group=group, device=device)
     checksum = materialise(model, seed=train_cfg.seed, device=device)
@@ -97,17 +105,25 @@ def check_same_checksum(checksum: float, *, group, device: torch.device) -> None
 
 
 def shard_batch(tokens_BT1: torch.Tensor, *, rank: int, chips: int,
-                layout: Layout = "contiguous"):
-    """This rank's (inputs, targets) [B, t] of tokens [B, T+1]: the positions
-    cp_layout.local_positions gives it (contiguous: r·t … (r+1)·t−1), in local order."""
-    T = tokens_BT1.shape[1] - 1
+                layout: Layout = "contiguous", dp: int = 1):
+    """This rank's (inputs, targets) [B, t] of the global batch tokens [dp·B, T+1]: rank (of
+    chips = dp × D) is replica rank // D at CP position r = rank % D (cp.mesh); it takes its
+    replica's rows d·B … (d+1)·B − 1 at the positions cp_layout.local_positions gives r
+    (contiguous: r·t … (r+1)·t−1), in local order."""
+    if tokens_BT1.shape[0] % dp:
+        raise ValueError(f"a global batch of {tokens_BT1.shape[0]} sequences does not split "
+                         f"over dp={dp} replicas")
+    B, D = tokens_BT1.shape[0] // dp, chips // dp
+    replica, cp_rank = divmod(rank, D)
+    rows_BT1 = tokens_BT1[replica * B:(replica + 1) * B]  # dp == 1: all of them, no copy
+    T = rows_BT1.shape[1] - 1
     if layout == "contiguous":
-        t = T // chips
-        seq = slice(rank * t, (rank + 1) * t)
-        return tokens_BT1[:, :-1][:, seq], tokens_BT1[:, 1:][:, seq]
-    positions = torch.from_numpy(local_positions(chip=rank, chips=chips, seq_len=T,
-                                                 layout=layout)).to(tokens_BT1.device)
-    return tokens_BT1[:, :-1][:, positions], tokens_BT1[:, 1:][:, positions]
+        t = T // D
+        seq = slice(cp_rank * t, (cp_rank + 1) * t)
+        return rows_BT1[:, :-1][:, seq], rows_BT1[:, 1:][:, seq]
+    positions = torch.from_numpy(local_positions(chip=cp_rank, chips=D, seq_len=T,
+                                                 layout=layout)).to(rows_BT1.device)
+    return rows_BT1[:, :-1][:, positions], rows_BT1[:, 1:][:, positions]
 
 
 class _GradientsOnly(torch.optim.Optimizer):
@@ -140,8 +156,9 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     `model` is the context-parallel model at its current weights, in train_cfg's
     param_sharding and remat; rank 0 also builds the plain single-chip model (replicated, no
     remat) with those same weights (fsdp shards gathered) and runs it on the whole of
-    tokens_BT1 [B, T+1] (a prefix of the run's sequence verifies that prefix: pass its tokens
-    and this rank's shard of it). Every rank returns the same value. Leaves no gradients behind.
+    tokens_BT1 [dp·B, T+1], the global batch of all replicas (a prefix of the run's sequence
+    verifies that prefix: pass its tokens and this rank's shard of it); `group` holds every
+    rank of every replica. Every rank returns the same value. Leaves no gradients behind.
     """
     rank, _ = rank_size(group)
     device = inputs_Bt.device
@@ -169,18 +186,26 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
 
 
 def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
-                    device: torch.device, budget_bytes: int | None) -> int | None:
+                    device: torch.device, budget_bytes: int | None,
+                    dp: int = 1) -> int | None:
     """Tokens per sequence the verify compares (memory.verify.verify_seq_len), decided by rank
     0, whose chip runs the reference, within budget_bytes (default: that chip's capacity,
     device_memory.torch_chip_capacity, on CPU shared over the group's ranks as an upper bound
-    on those of its host), and broadcast so every rank runs the same CP verify step."""
-    rank, D = rank_size(group)
+    on those of its host), and broadcast so every rank runs the same CP verify step.
+
+    With dp replicas the reference runs the global batch (dp × train_cfg.batch_size
+    sequences) and the prefix must split over one replica's D = |group| / dp CP chips; rank 0's
+    resident state is predicted as sharded over those D (it is over all dp·D: an upper bound,
+    as predict_step_memory knows no dp)."""
+    rank, chips = rank_size(group)
+    D, global_cfg = chips // dp, dataclasses.replace(train_cfg,
+                                                     batch_size=dp * train_cfg.batch_size)
     length = torch.zeros(1, dtype=torch.int64, device=device)
     if rank == 0:
         if budget_bytes is None:
-            budget_bytes, _ = device_memory.torch_chip_capacity(device, chips_on_host=D)
+            budget_bytes, _ = device_memory.torch_chip_capacity(device, chips_on_host=chips)
         verified = train_cfg.seq_len if budget_bytes is None else verify_seq_len(
-            model_cfg, train_cfg, mode=mode, chips=D, framework="torch",
+            model_cfg, global_cfg, mode=mode, chips=D, framework="torch",
             budget_bytes=budget_bytes)
         length.fill_(0 if verified is None else verified)
     dist.broadcast(length, group_src=0, group=group)
@@ -191,7 +216,8 @@ def check_cp_training_shape(model_cfg: ModelConfig, *, chips: int, seq_len: int,
                             attn_cp: AttnCPMode = "all_gather_kv",
                             layout: Layout = "contiguous") -> None:
     """Raise ValueError naming the numbers when the GDN `mode`, the attention layers' `attn_cp`
-    (hybrid decoder only) or `layout` cannot split seq_len tokens of this model over chips."""
+    (hybrid decoder only) or `layout` cannot split seq_len tokens of this model over chips (one
+    replica's CP group: CPSettings.cp_chips)."""
     gdn = model_cfg.gdn
     check_attn_cp(attn_cp)
     check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
@@ -210,27 +236,30 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
                     verify_memory_budget_bytes: int | None = None,
                     gdn_kernel: GDNKernelName | None = None) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group` (cp.chips
-    ranks).
+    ranks: cp.dp replicas × cp.cp_chips, group rank r in replica r // cp_chips, cp.mesh).
 
     Every rank builds the same model and optimizer (build_cp_training: seed train_cfg.seed,
-    checked by a checksum; context-parallel with GDN cp.mode and, in a hybrid decoder
-    (model_cfg.layers 'hybrid'), attention cp.attn_cp with the attention kernel of cp.kernels;
-    train_cfg.remat and param_sharding applied), takes its shard of the train_cfg.seq_len
-    tokens in cp.layout (shard_batch), and runs warmup_steps untimed then `steps` timed steps
+    checked by a checksum; context-parallel over its replica's CP group with GDN cp.mode and,
+    in a hybrid decoder (model_cfg.layers 'hybrid'), attention cp.attn_cp with the attention
+    kernel of cp.kernels; train_cfg.remat and param_sharding (over all cp.chips) applied),
+    takes its shard of its replica's train_cfg.batch_size sequences of the global batch
+    (cp.dp × batch_size sequences of train_cfg.seq_len tokens) in cp.layout (shard_batch), and
+    runs warmup_steps untimed then `steps` timed steps
     of train_step (grad_sync: gradient_sync). A step's time starts after a barrier (ranks
     start together) and ends with the device synchronised. CP bytes are
     counted over the first timed step (under remat they include the exchanges its backward
     re-issues); grad_sync_bytes_per_step adds to the counted gradient all-reduce the weight
     collectives of zero1 / fsdp (sharding.weight_sync_bytes, comm_source says so). verify=True
-    first compares loss and gradients at the initial weights against one chip (max_rel_err)
-    on as much of the sequence as that chip holds beside the step's state
+    first compares loss and gradients at the initial weights against one chip on the global
+    batch (max_rel_err) on as much of the sequence as that chip holds beside the step's state
     (verified_length within verify_memory_budget_bytes; verified_seq_len).
-    Returns this rank's report; losses (every step, global mean) are equal on every rank.
+    Returns this rank's report (chips: all cp.chips; grad-sync bytes over all of them, CP
+    bytes within the replica); losses (every step, global mean) are equal on every rank.
     Peak memory is measured over the whole run, verify included (device_memory: CUDA's
     allocator peak, on CPU the process's RSS high-water mark); torch has no compile-time
     estimate (estimated_memory_bytes None) and no compile (compile_time_s 0).
     Raises ValueError naming the numbers when the group is not cp.chips ranks, or when cp's
-    modes or layout cannot split the shape over it (check_cp_training_shape); raises
+    modes or layout cannot split the shape over cp.cp_chips (check_cp_training_shape); raises
     kernels.KernelUnavailable (every rank alike, before any collective) when cp.kernels is
     'fused' and fla-core's GDN kernel cannot serve the point here (resolve_torch_gdn_kernel:
     on CPU "fla-core's chunk_gated_delta_rule needs a CUDA device") or the fused attention
@@ -240,11 +269,19 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
-    rank, D = rank_size(group)
-    if D != cp.chips:
-        raise ValueError(f"cp.chips={cp.chips} but the process group has {D} ranks")
-    check_cp_training_shape(model_cfg, chips=D, seq_len=train_cfg.seq_len, mode=cp.mode,
-                            attn_cp=cp.attn_cp, layout=cp.layout)
+    rank, chips = rank_size(group)
+    replicas = f" (dp={cp.dp} × cp_chips={cp.cp_chips})" if cp.dp > 1 else ""
+    if chips != cp.chips:
+        raise ValueError(f"cp.chips={cp.chips} but the process group has {chips} ranks"
+                         + replicas)
+    try:
+        check_cp_training_shape(model_cfg, chips=cp.cp_chips, seq_len=train_cfg.seq_len,
+                                mode=cp.mode, attn_cp=cp.attn_cp, layout=cp.layout)
+    except ValueError as error:
+        if cp.dp == 1:
+            raise
+        raise ValueError(f"{error}; each of dp={cp.dp} replicas splits the sequence over "
+                         f"cp_chips={cp.cp_chips} = chips={cp.chips} / dp={cp.dp}") from error
     device = torch.device(device)
     if cp.kernels == "fused" and gdn_kernel is None:  # the fla kernel, or the reason it can't
         resolve_torch_gdn_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
@@ -256,21 +293,22 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     device_memory.torch_reset_peak(device)
     model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=cp.mode,
                                          device=device, attn_cp=cp.attn_cp, layout=cp.layout,
-                                         kernels=cp.kernels, gdn_kernel=gdn_kernel)
+                                         kernels=cp.kernels, gdn_kernel=gdn_kernel, dp=cp.dp)
+    # The global batch [dp·B, T+1]: every rank draws all of it and keeps its replica's rows.
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
-        batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
+        batch_size=cp.dp * train_cfg.batch_size, seq_len=train_cfg.seq_len,
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
-    inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D, layout=cp.layout)
+    shard = functools.partial(shard_batch, rank=rank, chips=chips, layout=cp.layout, dp=cp.dp)
+    inputs_Bt, targets_Bt = shard(tokens_BT1)
     max_rel_err = verified_seq_len = None
     if verify:
         verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=cp.mode,
                                            device=device,
-                                           budget_bytes=verify_memory_budget_bytes)
+                                           budget_bytes=verify_memory_budget_bytes, dp=cp.dp)
         if verified_seq_len is not None:
             prefix_BT1 = tokens_BT1[:, :verified_seq_len + 1]
             max_rel_err = verify_against_single_chip(
-                model, *shard_batch(prefix_BT1, rank=rank, chips=D, layout=cp.layout),
-                prefix_BT1,
+                model, *shard(prefix_BT1), prefix_BT1,
                 model_cfg=model_cfg, train_cfg=dataclasses.replace(
                     train_cfg, seq_len=verified_seq_len), group=group)
     grad_sync = gradient_sync(train_cfg.param_sharding, group=group)
@@ -299,7 +337,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
     return CPTrainReport(
         losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
-        mode=cp.mode, chips=D, cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
+        mode=cp.mode, chips=chips, dp=cp.dp,
+        cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
         grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
             model, optimizer, train_cfg, group=group),
         comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
