@@ -27,11 +27,13 @@ def verify_reference_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, s
 
 def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str, chips: int,
                    framework: str, budget_bytes: int, attn_cp: str = "all_gather_kv",
-                   layout: str = "contiguous") -> int | None:
+                   layout: str = "contiguous", dp: int = 1) -> int | None:
     """The tokens per sequence a verify can compare against one chip within budget_bytes.
 
     The chip that runs the reference also holds the CP step's weights, gradients and AdamW
-    state (resident_state of the step's prediction); the reference must fit beside them.
+    state (resident_state of the step's prediction: laid out over dp replicas × `chips` CP
+    chips); the reference must fit beside them. train_cfg's batch is the one the reference
+    runs: with dp replicas, the global batch.
     Returns train_cfg.seq_len when the whole sequence fits, else the longest prefix that fits
     and is a valid CP length — a multiple of chips × chunk_size that `mode` can split — or
     None when not even the shortest such prefix fits.
@@ -40,8 +42,8 @@ def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a non-negative integer")
     # What the run holds: a MoE preset's dense stand-in, not its experts.
     resident = predict_step_memory(model_cfg.stand_in, train_cfg, mode=mode, chips=chips,
-                                   framework=framework, attn_cp=attn_cp,
-                                   layout=layout).resident_state
+                                   framework=framework, attn_cp=attn_cp, layout=layout,
+                                   dp=dp).resident_state
 
     def fits(seq_len: int) -> bool:
         reference = verify_reference_memory(model_cfg, train_cfg, seq_len=seq_len,

@@ -166,7 +166,7 @@ def verify_budgets() -> dict[str, int]:
     global batch of 32 tokens ("tight"), or of 2 sequences (one replica's) of all 64 tokens
     ("replica_sized", what a count blind to dp would allow for the whole sequence)."""
     global_cfg = dataclasses.replace(PREFIX_CFG, batch_size=GLOBAL_B)
-    resident = predict_step_memory(MODEL, global_cfg, mode="p2p", chips=2,
+    resident = predict_step_memory(MODEL, global_cfg, mode="p2p", chips=2, dp=2,
                                    framework="torch").resident_state
     return {"tight": resident + verify_reference_memory(MODEL, global_cfg, seq_len=T,
                                                         framework="torch").total,

@@ -195,8 +195,7 @@ def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
 
     With dp replicas the reference runs the global batch (dp × train_cfg.batch_size
     sequences) and the prefix must split over one replica's D = |group| / dp CP chips; rank 0's
-    resident state is predicted as sharded over those D (it is over all dp·D: an upper bound,
-    as predict_step_memory knows no dp)."""
+    resident state is laid out over all dp·D chips."""
     rank, chips = rank_size(group)
     D, global_cfg = chips // dp, dataclasses.replace(train_cfg,
                                                      batch_size=dp * train_cfg.batch_size)
@@ -206,7 +205,7 @@ def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mo
             budget_bytes, _ = device_memory.torch_chip_capacity(device, chips_on_host=chips)
         verified = train_cfg.seq_len if budget_bytes is None else verify_seq_len(
             model_cfg, global_cfg, mode=mode, chips=D, framework="torch",
-            budget_bytes=budget_bytes)
+            budget_bytes=budget_bytes, dp=dp)
         length.fill_(0 if verified is None else verified)
     dist.broadcast(length, group_src=0, group=group)
     return int(length.item()) or None
