@@ -285,3 +285,24 @@ def test_dp_is_a_filter_a_sort_key_a_column_and_a_csv_field(client, session_fact
     assert "dp" in client.get("/api/options").json()["result_sort_fields"]
     bad = client.get("/api/results", params={"dp": "two"})
     assert bad.status_code == 422 and "dp" in bad.text
+
+
+def test_gdn_sweep_results_filters_by_dp_given_as_a_comma_list(db_url, session_factory,
+                                                               capfd):
+    from service.cli.main import main as gdn_sweep
+
+    seed_sweep(session_factory, name="dp", modes=["p2p"], chips=[2, 4], dp=[1, 2],
+               seq_lens=[64])
+    capfd.readouterr()
+    assert gdn_sweep(["results", "--db", db_url, "--dp", "1,2", "--chips", "4", "--csv",
+                      "--sort", "dp"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capfd.readouterr().out)))
+    assert [(r["chips"], r["dp"], r["mode"]) for r in rows] == [("4", "1", "p2p"),
+                                                               ("4", "2", "p2p")]
+    assert gdn_sweep(["results", "--db", db_url, "--dp", "2"]) == 0
+    table = capfd.readouterr().out.splitlines()
+    assert table[0].split()[6:10] == ["chips", "dp", "seq_len", "batch"]
+    assert "global_batch" in table[0] and table[-1] == "2 of 2 succeeded trial(s) matching"
+    with pytest.raises(SystemExit):
+        gdn_sweep(["results", "--db", db_url, "--dp", "two"])
+    assert "not a comma-separated list of integers" in capfd.readouterr().err

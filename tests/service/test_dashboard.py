@@ -422,6 +422,10 @@ def test_a_sweep_labels_its_data_parallel_trials_dp_by_cp(seeded_server, session
     series = page.evaluate("document.getElementById('plot-throughput').data.map(t => t.name)")
     assert {"torch p2p", "torch p2p dp=2", "torch one chip dp=2"} <= set(series)
     _assert_fits_the_window(page, "#trials")
+    # scaling: each line starts at the one-chip baseline, never at the pure data-parallel mesh
+    page.wait_for_selector("#scaling-view[data-state=drawn]")
+    lines = page.evaluate("document.getElementById('scaling-total').data.map(t => [t.name, t.x])")
+    assert sorted(lines) == [["torch p2p", [1, 2, 4]], ["torch p2p dp=2", [1, 4]]]
 
 
 @pytest.mark.timeout(60)
