@@ -151,10 +151,12 @@ def db_upgrade(*, database_url: str | None = None, revision: str = "head",
     return 0
 
 
-def results(*, database_url: str | None = None, csv: bool = False, out: TextIO = sys.stdout,
+def results(*, database_url: str | None = None, csv: bool = False, out: TextIO | None = None,
             **filter_values) -> int:
-    """Print succeeded trials from the database: `filter_values` are GET /api/results' query
-    parameters (lists for the repeatable ones; None or empty: not given)."""
+    """Print succeeded trials from the database to `out` (default: the sys.stdout of the
+    call): `filter_values` are GET /api/results' query parameters (lists for the repeatable
+    ones; None or empty: not given)."""
+    out = sys.stdout if out is None else out
     from pydantic import ValidationError
 
     from service.db.engine import make_engine, make_session_factory, upgrade_database

@@ -51,7 +51,11 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.add_argument("--framework", action="append", choices=FRAMEWORKS)
     p.add_argument("--mode", action="append", choices=TRIAL_MODES,
                    help="a CP mode, or none (the one-chip baselines)")
-    p.add_argument("--chips", action="append", type=int)
+    p.add_argument("--chips", action="extend", type=_int_list,
+                   help="all chips of a trial's mesh; comma-separated or repeated: 2,4")
+    p.add_argument("--dp", action="extend", type=_int_list,
+                   help="data-parallel replicas (1: one CP group over every chip); "
+                        "comma-separated or repeated: 1,2")
     p.add_argument("--seq-len-min", type=int)
     p.add_argument("--seq-len-max", type=int)
     p.add_argument("--accelerator", action="append", help="chip type: cpu, h100, v5p, …")
@@ -75,7 +79,7 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.add_argument("--csv", action="store_true", help="CSV on stdout")
     p.set_defaults(run=lambda a: results(
         database_url=a.database_url, csv=a.csv, kind=a.kind, preset=a.preset,
-        framework=a.framework, mode=a.mode, chips=a.chips, seq_len_min=a.seq_len_min,
+        framework=a.framework, mode=a.mode, chips=a.chips, dp=a.dp, seq_len_min=a.seq_len_min,
         seq_len_max=a.seq_len_max, accelerator=a.accelerator, dtype=a.dtype,
         param_sharding=a.param_sharding, remat=a.remat, layers=a.layers, attn_cp=a.attn_cp,
         layout=a.layout, kernels=a.kernels, repeat=a.repeat, sweep_id=a.sweep_id,
@@ -93,6 +97,15 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
 
     add_plan_parser(sub, DB_HELP)
     add_schedule_parser(sub, DB_HELP)
+
+
+def _int_list(text: str) -> list[int]:
+    """`2,4` (or `2`): the integers of a comma-separated option value."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers, e.g. 1,2") from None
 
 
 def _positive(text: str) -> int:

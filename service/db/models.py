@@ -92,8 +92,12 @@ class Trial(Base):
     framework: Mapped[str] = mapped_column(String(16))
     mode: Mapped[str] = mapped_column(String(16))
     chips: Mapped[int] = mapped_column(Integer)
+    """All chips of the trial's mesh: dp replicas × chips / dp CP chips."""
+    dp: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    """Data-parallel replicas (divides chips); 1: the whole mesh is one CP group."""
     seq_len: Mapped[int] = mapped_column(Integer)
     batch_size: Mapped[int] = mapped_column(Integer)
+    """Sequences per replica: the step's global batch is dp × batch_size."""
     preset: Mapped[str] = mapped_column(String(64))
     num_layers: Mapped[int] = mapped_column(Integer)
     vocab_size: Mapped[int] = mapped_column(Integer)
@@ -163,8 +167,11 @@ class Result(Base):
     framework: Mapped[str] = mapped_column(String(16))
     mode: Mapped[str] = mapped_column(String(16))
     chips: Mapped[int] = mapped_column(Integer)
+    dp: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    """Data-parallel replicas of the trial's chips (as on its trial row)."""
     seq_len: Mapped[int] = mapped_column(Integer)
     batch_size: Mapped[int] = mapped_column(Integer)
+    """Sequences per replica (global batch: dp × batch_size)."""
     preset: Mapped[str] = mapped_column(String(64))
     num_layers: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
@@ -321,7 +328,7 @@ METRIC_COLUMNS: tuple[str, ...] = tuple(TrialMetrics.model_fields)
 tests/service/test_models.py checks that Result has each, nullable, of the field's type)."""
 
 FACT_COLUMNS: tuple[str, ...] = (
-    "sweep_id", "kind", "framework", "mode", "chips", "seq_len", "batch_size", "preset",
+    "sweep_id", "kind", "framework", "mode", "chips", "dp", "seq_len", "batch_size", "preset",
     "num_layers", "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout",
     "kernels", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""

@@ -43,6 +43,7 @@ SORT_FIELDS = {
     "cp_comm_bytes_per_step_per_chip": Result.cp_comm_bytes_per_step_per_chip,
     "grad_sync_bytes_per_step_per_chip": Result.grad_sync_bytes_per_step_per_chip,
     "finished_at": Result.finished_at, "seq_len": Result.seq_len, "chips": Result.chips,
+    "dp": Result.dp,
     "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
     "layers": Result.layers, "attn_cp": Result.attn_cp, "layout": Result.layout,
     "kernels": Result.kernels,
@@ -66,7 +67,10 @@ class ResultFilters(BaseModel):
     framework: list[Framework] = []
     mode: list[TrialMode] = Field(default=[], description="a CP mode, or none: one-chip "
                                   "baselines")
-    chips: list[DbInt] = []
+    chips: list[DbInt] = Field(default=[], description="all chips of a trial's mesh "
+                               "(dp replicas × CP chips)")
+    dp: list[DbInt] = Field(default=[], description="data-parallel replicas (1: one CP group "
+                            "over every chip)")
     seq_len_min: DbInt | None = Field(default=None, ge=1)
     seq_len_max: DbInt | None = Field(default=None, ge=1)
     accelerator: list[FilterText] = Field(default=[], description="chip type: cpu, h100, v5p, …")
@@ -114,6 +118,7 @@ def _where(filters: ResultFilters) -> list:
     for values, column in ((filters.kind, Result.kind), (filters.preset, Result.preset),
                            (filters.framework, Result.framework),
                            (filters.mode, Result.mode), (filters.chips, Result.chips),
+                           (filters.dp, Result.dp),
                            (filters.accelerator, Result.accelerator_type),
                            (filters.accelerator_kind, Result.accelerator_kind),
                            (filters.dtype, Result.dtype),
@@ -184,7 +189,8 @@ def to_csv(rows: Sequence[TrialPublic]) -> str:
 
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("id", "trial"), ("sweep_id", "sweep"), ("kind", "kind"), ("preset", "preset"), ("framework", "framework"),
-    ("mode", "mode"), ("chips", "chips"), ("seq_len", "seq_len"), ("batch_size", "batch"),
+    ("mode", "mode"), ("chips", "chips"), ("dp", "dp"), ("seq_len", "seq_len"),
+    ("batch_size", "batch"), ("global_batch_size", "global_batch"),
     ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
     ("layers", "layers"), ("attn_cp", "attn_cp"), ("layout", "layout"),
     ("kernels", "kernels"),

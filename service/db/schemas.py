@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, TypeAdapter
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, TypeAdapter,
+                      model_validator)
 
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
@@ -92,6 +93,9 @@ class _TrialOutcome(BaseModel):
     mode: str
     """A CP mode, or "none": the one-chip baseline (chips=1) every mode's rows refer to."""
     chips: int
+    """All chips of the trial's mesh: dp replicas × chips / dp CP chips."""
+    dp: int = 1
+    """Data-parallel replicas; each holds chips / dp chips that split its sequences (CP)."""
     seq_len: int
     repeat: int = 0
     """Which run of its grid point (0 … the sweep's repeats − 1)."""
@@ -103,6 +107,9 @@ class _TrialOutcome(BaseModel):
     scaling_efficiency: float | None = None
     """tokens/s/chip ÷ the baseline's tokens/s/chip: 1 is perfect scaling."""
     batch_size: int
+    """batch_size per replica: the sequences one data-parallel replica trains each step."""
+    global_batch_size: int = 0
+    """Sequences per step over all replicas: dp × batch_size (derived, never stored)."""
     preset: str
     num_layers: int
     vocab_size: int
@@ -136,6 +143,11 @@ class _TrialOutcome(BaseModel):
     created_at: UTCDatetime
     started_at: UTCDatetime | None = None
     finished_at: UTCDatetime | None = None
+
+    @model_validator(mode="after")
+    def _global_batch_of_every_replica(self) -> "_TrialOutcome":
+        self.global_batch_size = self.dp * self.batch_size
+        return self
 
 
 class TrialPublic(TrialMetrics, _TrialOutcome):

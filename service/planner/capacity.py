@@ -23,7 +23,7 @@ from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import (
     TrainConfig,
 )
-from service.planner.evidence import Observation
+from service.planner.evidence import PLANNED_DP, Observation
 from service.planner.fits import (
     AffineFit,
     LinkFit,
@@ -66,7 +66,7 @@ def _chip_counts(max_chips: int, observations: Sequence[Observation]) -> list[in
 
 def _matches(o: Observation, request: CapacityRequest, point: Point, num_layers: int) -> bool:
     return (o.framework == point.framework and o.kernels == request.kernels
-            and o.dtype == request.dtype
+            and o.dp == PLANNED_DP and o.dtype == request.dtype
             and o.batch_size == request.batch_size and o.num_layers == num_layers
             and o.param_sharding == point.param_sharding and o.remat == point.remat)
 

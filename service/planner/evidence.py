@@ -24,8 +24,12 @@ class Observation:
     """A CP mode, or "none" (one chip)."""
     kernels: str
     chips: int
+    """All chips of the trial's mesh (dp replicas × CP chips)."""
     seq_len: int
     batch_size: int
+    """Sequences per replica."""
+    dp: int = 1
+    """Data-parallel replicas; the planner's evidence is dp 1 only (PLANNED_DP)."""
     preset: str
     num_layers: int
     dtype: str
@@ -49,20 +53,21 @@ class Observation:
 
     @property
     def local_tokens(self) -> int:
-        """Tokens of one chip's shard (batch × seq_len ÷ chips)."""
-        return self.batch_size * self.seq_len // self.chips
+        """Tokens of one chip's shard (batch per replica × seq_len ÷ a replica's CP chips,
+        chips ÷ dp)."""
+        return self.batch_size * self.seq_len // (self.chips // self.dp)
 
     @property
     def cp_mode(self) -> str:
         """The GDN mode gdn_core ran (a baseline's "none" named as grid.trial_cp_settings does)."""
         return trial_cp_settings(mode=self.mode, attn_cp=None, layout="contiguous",
-                                 chips=self.chips).mode
+                                 chips=self.chips, dp=self.dp).mode
 
     def settings(self) -> tuple:
-        """What a fit may not mix: the model, batch, dtype and step settings, the framework and
-        its kernels."""
-        return (self.preset, self.num_layers, self.batch_size, self.dtype, self.param_sharding,
-                self.remat, self.framework, self.kernels)
+        """What a fit may not mix: the model, batch, replicas, dtype and step settings, the
+        framework and its kernels."""
+        return (self.preset, self.num_layers, self.batch_size, self.dp, self.dtype,
+                self.param_sharding, self.remat, self.framework, self.kernels)
 
 
 def evidence_for(session: Session, request) -> list[Observation]:
@@ -73,12 +78,18 @@ def evidence_for(session: Session, request) -> list[Observation]:
                              accelerator_type=request.accelerator, sweep_ids=request.sweep_id)
 
 
+PLANNED_DP = 1
+"""The data-parallel replicas the planner plans for: one (every candidate is a single CP group
+over its chips), so its evidence is the trials of one replica; dp > 1 trials are not fitted."""
+
+
 def load_observations(session: Session, *, preset: str, accelerator_type: str,
                       sweep_ids: list[int] | None = None) -> list[Observation]:
-    """Succeeded trials of `preset`: measured ones on `accelerator_type` (canonical, as
-    CapacityRequest has it), and every plan (a compile is XLA:CPU's wherever it ran; its
-    estimate is labelled so)."""
-    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset)
+    """Succeeded trials of `preset` with PLANNED_DP replicas: measured ones on
+    `accelerator_type` (canonical, as CapacityRequest has it), and every plan (a compile is
+    XLA:CPU's wherever it ran; its estimate is labelled so)."""
+    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset,
+                                   Result.dp == PLANNED_DP)
     if sweep_ids:
         stmt = stmt.where(Result.sweep_id.in_(sweep_ids))
     rows = session.execute(stmt.order_by(Result.trial_id)).all()  # plain rows, no ORM objects
@@ -95,7 +106,7 @@ def canonical_chip(accelerator_type: str) -> str:
 
 
 _COLUMNS = tuple(getattr(Result, name) for name in (
-    "trial_id", "sweep_id", "kind", "framework", "kernels", "mode", "chips", "seq_len",
+    "trial_id", "sweep_id", "kind", "framework", "kernels", "mode", "chips", "dp", "seq_len",
     "batch_size", "preset", "num_layers", "dtype", "param_sharding", "remat", "accelerator_type",
     "step_time_s", "hardware_flops_per_step", "peak_flops_per_chip",
     "peak_memory_bytes_per_chip", "memory_source", "estimated_memory_bytes_per_chip",
@@ -122,7 +133,7 @@ def observation(r, *, chip: str) -> Observation:
     memory, memory_source, is_peak = memory_of(r)
     return Observation(
         trial_id=r.trial_id, sweep_id=r.sweep_id, kind=r.kind, framework=r.framework,
-        kernels=r.kernels, mode=r.mode, chips=r.chips, seq_len=r.seq_len,
+        kernels=r.kernels, mode=r.mode, chips=r.chips, dp=r.dp, seq_len=r.seq_len,
         batch_size=r.batch_size, preset=r.preset,
         num_layers=r.num_layers, dtype=r.dtype, param_sharding=r.param_sharding, remat=r.remat,
         accelerator_type=chip, step_time_s=r.step_time_s,

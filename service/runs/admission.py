@@ -37,13 +37,18 @@ def spec_errors(spec: SweepSpec, grid_cap: int) -> list[dict]:
 def _breakdown(s: SweepSpec) -> str:
     """How the grid size comes about, per kind of trial."""
     parts = []
+    once = [(chips, dp) for chips, dp in s.meshes if s.runs_once(chips, dp)]
+    pure_dp = sum(dp > 1 for _, dp in once)
+    per_mode = (f"chip counts {len(s.meshes) - len(once)}" if s.dp == [1]
+                else f"meshes (chips × dp) {len(s.meshes) - len(once)}")
+    run_once = ((" + the one-chip baseline" if (1, 1) in once else "")
+                + (f" + {pure_dp} pure data-parallel mesh(es)" if pure_dp else ""))
     for kind in s.kinds:
         repeats = s.repeats if kind == "measure" else 1
         per_layers = " + ".join(
             f"{layers}: modes {len(s.modes)}"
             + (f" × attn_cps {len(s.attn_cps_of(layers))}" if layers == "hybrid" else "")
-            + f" × layouts {len(s.layouts)} × chip counts {len(s.chips) - s.has_baseline}"
-            + (" + the one-chip baseline" if s.has_baseline else "")
+            + f" × layouts {len(s.layouts)} × {per_mode}{run_once}"
             for layers in s.layers)
         parts.append(
             f"{kind}: repeats {repeats} × frameworks {len(s.frameworks_of(kind))} × kernels "

@@ -53,15 +53,17 @@ class SummaryRow:
     chips: int
     seq_len: int
     settings: str
-    """What else tells trials of one (framework, mode, chips, seq_len) apart."""
+    """What else tells trials of one (framework, mode, chips, seq_len) apart (dp > 1
+    replicas among them)."""
     status: str
     tokens_per_s_per_chip: float | None
     mfu: float | None
     peak_memory_bytes_per_chip: int | None
 
 
-def _settings_text(kind, dtype, param_sharding, remat, repeat) -> str:
-    parts = [dtype, param_sharding, remat] + ([f"repeat {repeat}"] if repeat else []) \
+def _settings_text(kind, dtype, param_sharding, remat, repeat, dp) -> str:
+    parts = ([f"dp {dp}"] if dp > 1 else []) + [dtype, param_sharding, remat] \
+        + ([f"repeat {repeat}"] if repeat else []) \
         + (["plan"] if kind == "plan" else [])
     return " ".join(parts)
 
@@ -70,11 +72,12 @@ def db_rows(session, sweep_id: int) -> list[SummaryRow]:
     """The summary of a sweep in the database: each trial row and its result."""
     found = session.execute(
         select(Trial.framework, Trial.mode, Trial.chips, Trial.seq_len, Trial.kind, Trial.dtype,
-               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.status,
+               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.status,
                Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip)
         .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
     return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len,
-                       _settings_text(r.kind, r.dtype, r.param_sharding, r.remat, r.repeat),
+                       _settings_text(r.kind, r.dtype, r.param_sharding, r.remat, r.repeat,
+                                      r.dp),
                        r.status, r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
             for r in found]
 
@@ -87,7 +90,7 @@ def _result_rows(trials: list[TrialSpec], results: dict[str, TrialResult]) -> li
         rows.append(SummaryRow(
             trial.framework, trial.mode, trial.chips, trial.seq_len,
             _settings_text(trial.kind, trial.dtype, trial.param_sharding, trial.remat,
-                           trial.repeat),
+                           trial.repeat, trial.dp),
             result.status if result is not None else "pending",
             metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
             metrics and metrics.peak_memory_bytes_per_chip))
@@ -105,8 +108,8 @@ def _bytes(value: int | None) -> str:
 
 def summary_table(rows: list[SummaryRow]) -> str:
     """One line per trial, sorted by framework, mode, chips, seq_len: status, tokens/s/chip,
-    MFU, peak memory per chip. A settings column only when the sweep varies dtype, sharding,
-    remat, repeats or kind (it then tells rows of one grid point apart)."""
+    MFU, peak memory per chip. A settings column only when the sweep varies dp, dtype,
+    sharding, remat, repeats or kind (it then tells rows of one grid point apart)."""
     rows = sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len, r.settings))
     with_settings = len({r.settings for r in rows}) > 1
     header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),

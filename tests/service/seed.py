@@ -17,7 +17,8 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", attempts_of=
                speed_of=lambda t: 1.0, step_time_of=lambda t: 0.01 * t.chips,
                **changes) -> int:
     """Create a sweep and give every runnable trial a result with made-up, traceable metrics:
-    tokens/s/chip = (seq_len / chips + (100 for p2p) + repeat) × speed_of(trial) (default 1),
+    tokens/s/chip = (seq_len / (chips / dp) + (100 for p2p) + repeat) × speed_of(trial)
+    (default 1; seq_len / (chips / dp): the tokens of a replica's CP chip),
     hardware FLOPs per step = 1e6 × seq_len, mfu = chips / 100; steps spread
     ±10% around the median; JAX trials carry an XLA estimate of twice the measured peak, every
     trial a prediction of 1.5 times it; the median step takes step_time_of(trial) seconds
@@ -35,8 +36,8 @@ def seed_sweep(session_factory, *, status_of=lambda t: "succeeded", attempts_of=
             step = step_time_of(trial)
             measured = trial.seq_len * 1000
             metrics = TrialMetrics(
-                tokens_per_s_per_chip=(trial.seq_len / trial.chips + (100 if trial.mode == "p2p"
-                                                                     else 0) + trial.repeat)
+                tokens_per_s_per_chip=(trial.seq_len * trial.dp / trial.chips
+                                       + (100 if trial.mode == "p2p" else 0) + trial.repeat)
                 * speed_of(trial), hardware_flops_per_step=1e6 * trial.seq_len,
                 step_time_s=step, step_time_min_s=0.9 * step, step_time_max_s=1.1 * step,
                 measured_steps=trial.steps, compile_time_s=2.0 if trial.framework == "jax" else 0,

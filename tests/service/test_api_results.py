@@ -254,3 +254,55 @@ def test_kernels_are_a_filter_a_column_and_stored_with_what_they_resolved_to(
     assert client.get("/api/options").json()["kernels"] == ["reference", "fused"]
     bad = client.get("/api/results", params={"kernels": "turbo"})
     assert bad.status_code == 422 and "kernels" in bad.text and "fused" in bad.text
+
+
+def test_dp_is_a_filter_a_sort_key_a_column_and_a_csv_field(client, session_factory):
+    """chips 2 and 4 split by dp 1 and 2: the meshes 2, 2 = 2×1 (pure data parallel, mode
+    none, run once), 4 and 4 = 2×2; batch_size per replica, the global batch beside it."""
+    sweep = seed_sweep(session_factory, name="dp", modes=["p2p"], chips=[2, 4], dp=[1, 2],
+                       seq_lens=[64], batch_size=2)
+    assert client.get("/api/results").json()["count"] == 4
+    replicated = client.get("/api/results", params={"dp": 2, "sort": "chips"}).json()["data"]
+    assert [(t["mode"], t["chips"], t["dp"], t["batch_size"], t["global_batch_size"])
+            for t in replicated] == [("none", 2, 2, 2, 4), ("p2p", 4, 2, 2, 4)]
+    assert [t["key"].split("/")[2:4] for t in replicated] == [["chips=2", "dp=2"],
+                                                             ["chips=4", "dp=2"]]
+    (single,) = client.get("/api/results", params={"dp": 1, "chips": 4}).json()["data"]
+    assert (single["dp"], single["global_batch_size"]) == (1, 2)
+    assert "/dp=" not in single["key"]  # dp 1 keys are as they were before dp existed
+    both = client.get("/api/results", params=[("dp", 1), ("dp", 2), ("chips", 4)]).json()
+    assert both["count"] == 2
+    rows = list(csv.DictReader(io.StringIO(client.get(
+        "/api/results", params={"format": "csv", "sort": "-dp,chips"}).text)))
+    assert [(r["chips"], r["dp"], r["batch_size"], r["global_batch_size"]) for r in rows] == [
+        ("2", "2", "2", "4"), ("4", "2", "2", "4"), ("2", "1", "2", "2"), ("4", "1", "2", "2")]
+    header = list(rows[0])
+    assert header.index("dp") == header.index("chips") + 1
+    assert header.index("global_batch_size") == header.index("batch_size") + 1
+    trials = client.get(f"/api/sweeps/{sweep}/trials").json()["data"]
+    assert sorted((t["chips"], t["dp"]) for t in trials) == [(2, 1), (2, 2), (4, 1), (4, 2)]
+    assert client.get(f"/api/sweeps/{sweep}").json()["spec"]["dp"] == [1, 2]
+    assert "dp" in client.get("/api/options").json()["result_sort_fields"]
+    bad = client.get("/api/results", params={"dp": "two"})
+    assert bad.status_code == 422 and "dp" in bad.text
+
+
+def test_gdn_sweep_results_filters_by_dp_given_as_a_comma_list(db_url, session_factory,
+                                                               capfd):
+    from service.cli.main import main as gdn_sweep
+
+    seed_sweep(session_factory, name="dp", modes=["p2p"], chips=[2, 4], dp=[1, 2],
+               seq_lens=[64])
+    capfd.readouterr()
+    assert gdn_sweep(["results", "--db", db_url, "--dp", "1,2", "--chips", "4", "--csv",
+                      "--sort", "dp"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capfd.readouterr().out)))
+    assert [(r["chips"], r["dp"], r["mode"]) for r in rows] == [("4", "1", "p2p"),
+                                                               ("4", "2", "p2p")]
+    assert gdn_sweep(["results", "--db", db_url, "--dp", "2"]) == 0
+    table = capfd.readouterr().out.splitlines()
+    assert table[0].split()[6:10] == ["chips", "dp", "seq_len", "batch"]
+    assert "global_batch" in table[0] and table[-1] == "2 of 2 succeeded trial(s) matching"
+    with pytest.raises(SystemExit):
+        gdn_sweep(["results", "--db", db_url, "--dp", "two"])
+    assert "not a comma-separated list of integers" in capfd.readouterr().err

@@ -190,3 +190,17 @@ def test_unknown_kernels_are_422_naming_the_value_and_what_is_accepted(client, s
                                                        kernels=["fused"]))
     assert plans.status_code == 422 and "add 'reference' to kernels" in plans.text
     assert row_counts(session_factory) == (0, 0, 0)
+
+
+def test_a_dp_dividing_no_chip_count_is_422_naming_it_and_writes_nothing(client,
+                                                                         session_factory):
+    r = client.post("/api/sweeps", json=sweep_body(chips=[1, 2, 4], dp=[1, 3]))
+    assert_422_naming(r, ["body"], "dp=[3] divides none of chips=[1, 2, 4]")
+    outside = client.post("/api/sweeps", json=sweep_body(chips=[2], dp=[0]))
+    assert_422_naming(outside, ["body", "dp"], "[0]")
+    as_text = client.post("/api/sweeps", json=sweep_body(chips=[2], dp=["2"]))
+    assert_422_naming(as_text, ["body", "dp", 0], "valid integer")
+    scheduled = client.post("/api/schedules", json={
+        "name": "nightly dp", "cron": "0 2 * * *", "spec": sweep_body(chips=[2], dp=[4])})
+    assert_422_naming(scheduled, ["body", "spec"], "dp=[4] divides none of chips=[2]")
+    assert row_counts(session_factory) == (0, 0, 0)

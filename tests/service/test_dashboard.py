@@ -72,6 +72,15 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert page.inner_text("#grid-size").startswith("24 trials")
     page.uncheck("input[name=kernels][value=fused]")
     assert page.is_checked("input[name=kernels][value=reference]")
+    # dp splits each chip count it divides: chips 1, 2 × dp 1, 2 are the meshes 1, 2 and
+    # 2 = 2×1; 2×1 has no CP (one chip per replica), so it runs once like the baseline
+    assert page.input_value("#dp") == "1"
+    page.fill("#dp", "1,2")
+    assert page.inner_text("#grid-size").startswith(f"{(2 + 2) * 2 * 2} trials")
+    page.fill("#dp", "2")  # chip count 1 has no dp 2 mesh: 2×1 alone
+    assert page.inner_text("#grid-size").startswith(f"{1 * 2 * 2} trials")
+    page.fill("#dp", "1")
+    assert page.inner_text("#grid-size").startswith("12 trials")
     page.fill("#repeats", "1")
     page.uncheck("input[name=remats][value=full]")
     assert page.is_checked("input[name=dtypes][value=float32]")
@@ -375,6 +384,48 @@ def test_results_show_the_kernels_and_what_they_resolved_to(seeded_server, sessi
     assert _column(page, "#results", "GDN kernel") == ["seed fused jax gdn"]
     assert _column(page, "#results", "attention kernel") == ["seed fused jax attention"]
     _assert_fits_the_window(page, "#results")
+
+
+@pytest.mark.timeout(60)
+def test_results_show_dp_and_the_global_batch(seeded_server, session_factory, page):
+    seed_sweep(session_factory, modes=["p2p"], chips=[2, 4], dp=[1, 2], seq_lens=[64],
+               batch_size=2)
+    page.goto(f"{seeded_server}/results?dp=2&sort=chips")
+    page.wait_for_selector("#results tbody tr")
+    assert page.input_value("#f-dp") == "2"
+    rows = list(zip(*(_column(page, "#results", h)
+                      for h in ("mode", "chips", "dp", "batch", "global batch"))))
+    assert rows == [("none", "2", "2", "2", "4"), ("p2p", "4", "2", "2", "4")]
+    _assert_fits_the_window(page, "#results")
+    page.fill("#f-dp", "1, 2")
+    page.fill("#f-chips", "4")
+    page.click("#filters button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('#results tbody tr').length === 2")
+    assert "dp=1&dp=2" in page.url
+    assert sorted(_column(page, "#results", "dp")) == ["1", "2"]
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_labels_its_data_parallel_trials_dp_by_cp(seeded_server, session_factory,
+                                                          page):
+    sweep_id = seed_sweep(session_factory, modes=["p2p"], chips=[1, 2, 4], dp=[1, 2],
+                          seq_lens=[64], batch_size=2)
+    page.goto(f"{seeded_server}/sweeps/{sweep_id}")
+    page.wait_for_selector("#plot-throughput g.trace.scatter")
+    labels = sorted(zip(_column(page, "#trials", "mode"), _column(page, "#trials", "chips")))
+    # chips = dp: one chip per replica, run once as mode none; 4 = 2 replicas × 2 CP chips
+    assert labels == [("none", "1"), ("none", "2 (2×1)"), ("p2p", "2"), ("p2p", "4"),
+                      ("p2p", "4 (2×2)")]
+    title = page.get_attribute("#trials td[title^='2 data-parallel replicas × 2']", "title")
+    assert title.endswith("batch 2 per replica, 4 per step")
+    assert "batch 2 per replica · dp 1, 2" in page.inner_text("#sweep-spec")
+    series = page.evaluate("document.getElementById('plot-throughput').data.map(t => t.name)")
+    assert {"torch p2p", "torch p2p dp=2", "torch one chip dp=2"} <= set(series)
+    _assert_fits_the_window(page, "#trials")
+    # scaling: each line starts at the one-chip baseline, never at the pure data-parallel mesh
+    page.wait_for_selector("#scaling-view[data-state=drawn]")
+    lines = page.evaluate("document.getElementById('scaling-total').data.map(t => [t.name, t.x])")
+    assert sorted(lines) == [["torch p2p", [1, 2, 4]], ["torch p2p dp=2", [1, 4]]]
 
 
 @pytest.mark.timeout(60)

@@ -10,7 +10,8 @@ import typing
 import pytest
 from sqlalchemy import BigInteger, Float, Integer, String, Text
 
-from service.db.models import METRIC_COLUMNS, Result, Trial, trial_row, trial_spec, utcnow
+from service.db.models import (METRIC_COLUMNS, Result, Trial, result_for, trial_row, trial_spec,
+                               utcnow)
 from service.db.schemas import TrialPublic
 from workers.result import TrialMetrics
 from workers.grid import expand_trials
@@ -64,11 +65,13 @@ def test_trial_public_has_every_metric_after_the_trials_own_fields():
 
 def test_a_trial_row_reads_back_as_the_trial_spec_it_was_written_from():
     spec = SweepSpec.model_validate({
-        **TINY_SWEEP, "frameworks": ["jax"], "kinds": ["measure", "plan"], "chips": [1, 2, 3],
-        "layers": ["gdn_only", "hybrid"], "kernels": ["reference", "fused"], "repeats": 2})
+        **TINY_SWEEP, "frameworks": ["jax"], "kinds": ["measure", "plan"],
+        "chips": [1, 2, 3, 4], "dp": [1, 2], "layers": ["gdn_only", "hybrid"],
+        "kernels": ["reference", "fused"], "repeats": 2})
     trials = expand_trials(spec)
     assert any(t.skip_reason for t in trials) and any(t.kind == "plan" for t in trials)
     assert {t.kernels for t in trials} == {"reference", "fused"}
+    assert {(t.chips, t.dp) for t in trials} == {(1, 1), (2, 1), (2, 2), (3, 1), (4, 1), (4, 2)}
     rows = [trial_row(sweep_id=1, spec=t, status="pending", created_at=utcnow()) for t in trials]
     assert [trial_spec(row, repeats=2 if row.kind == "measure" else 1) for row in rows] == trials
 
@@ -79,3 +82,21 @@ def test_a_row_whose_columns_no_longer_make_its_key_is_refused():
     row.key += "/remat=full"
     with pytest.raises(ValueError, match="its columns make the key"):
         trial_spec(row, repeats=1)
+
+
+def test_a_trial_row_and_its_result_hold_dp_and_the_public_trial_the_global_batch():
+    spec = SweepSpec.model_validate({**TINY_SWEEP, "modes": ["p2p"], "chips": [4], "dp": [2],
+                                     "batch_size": 3})
+    (trial,) = expand_trials(spec)
+    row = trial_row(sweep_id=1, spec=trial, status="pending", created_at=utcnow())
+    assert (row.chips, row.dp, row.batch_size) == (4, 2, 3)
+    assert "/chips=4/dp=2/" in row.key
+    row.id = 7
+    assert result_for(row, status="succeeded").dp == 2
+    public = TrialPublic.model_validate({
+        **{c.key: getattr(row, c.key) for c in Trial.__table__.columns},
+        "accelerator": row.accelerator_type, "global_batch_size": 99})
+    assert (public.dp, public.batch_size, public.global_batch_size) == (2, 3, 6)
+    fields = list(TrialPublic.model_fields)
+    assert fields.index("dp") == fields.index("chips") + 1
+    assert fields.index("global_batch_size") == fields.index("batch_size") + 1

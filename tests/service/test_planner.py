@@ -355,3 +355,29 @@ def test_capacity_plans_per_kernels_and_says_jax_gdn_is_reference_only(session_f
                    for c in answer["caveats"])
     assert answers["fused"]["candidates"][0]["gdn_kernel"] == (
         "reference jax chunk rule (no library kernel composes with CP state)")
+
+
+@pytest.mark.timeout(60)
+def test_capacity_plans_one_replica_and_rests_on_dp_1_trials_only(session_factory, db_url):
+    """dp > 1 trials (2 replicas of 1 and 2 CP chips) are in the database but no evidence: the
+    planner plans a single CP group over its chips, as it did before dp existed."""
+    from .seed import seed_sweep
+
+    seed_sweep(session_factory, name="dp", frameworks=["jax"], modes=["p2p"], chips=[1, 2, 4],
+               dp=[1, 2], seq_lens=[256, 512],
+               speed_of=lambda t: 50.0 if t.dp > 1 else 1.0)
+    query = {"preset": "tiny", "seq_len": 512, "accelerator": "cpu", "num_layers": 1,
+             "dtype": "float32", "max_chips": 4, "modes": "p2p", "param_shardings": "replicated",
+             "remats": "none"}
+    with TestClient(create_app(api_settings(db_url))) as client:
+        answer = client.get("/api/capacity", params=query).json()
+    with session_factory() as session:
+        replicated = set(session.scalars(select(Result.trial_id).where(Result.dp > 1)))
+        single = set(session.scalars(select(Result.trial_id).where(Result.dp == 1)))
+    assert len(replicated) == 4 and answer["evidence_trials"] == len(single) == 6
+    used = {i for c in answer["candidates"] for figure in c.values()
+            if isinstance(figure, dict) for i in figure.get("trial_ids", [])}
+    assert used and used <= single
+    (four,) = [c for c in answer["candidates"] if c["chips"] == 4]
+    assert four["step_time_s"]["basis"] == "measured"
+    assert four["local_tokens"] == 512 // 4  # one CP group over all 4 chips

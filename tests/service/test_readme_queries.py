@@ -39,8 +39,12 @@ SWEEPS = (
     # more chips than needed, and repeats: "fewest" and "best" have something to choose from
     {**TINY_SWEEP, "name": "readme: repeats on 2 and 4 chips", "modes": ["p2p"],
      "chips": [2, 4], "seq_lens": [TARGET_SEQ_LEN], "repeats": 2},
+    # 4 chips as 2 replicas × 2 CP chips: beside the dp 1 trials of those chips, a row that
+    # hides `dp` would look like one of them
+    {**TINY_SWEEP, "name": "readme: data parallel", "modes": ["p2p"], "chips": [4],
+     "dp": [2], "seq_lens": [TARGET_SEQ_LEN]},
 )
-CONFIG = ("framework", "kernels", "mode", "param_sharding", "remat", "num_layers",
+CONFIG = ("framework", "kernels", "mode", "dp", "param_sharding", "remat", "num_layers",
           "batch_size")
 """What a configuration is, besides its chip count and the preset, chip type and dtype."""
 
@@ -132,8 +136,8 @@ def test_every_documented_statement_parses_and_returns_rows(planner_db):
         assert answer(planner_db, statement), f"no rows from:\n{statement}"
 
 
-FIT_ROW = ("framework", "kernels", "mode", "chips", "param_sharding", "remat", "num_layers",
-           "batch_size")
+FIT_ROW = ("framework", "kernels", "mode", "chips", "dp", "param_sharding", "remat",
+           "num_layers", "batch_size")
 
 
 @pytest.mark.timeout(300)
@@ -149,6 +153,8 @@ def test_the_fit_query_has_one_row_per_configuration(planner_db):
     assert all(row["peak_gib_per_chip"] > 0 for row in found)  # measured (process RSS)
     # both frameworks ran p2p on 2 chips: without `framework` two rows would look alike
     assert len({(mode, chips) for _, _, mode, chips, *_ in keys}) < len(keys)
+    # p2p on 4 chips as one CP group and as 2 replicas: without `dp` they would look alike
+    assert {dp for _, _, mode, chips, dp, *_ in keys if (mode, chips) == ("p2p", 4)} == {1, 2}
 
 
 @pytest.mark.timeout(300)
@@ -163,6 +169,7 @@ def test_the_fastest_query_names_the_best_trial_per_sequence_length(planner_db):
     assert {columns(row, point): row["tokens_per_s_per_chip"] for row in found} == best
     for row in found:
         assert row["tokens_per_s"] == pytest.approx(row["tokens_per_s_per_chip"] * row["chips"])
+        assert row["global_batch_size"] == row["dp"] * row["batch_size"]
 
 
 FEWEST_FIT = f"""
@@ -198,7 +205,12 @@ def test_the_fewest_chips_query_gives_the_throughput_there(planner_db):
         assert row["tokens_per_s_per_chip"] == best.tokens_per_s_per_chip > 0
         assert row["tokens_per_s"] == pytest.approx(best.tokens_per_s_per_chip * row["chips"])
     # torch p2p ran the target on 2 chips three times (and on 4): the best of the three
-    (torch_p2p,) = [row for row in found if (row["framework"], row["mode"]) == ("torch", "p2p")]
+    (torch_p2p,) = [row for row in found
+                    if (row["framework"], row["mode"], row["dp"]) == ("torch", "p2p", 1)]
     assert torch_p2p["chips"] == 2
+    # as 2 replicas, p2p ran it on 4 chips only: its own configuration, its own row
+    (replicated,) = [row for row in found if row["dp"] == 2]
+    assert (replicated["framework"], replicated["mode"], replicated["chips"]) == (
+        "torch", "p2p", 4)
     assert sum(r.chips == 2 and (r.framework, r.mode) == ("torch", "p2p")
                for r in ran_target) == 3

@@ -29,15 +29,15 @@ Cmp.sweepResults = async function (sweepId) {
 
 Cmp.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
 // Step settings that differ from the defaults, so series of a sweep over them never share a line.
-Cmp.settings = (t) => [t.dtype === "float32" ? "" : t.dtype,
+Cmp.settings = (t) => [(t.dp || 1) > 1 ? `dp=${t.dp}` : "", t.dtype === "float32" ? "" : t.dtype,
                        t.param_sharding === "replicated" ? "" : t.param_sharding,
                        t.remat === "none" ? "" : `remat=${t.remat}`].filter(Boolean);
 Cmp.series = (t) => [t.framework, Cmp.modeLabel(t.mode), ...Cmp.settings(t)].join(" ");
 // What has to agree for two trials to be the same work on one chip (any CP mode).
 Cmp.workKey = (t) => [t.framework, t.preset, t.num_layers, t.batch_size, t.dtype, t.param_sharding,
                       t.remat].join("|");
-// A grid point: the same work, mode, chips and seq_len.
-Cmp.pointKey = (t) => [Cmp.workKey(t), t.mode, t.chips, t.seq_len].join("|");
+// A grid point: the same work, mode, chips (and their data-parallel replicas) and seq_len.
+Cmp.pointKey = (t) => [Cmp.workKey(t), t.mode, t.chips, t.dp || 1, t.seq_len].join("|");
 
 Cmp.median = function (values) {
   const s = values.filter((v) => v !== null && v !== undefined).sort((a, b) => a - b);
@@ -53,7 +53,7 @@ Cmp.points = function (rows) {
     const tokensPerSPerChip = med("tokens_per_s_per_chip"), flops = med("hardware_flops_per_step");
     return {
       key, work: Cmp.workKey(t), series: Cmp.series(t), framework: t.framework, mode: t.mode,
-      chips: t.chips, seq_len: t.seq_len, sample: t, runs: ts.length, trialIds: ts.map((r) => r.id),
+      chips: t.chips, cpChips: t.chips / (t.dp || 1), seq_len: t.seq_len, sample: t, runs: ts.length, trialIds: ts.map((r) => r.id),
       tokensPerSPerChip, totalTokensPerS: tokensPerSPerChip * t.chips,
       scalingEfficiency: med("scaling_efficiency"), mfu: med("mfu"),
       hardwareFlopsPerChip: flops === null ? null : flops / t.chips,

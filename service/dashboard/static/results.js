@@ -9,7 +9,7 @@ const DEFAULT_SORT = "-tokens_per_s_per_chip";  // the API's: left out of the li
 
 const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
                  "layers", "attn_cp", "layout", "kernels"];
-const LISTS = ["chips", "repeat"];  // comma-separated in the form
+const LISTS = ["chips", "dp", "repeat"];  // comma-separated in the form
 const NUMBERS = ["seq_len_min", "seq_len_max", "sweep_id"];
 const FORM_PARAMS = new Set([...SELECTS, ...LISTS, ...NUMBERS, "sort", "offset"]);
 const NOT_KEPT = new Set(["limit", "format"]);
@@ -66,7 +66,8 @@ function resultRow(t) {
   return GS.el("tr", { "data-trial-id": t.id },
     num(t.id), GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
     GS.el("td", {}, t.kind || ""), GS.el("td", {}, t.preset), GS.el("td", {}, t.framework),
-    GS.el("td", {}, t.mode), num(t.chips), num(GS.num(t.seq_len, 21)), num(t.batch_size),
+    GS.el("td", {}, t.mode), num(t.chips), num(t.dp || 1), num(GS.num(t.seq_len, 21)),
+    num(t.batch_size), num(t.global_batch_size || t.batch_size),
     GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
     GS.el("td", {}, t.remat), GS.el("td", {}, t.layers), GS.el("td", {}, t.attn_cp || ""),
     GS.el("td", {}, t.layout), GS.el("td", {}, t.kernels || "reference"),

@@ -10,12 +10,12 @@ Scaling.REFRESH_MS = 5000;
 Scaling.EMPTY = "no succeeded trial in this sweep yet";
 
 // The slices a sweep's points can be read at: each global seq_len, and each local shard
-// (seq_len ÷ chips) that two or more chip counts reach.
+// (seq_len ÷ a replica's CP chips: chips ÷ dp) that two or more chip counts reach.
 Scaling.slices = function (points) {
   const global = Cmp.distinct(points.map((p) => p.seq_len)).map((tokens) => ({
     value: `global:${tokens}`, kind: "global", tokens, label: `seq_len ${Cmp.tokens(tokens)}` }));
-  const byLocal = GS.groupBy(points.filter((p) => p.seq_len % p.chips === 0),
-                              (p) => p.seq_len / p.chips);
+  const byLocal = GS.groupBy(points.filter((p) => p.seq_len % p.cpChips === 0),
+                              (p) => p.seq_len / p.cpChips);
   const local = [...byLocal].filter(([, ps]) => new Set(ps.map((p) => p.chips)).size > 1)
     .map(([tokens]) => tokens).sort(Cmp.byNumber).map((tokens) => ({
       value: `local:${tokens}`, kind: "local", tokens,
@@ -24,14 +24,15 @@ Scaling.slices = function (points) {
 };
 
 Scaling.slicePoints = (points, slice) => points.filter((p) => p.seq_len ===
-  (slice.kind === "global" ? slice.tokens : slice.tokens * p.chips));
+  (slice.kind === "global" ? slice.tokens : slice.tokens * p.cpChips));
 
 // One line per CP-mode series of a slice, by chips, starting at the one-chip run of the same
 // work (the shared baseline, mode none, or the mode's own chips = 1 run). Efficiency: the
 // API's scaling_efficiency at a global seq_len; at a local shard, tokens/s/chip ÷ the
 // one-chip run's at that shard (weak scaling).
 Scaling.lines = function (slicePts, slice) {
-  const shared = new Map(slicePts.filter((p) => p.mode === "none").map((p) => [p.work, p]));
+  // the one-chip baseline: mode none on one chip (not a pure data-parallel mesh, chips = dp)
+  const shared = new Map(slicePts.filter((p) => p.mode === "none" && p.chips === 1).map((p) => [p.work, p]));
   const cp = slicePts.filter((p) => p.mode !== "none");
   return [...GS.groupBy(cp, (p) => p.series)].map(([series, ps]) => {
     const base = shared.get(ps[0].work) || ps.find((p) => p.chips === 1) || null;

@@ -4,6 +4,18 @@
 const sweepId = Number(window.location.pathname.split("/").filter(Boolean).pop());
 let timer = null;
 
+// A trial's chips as its mesh: "4" (one CP group), or "4 (2×2)" for dp 2 replicas × 2 CP chips.
+function meshLabel(t) {
+  const dp = t.dp || 1;
+  return dp > 1 ? `${t.chips} (${dp}×${t.chips / dp})` : String(t.chips);
+}
+
+function meshTitle(t) {
+  const dp = t.dp || 1;
+  return dp > 1 ? `${dp} data-parallel replicas × ${t.chips / dp} CP chip${t.chips === dp ? "" : "s"}` +
+                  ` each; batch ${t.batch_size} per replica, ${t.global_batch_size} per step` : null;
+}
+
 function trialRow(t, repeated) {
   const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
   const loss = t.loss_first === null ? "" : `${GS.num(t.loss_first, 4)} → ${GS.num(t.loss_last, 4)}`;
@@ -15,8 +27,10 @@ function trialRow(t, repeated) {
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
                        "data-attempts": t.attempt_history.length },
     num(t.id), GS.el("td", {}, t.framework),
-    GS.el("td", { title: t.mode === "none" ? "one chip, no context parallelism: the baseline" : null },
-          t.mode), num(t.chips), num(GS.num(t.seq_len, 21)), GS.el("td", {}, settings),
+    GS.el("td", { title: t.mode !== "none" ? null : (t.dp || 1) > 1
+                    ? "one chip per replica, no context parallelism: pure data parallel"
+                    : "one chip, no context parallelism: the baseline" }, t.mode),
+    num(meshLabel(t), meshTitle(t)), num(GS.num(t.seq_len, 21)), GS.el("td", {}, settings),
     GS.el("td", {}, GS.badge(t.status)), GS.attempts(t), num(GS.num(t.tokens_per_s_per_chip)),
     num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
     num(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), num(GS.pct(t.mfu)),
@@ -40,7 +54,8 @@ function showSweep(s, trials) {
   document.getElementById("sweep-timing").textContent = Timing.describe(s, trials, Date.now());
   const m = s.spec.model, a = s.spec.accelerator;
   document.getElementById("sweep-spec").textContent =
-    `preset ${m.preset}${m.num_layers ? ` (${m.num_layers} layers)` : ""} · batch ${s.spec.batch_size} · ` +
+    `preset ${m.preset}${m.num_layers ? ` (${m.num_layers} layers)` : ""} · batch ${s.spec.batch_size}` +
+    ((s.spec.dp || [1]).some((d) => d > 1) ? ` per replica · dp ${s.spec.dp.join(", ")}` : "") + " · " +
     `dtypes ${s.spec.dtypes.join(", ")} · param shardings ${s.spec.param_shardings.join(", ")} · ` +
     `remats ${s.spec.remats.join(", ")} · ${s.spec.warmup_steps} warm-up + ${s.spec.steps} measured steps · ` +
     `${a.kind}/${a.type} · frameworks ${s.spec.frameworks.join(", ")} · modes ${s.spec.modes.join(", ")}` +

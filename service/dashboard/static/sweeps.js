@@ -37,7 +37,7 @@ function formBody() {
     kernels: checkedValues("kernels"),
     // the attention layers' CP modes mean something only for the hybrid decoder
     ...(layers.includes("hybrid") ? { attn_cps: checkedValues("attn_cps") } : {}),
-    chips: intList(value("chips")), seq_lens: intList(value("seq_lens")), model,
+    chips: intList(value("chips")), dp: intList(value("dp")), seq_lens: intList(value("seq_lens")), model,
     batch_size: Number(value("batch_size")), dtypes: checkedValues("dtypes"),
     param_shardings: checkedValues("param_shardings"), remats: checkedValues("remats"),
     steps: Number(value("steps")),
@@ -49,15 +49,23 @@ function formBody() {
   };
 }
 
-// Trials the API will create (SweepSpec.grid_size): chips = 1 runs once as the one-chip
-// baseline, not once per mode; every measured point runs `repeats` times, a plan (JAX's
-// reference step only) once.
+// The (chips, dp) meshes of the form (SweepSpec.meshes): each chip count with each dp that
+// divides it.
+function meshes(b) {
+  const chips = [...new Set(b.chips)], dps = [...new Set(b.dp)];
+  return chips.flatMap((c) => dps.filter((d) => Number.isInteger(c) && Number.isInteger(d) && d > 0 && c % d === 0)
+                                 .map((d) => [c, d]));
+}
+
+// Trials the API will create (SweepSpec.grid_size): a mesh of one chip per replica (chips = 1,
+// the one-chip baseline, or chips = dp, pure data parallel) runs once as mode none, not once
+// per mode; every measured point runs `repeats` times, a plan (JAX's reference step only) once.
 function showGridSize() {
   const b = formBody();
-  const chips = new Set(b.chips), baseline = chips.has(1) ? 1 : 0;
-  // per decoder: modes × attention CP modes (hybrid only) × layouts × chip counts
+  const all = meshes(b), once = all.filter(([c, d]) => c === d).length;
+  // per decoder: modes × attention CP modes (hybrid only) × layouts × meshes with CP
   const points = b.layers.reduce((total, layers) => total + b.modes.length *
-    (layers === "hybrid" ? b.attn_cps.length : 1) * b.layouts.length * (chips.size - baseline) + baseline, 0);
+    (layers === "hybrid" ? b.attn_cps.length : 1) * b.layouts.length * (all.length - once) + once, 0);
   const settings = (frameworks, kernels) => [frameworks, kernels, b.seq_lens, b.dtypes, b.param_shardings,
                                              b.remats].reduce((product, values) => product * values.length, 1);
   const n = b.kinds.reduce((total, kind) => total + (kind === "plan"
