@@ -223,7 +223,7 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 seen_once.add((chips, dp, *settings.values()))
                 mode, attn_cp, layout = "none", None, "contiguous"
             baseline_key = None
-            if chips > 1 and 1 in spec.chips and kind == "measure":
+            if chips > 1 and (1, 1) in spec.meshes and kind == "measure":
                 one_chip = (dict(mode="none") if spec.has_baseline
                             else dict(mode=mode, attn_cp=attn_cp, layout=layout))
                 baseline_key = trial_key(**one_chip, chips=1, **settings,

@@ -295,8 +295,9 @@ class SweepSpec(BaseModel):
 
     @property
     def has_baseline(self) -> bool:
-        """Whether chips=1 runs once as mode "none" rather than once per mode."""
-        return self.one_chip_baseline and 1 in self.chips
+        """Whether chips=1 runs once as mode "none" rather than once per mode (a sweep whose
+        chips or dp lack 1 has no one-chip point)."""
+        return self.one_chip_baseline and (1, 1) in self.meshes
 
     def runs_once(self, chips: int, dp: int) -> bool:
         """Whether a mesh runs once as mode "none" rather than once per mode, attn_cp and

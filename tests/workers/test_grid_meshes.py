@@ -93,3 +93,12 @@ def test_memory_of_a_mesh_is_a_replicas_activations_beside_weights_over_all_chip
     pure = predict_step_memory(model, train, mode="p2p", chips=1, dp=2, framework=framework)
     one = predict_step_memory(model, train, mode="p2p", chips=1, framework=framework)
     assert (pure.optimizer_state < one.optimizer_state) == (sharding != "replicated")
+
+
+def test_without_a_one_chip_mesh_no_trial_names_a_baseline():
+    """dp [2] with chips [1, 2, 4]: 2 divides no 1, so there is no one-chip trial to refer to."""
+    spec = _spec(dp=[2])
+    trials = expand_trials(spec)
+    assert (1, 1) not in spec.meshes and not spec.has_baseline
+    assert {t.chips for t in trials} == {2, 4} and len(trials) == spec.grid_size
+    assert all(t.baseline_key is None for t in trials)
