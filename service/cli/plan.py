@@ -30,7 +30,10 @@ def add_plan_parser(sub, db_help: str) -> None:
     p.add_argument("--accelerator", help="chip type: h100, v5p, … or cpu")
     p.add_argument("--chip-memory-gib", type=float, help="memory per chip (default: the chip's)")
     p.add_argument("--max-chips", type=int, default=1024, help="chip budget (default 1024)")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dp", action="append", type=int,
+                   help="data-parallel replicas to plan, repeatable (default: every power of two "
+                        "dividing a chip count; each mesh is dp × chips/dp CP chips)")
+    p.add_argument("--batch", type=int, default=1, help="sequences per replica (default 1)")
     p.add_argument("--dtype", choices=COMPUTE_DTYPES, default="bfloat16")
     p.add_argument("--framework", action="append", choices=("jax", "torch"))
     p.add_argument("--mode", action="append", choices=CP_MODES)
@@ -76,7 +79,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
             if args.validate is not None:
                 return _validate(session, args.validate, out)
             given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
-                     "frameworks": args.framework, "modes": args.mode,
+                     "frameworks": args.framework, "modes": args.mode, "dp": args.dp,
                      "param_shardings": args.param_sharding, "remats": args.remat,
                      "kernels": args.kernels, "sweep_id": args.sweep_id,
                      "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
@@ -105,20 +108,26 @@ def _fig(figure, scale: float = 1.0, fmt: str = "{:,.0f}") -> str:
     return f"{fmt.format(figure.value / scale):>9} {BASIS_MARK[figure.basis]}"
 
 
+def _mesh(c) -> str:
+    return f"{c.dp}×{c.cp_chips}"
+
+
 def _row(c) -> str:
-    return (f"{c.framework:<5} {c.mode:<10} {c.chips:>6} {c.param_sharding:<10} {c.remat:<5} "
+    return (f"{c.framework:<5} {c.mode:<10} {c.chips:>6} {_mesh(c):>9} {c.param_sharding:<10} "
+            f"{c.remat:<5} "
             f"{_fig(c.memory_bytes_per_chip, GIB, '{:,.1f}')} {_fig(c.tokens_per_s_per_chip)} "
             f"{_fig(c.tokens_per_s)} {_fig(c.mfu, 0.01, '{:.1f}')} "
             f"{_fig(c.comm_bytes_per_step_per_chip, 2 ** 20, '{:,.1f}')}")
 
 
-HEADER = (f"{'fw':<5} {'mode':<10} {'chips':>6} {'params':<10} {'remat':<5} "
+HEADER = (f"{'fw':<5} {'mode':<10} {'chips':>6} {'dp×cp':>9} {'params':<10} {'remat':<5} "
           f"{'GiB/chip':>11} {'tok/s/chip':>11} {'tok/s':>11} {'MFU %':>11} {'comm MiB':>11}")
 
 
 def format_answer(answer, *, rows: int) -> str:
     r = answer.request
-    lines = [f"{r.preset} at seq_len {r.seq_len:,} × batch {r.batch_size} on {r.accelerator}, "
+    lines = [f"{r.preset} at seq_len {r.seq_len:,} × batch {r.batch_size} per replica on "
+             f"{r.accelerator}, "
              f"{r.kernels} kernels "
              f"({answer.chip_memory_bytes / GIB:,.1f} GiB per chip: {answer.chip_memory_source});"
              f" {answer.evidence_trials} trial(s) of evidence", LEGEND, ""]
@@ -126,7 +135,8 @@ def format_answer(answer, *, rows: int) -> str:
                         ("fewest chip-hours per token", answer.cheapest),
                         (f"fastest within {r.max_chips} chips", answer.fastest)):
         lines.append(f"{title}: " + ("none" if pick is None else
-                                     f"{pick.mode} × {pick.chips} chips, {pick.param_sharding},"
+                                     f"{pick.mode} × {pick.chips} chips (dp×cp "
+                                     f"{_mesh(pick)}), {pick.param_sharding},"
                                      f" remat {pick.remat}, trials {pick.step_time_s.trial_ids}"))
     if answer.plan_checks:
         lines += ["", "plans beside measured trials of the same point (XLA:CPU estimate ÷ "

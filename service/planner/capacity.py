@@ -1,4 +1,8 @@
-"""The capacity planner: every (mode, chips, settings) that fits a target, and how fast.
+"""The capacity planner: every (mesh, mode, settings) that fits a target, and how fast.
+
+A mesh is dp data-parallel replicas × a CP group of chips / dp chips each (meshes.py: a
+dp > 1 mesh is predicted from its replica, the dp = 1 candidate on chips / dp chips, which
+everything below fits to dp = 1 trials).
 
 For each candidate the memory per chip is gdn_core's predictor refined by the memory fit, the
 step time the compute fit plus the mode's link fit over its bytes and rounds, and each figure
@@ -10,6 +14,7 @@ is refused (None) with the reason.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -23,7 +28,7 @@ from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import (
     TrainConfig,
 )
-from service.planner.evidence import PLANNED_DP, Observation
+from service.planner.evidence import Observation
 from service.planner.fits import (
     AffineFit,
     LinkFit,
@@ -35,6 +40,7 @@ from service.planner.fits import (
     scaled_comm_bytes,
     time_curve,
 )
+from service.planner.meshes import mesh_comm_and_step, mesh_dps, mesh_memory
 from service.planner.schemas import (
     Basis,
     Candidate,
@@ -55,8 +61,18 @@ class Point:
     framework: str
     mode: str
     chips: int
+    """All chips of the mesh: dp × cp_chips."""
     param_sharding: str
     remat: str
+    dp: int = 1
+
+    @property
+    def cp_chips(self) -> int:
+        return self.chips // self.dp
+
+    def replica(self) -> Point:
+        """One replica of the mesh: the dp = 1 point on its CP chips."""
+        return dataclasses.replace(self, chips=self.cp_chips, dp=1)
 
 
 def _chip_counts(max_chips: int, observations: Sequence[Observation]) -> list[int]:
@@ -66,7 +82,7 @@ def _chip_counts(max_chips: int, observations: Sequence[Observation]) -> list[in
 
 def _matches(o: Observation, request: CapacityRequest, point: Point, num_layers: int) -> bool:
     return (o.framework == point.framework and o.kernels == request.kernels
-            and o.dp == PLANNED_DP and o.dtype == request.dtype
+            and o.dp == point.dp and o.dtype == request.dtype
             and o.batch_size == request.batch_size and o.num_layers == num_layers
             and o.param_sharding == point.param_sharding and o.remat == point.remat)
 
@@ -88,8 +104,8 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
     train_cfg = TrainConfig(batch_size=request.batch_size, seq_len=request.seq_len,
                             dtype=request.dtype, param_sharding=point.param_sharding,
                             remat=point.remat)
-    predicted = predict_step_memory(model_cfg, train_cfg, mode=point.mode, chips=point.chips,
-                                    framework=point.framework).total
+    predicted = predict_step_memory(model_cfg, train_cfg, mode=point.mode, chips=point.cp_chips,
+                                    dp=point.dp, framework=point.framework).total
     if model_cfg.moe is not None:
         exact = []  # its trials ran the dense stand-in: their memory is not the experts'
     peaks = [o for o in exact if o.memory_is_peak]
@@ -107,7 +123,7 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
     if fit is None:
         return Figure(value=predicted, basis="predicted",
                       note="gdn_core.memory.step.predict_step_memory; no trial to refine it")
-    local = request.batch_size * request.seq_len / point.chips
+    local = request.batch_size * request.seq_len / point.cp_chips
     basis, why = _basis(local, fit.x_max, fit.x_min)
     what = "measured peaks" if measured_fit else "XLA's estimates"
     if basis == "refused":  # keep the physics, drop the fitted slope
@@ -200,18 +216,19 @@ def _peak(request: CapacityRequest, group) -> float | None:
 
 def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
                   ) -> CapacityAnswer:
-    """Every candidate (framework, mode, chips ≤ max_chips, param_sharding, remat) of the
-    request, predicted from `observations` (load_observations), and the three picks."""
+    """Every candidate (framework, mesh of chips ≤ max_chips, mode, param_sharding, remat) of
+    the request, predicted from `observations` (load_observations), and the three picks."""
     model_cfg = request.model()
     candidates: list[Candidate] = []
     fitted: dict[tuple, tuple] = {}  # per step settings: the trials and the compute curve
     linked: dict[tuple, LinkFit] = {}  # per step settings and mode
     for point in _points(request, observations, model_cfg):
         capacity, _ = _chip_memory(request, point.chips)
+        replica = point.replica()  # a dp > 1 mesh: its figures from its replica's
         settings = (point.framework, point.param_sharding, point.remat)
         if settings not in fitted:
             group = [o for o in observations
-                     if _matches(o, request, point, model_cfg.num_layers)]
+                     if _matches(o, request, replica, model_cfg.num_layers)]
             on_chip = [o for o in group if o.accelerator_type == request.accelerator]
             fitted[settings] = group, on_chip, fit_compute(on_chip)
         group, on_chip, compute = fitted[settings]
@@ -219,12 +236,15 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
             linked[settings, point.mode] = fit_links(
                 on_chip, compute, accelerator_type=request.accelerator, mode=point.mode)
         links = linked[settings, point.mode]
-        exact = [o for o in group if o.chips == point.chips and o.seq_len == request.seq_len
+        exact = [o for o in group if o.chips == replica.chips and o.seq_len == request.seq_len
                  and (o.cp_mode == point.mode)]
-        local = request.batch_size * request.seq_len // point.chips
-        memory = predict_memory(request, model_cfg, point, group, exact)
-        comm, comm_bytes = _comm(group, point, local)
-        step = _step(request, model_cfg, point, on_chip, exact, compute, links, comm_bytes)
+        local = request.batch_size * request.seq_len // point.cp_chips
+        memory = predict_memory(request, model_cfg, replica, group, exact)
+        comm, comm_bytes = _comm(group, replica, local)
+        step = _step(request, model_cfg, replica, on_chip, exact, compute, links, comm_bytes)
+        if point.dp > 1:
+            memory, comm, step = _mesh_figures(request, model_cfg, point, observations, group,
+                                               local, memory, comm, step, links)
         candidates.append(_candidate(request, model_cfg, point, group, local, memory, capacity,
                                      step, comm))
     fitting = [c for c in candidates if c.fits]
@@ -261,14 +281,41 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
         evidence_trials=len(observations), caveats=caveats)
 
 
+def _mesh_figures(request, model_cfg, point: Point, observations, group, local: int,
+                  memory: Figure, comm: Figure, step: Figure, links: LinkFit):
+    """(memory, comm, step) of a dp > 1 mesh: a measured trial of exactly it where there is
+    one, else its replica's figures moved by what dp changes (meshes.py)."""
+    exact = [o for o in observations if _matches(o, request, point, model_cfg.num_layers)
+             and o.chips == point.chips and o.seq_len == request.seq_len
+             and o.cp_mode == point.mode]
+    comm, mesh_step = mesh_comm_and_step(
+        group=group, mode=point.mode, modes=request.modes, cp=point.cp_chips, dp=point.dp,
+        local_tokens=local, replica_comm=comm, replica_step=step, links=links)
+    if any(o.memory_bytes is not None for o in exact):
+        memory = predict_memory(request, model_cfg, point, [], exact)
+    else:
+        memory = mesh_memory(request, model_cfg, framework=point.framework, mode=point.mode,
+                             cp=point.cp_chips, dp=point.dp, param_sharding=point.param_sharding,
+                             remat=point.remat, replica=memory)
+    timed = [o for o in exact if o.kind == "measure" and o.step_time_s]
+    if timed:
+        return memory, comm, Figure(value=statistics.median(o.step_time_s for o in timed),
+                                    basis="measured", trial_ids=[o.trial_id for o in timed])
+    return memory, comm, mesh_step
+
+
 def pareto_frontier(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Those no other candidate beats with no more chips and more total tokens/s."""
-    frontier, best = [], 0.0
-    for c in sorted(candidates, key=lambda c: (c.chips, -c.tokens_per_s.value)):
-        if c.tokens_per_s.value > best:
-            frontier.append(c)
-            best = c.tokens_per_s.value
-    return frontier
+    """Those no other candidate beats on chips × total tokens/s × memory per chip (no more
+    chips, no less throughput, no more memory, and better in one), by chips."""
+    def key(c: Candidate) -> tuple[float, float, float]:
+        return c.chips, -c.tokens_per_s.value, c.memory_bytes_per_chip.value
+
+    def beats(a, b) -> bool:
+        return all(x <= y for x, y in zip(a, b)) and a != b
+
+    keyed = [(key(c), c) for c in candidates]
+    return [c for k, c in sorted(keyed, key=lambda kc: kc[0])
+            if not any(beats(other, k) for other, _ in keyed)]
 
 
 def plan_checks(observations: Sequence[Observation]) -> list[PlanCheck]:
@@ -314,10 +361,11 @@ def _chip_memory(request: CapacityRequest, chips: int) -> tuple[int, str]:
 def _points(request: CapacityRequest, observations, model_cfg):
     gdn = model_cfg.gdn
     for chips in _chip_counts(request.max_chips, observations):
-        for framework in request.frameworks:
-            for mode in (["p2p"] if chips == 1 else request.modes):
+        for dp, framework in itertools.product(mesh_dps(chips, request.dp), request.frameworks):
+            cp = chips // dp
+            for mode in (["p2p"] if cp == 1 else request.modes):
                 try:
-                    check_cp_shape(mode=mode, chips=chips, seq_len=request.seq_len,
+                    check_cp_shape(mode=mode, chips=cp, seq_len=request.seq_len,
                                    num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
                                    conv_kernel_size=gdn.conv_kernel_size)
                 except ValueError:
@@ -325,13 +373,13 @@ def _points(request: CapacityRequest, observations, model_cfg):
                 for param_sharding in (["replicated"] if chips == 1
                                        else request.param_shardings):
                     for remat in request.remats:
-                        yield Point(framework, mode, chips, param_sharding, remat)
+                        yield Point(framework, mode, chips, param_sharding, remat, dp)
 
 
 def _candidate(request, model_cfg, point, group, local, memory, capacity, step, comm
                ) -> Candidate:
     fits = memory.value is not None and memory.value <= capacity
-    tokens = request.batch_size * request.seq_len
+    tokens = point.dp * request.batch_size * request.seq_len  # every replica's sequences
     per_chip = total = mfu = Figure(value=None, basis=step.basis, note=step.note)
     if step.value:
         ids = step.trial_ids
@@ -339,7 +387,7 @@ def _candidate(request, model_cfg, point, group, local, memory, capacity, step, 
                           trial_ids=ids)
         total = Figure(value=tokens / step.value, basis=step.basis, trial_ids=ids)
         peak = _peak(request, group)
-        model_flops = model_flops_per_step(model_cfg, batch=request.batch_size,
+        model_flops = model_flops_per_step(model_cfg, batch=point.dp * request.batch_size,
                                            seq_len=request.seq_len).total
         value = model_flops / (step.value * point.chips * peak) if peak else None
         if value is not None and value > 1:
@@ -352,8 +400,10 @@ def _candidate(request, model_cfg, point, group, local, memory, capacity, step, 
                          note="" if peak else "no peak FLOP/s known for this chip")
     return Candidate(framework=point.framework, kernels=request.kernels,
                      gdn_kernel=gdn_kernel_label(point.framework, request.kernels),
-                     mode="none" if point.chips == 1 else point.mode,
-                     chips=point.chips, param_sharding=point.param_sharding, remat=point.remat,
+                     mode="none" if point.cp_chips == 1 else point.mode,
+                     chips=point.chips, dp=point.dp, cp_chips=point.cp_chips,
+                     global_batch_size=point.dp * request.batch_size,
+                     param_sharding=point.param_sharding, remat=point.remat,
                      local_tokens=local, fits=fits, memory_bytes_per_chip=memory,
                      chip_memory_bytes=capacity, step_time_s=step,
                      tokens_per_s_per_chip=per_chip, tokens_per_s=total, mfu=mfu,

@@ -29,7 +29,9 @@ class Observation:
     batch_size: int
     """Sequences per replica."""
     dp: int = 1
-    """Data-parallel replicas; the planner's evidence is dp 1 only (PLANNED_DP)."""
+    """Data-parallel replicas. The planner's fits see dp 1 trials only; a dp > 1 trial is
+    evidence for exactly its own mesh (capacity._mesh_figures), other meshes are predicted
+    from their replica (planner.meshes)."""
     preset: str
     num_layers: int
     dtype: str
@@ -78,18 +80,12 @@ def evidence_for(session: Session, request) -> list[Observation]:
                              accelerator_type=request.accelerator, sweep_ids=request.sweep_id)
 
 
-PLANNED_DP = 1
-"""The data-parallel replicas the planner plans for: one (every candidate is a single CP group
-over its chips), so its evidence is the trials of one replica; dp > 1 trials are not fitted."""
-
-
 def load_observations(session: Session, *, preset: str, accelerator_type: str,
                       sweep_ids: list[int] | None = None) -> list[Observation]:
-    """Succeeded trials of `preset` with PLANNED_DP replicas: measured ones on
-    `accelerator_type` (canonical, as CapacityRequest has it), and every plan (a compile is
-    XLA:CPU's wherever it ran; its estimate is labelled so)."""
-    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset,
-                                   Result.dp == PLANNED_DP)
+    """Succeeded trials of `preset`: measured ones on `accelerator_type` (canonical, as
+    CapacityRequest has it), and every plan (a compile is XLA:CPU's wherever it ran; its
+    estimate is labelled so)."""
+    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset)
     if sweep_ids:
         stmt = stmt.where(Result.sweep_id.in_(sweep_ids))
     rows = session.execute(stmt.order_by(Result.trial_id)).all()  # plain rows, no ORM objects

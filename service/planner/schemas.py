@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -32,7 +32,12 @@ class CapacityRequest(BaseModel):
     chip_memory_bytes: int | None = Field(default=None, ge=1, description="memory per "
                                                 "chip (default: the chip type's HBM)")
     max_chips: int = Field(default=1024, ge=1, le=MAX_CHIPS)
-    batch_size: int = Field(default=1, ge=1, le=1024)
+    dp: list[Annotated[int, Field(ge=1, le=MAX_CHIPS)]] = Field(
+        default=[], description="data-parallel replicas to plan (each chip count splits into "
+                                "dp replicas of chips / dp CP chips, for every dp dividing it); "
+                                "default: every power of two")
+    batch_size: int = Field(default=1, ge=1, le=1024, description="sequences per replica: "
+                            "a mesh of dp replicas trains dp × batch_size per step")
     dtype: ComputeDType = "bfloat16"
     frameworks: list[Framework] = Field(default=["jax"], min_length=1)
     modes: list[CPMode] = Field(default=list(CP_MODES), min_length=1)
@@ -120,6 +125,13 @@ class Candidate(BaseModel):
     rule under either value, labelled so)."""
     mode: str
     chips: int
+    """All chips of the mesh: dp × cp_chips."""
+    dp: int = 1
+    """Data-parallel replicas."""
+    cp_chips: int = 1
+    """Chips of one replica's CP group (mode "none": 1)."""
+    global_batch_size: int = 1
+    """Sequences per step over all replicas (dp × the request's batch_size)."""
     param_sharding: str
     remat: str
     local_tokens: int
@@ -160,7 +172,8 @@ class CapacityAnswer(BaseModel):
     fastest: Candidate | None
     """The highest total tokens/s within max_chips among those that fit."""
     pareto: list[Candidate]
-    """Fitting candidates no other beats on both fewer chips and more tokens/s, by chips."""
+    """Fitting candidates no other beats on chips, total tokens/s and memory per chip (no
+    worse in all three, better in one), by chips."""
     plan_checks: list[PlanCheck]
     """Points with both a plan and a measured trial: how far XLA:CPU's estimate was."""
     evidence_trials: int

@@ -56,7 +56,8 @@ def _holdouts(observations: Sequence[Observation]) -> list[tuple[str, set[int]]]
 def _request(o: Observation) -> CapacityRequest:
     return CapacityRequest(preset=o.preset, seq_len=o.seq_len, accelerator=o.accelerator_type,
                            chip_memory_bytes=2 ** 62, max_chips=o.chips,
-                           batch_size=o.batch_size, dtype=o.dtype, frameworks=[o.framework],
+                           dp=[o.dp], batch_size=o.batch_size, dtype=o.dtype,
+                           frameworks=[o.framework],
                            modes=[o.cp_mode], param_shardings=[o.param_sharding],
                            remats=[o.remat], num_layers=o.num_layers)
 
@@ -65,8 +66,9 @@ def _memory_floor(o: Observation, train: Sequence[Observation]) -> float | None:
     """The fitted constant part: the planner's memory at the shortest sequence the point's
     chips can split (one chunk each)."""
     model_cfg = get_preset(o.preset, num_layers=o.num_layers)
-    request = _request(o).model_copy(update={"seq_len": o.chips * model_cfg.gdn.chunk_size})
-    point = Point(o.framework, o.cp_mode, o.chips, o.param_sharding, o.remat)
+    request = _request(o).model_copy(
+        update={"seq_len": o.chips // o.dp * model_cfg.gdn.chunk_size})
+    point = Point(o.framework, o.cp_mode, o.chips, o.param_sharding, o.remat, o.dp)
     group = [t for t in train if t.settings() == o.settings()]
     return predict_memory(request, model_cfg, point, group, []).value
 
@@ -74,8 +76,8 @@ def _memory_floor(o: Observation, train: Sequence[Observation]) -> float | None:
 def _candidate(train: Sequence[Observation], o: Observation):
     """The planner's candidate for o's point, from `train`."""
     answer = plan_capacity(train, _request(o))
-    return next((c for c in answer.candidates if c.chips == o.chips
-                 and c.mode == ("none" if o.chips == 1 else o.cp_mode)), None)
+    return next((c for c in answer.candidates if c.chips == o.chips and c.dp == o.dp
+                 and c.mode == ("none" if o.chips == o.dp else o.cp_mode)), None)
 
 
 def validate(observations: Sequence[Observation]) -> list[HeldOut]:
@@ -87,7 +89,8 @@ def validate(observations: Sequence[Observation]) -> list[HeldOut]:
             match = _candidate(train, o)
             if match is None:
                 continue
-            point = f"{o.kind}/{o.framework}/{o.mode}/chips={o.chips}/seq_len={o.seq_len}"
+            mesh = f"chips={o.chips}" + (f"/dp={o.dp}" if o.dp > 1 else "")
+            point = f"{o.kind}/{o.framework}/{o.mode}/{mesh}/seq_len={o.seq_len}"
             if o.memory_bytes is not None:
                 # from what the held-out figure is (a measured peak, or XLA's estimate) alone
                 alike = [t for t in train if t.memory_is_peak == o.memory_is_peak]

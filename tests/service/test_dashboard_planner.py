@@ -63,8 +63,9 @@ def csp_refusals(page) -> list[dict]:
 
 def table_rows(page, table: str) -> list[dict]:
     return page.evaluate("""(table) => [...document.querySelectorAll(table + " tbody tr")].map(r => ({
-        key: [r.dataset.framework, r.dataset.mode, Number(r.dataset.chips), r.dataset.paramSharding,
-              r.dataset.remat],
+        key: [r.dataset.framework, r.dataset.mode, Number(r.dataset.chips), Number(r.dataset.dp),
+              r.dataset.paramSharding, r.dataset.remat],
+        mesh: r.querySelector("td[data-mesh]").textContent,
         figures: Object.fromEntries([...r.querySelectorAll("td[data-figure]")].map(td => [
             td.dataset.figure, { value: td.dataset.value === "" ? null : Number(td.dataset.value),
                                  basis: td.dataset.basis, text: td.textContent, title: td.title }])),
@@ -72,7 +73,7 @@ def table_rows(page, table: str) -> list[dict]:
 
 
 def key(candidate: dict) -> list:
-    return [candidate["framework"], candidate["mode"], candidate["chips"],
+    return [candidate["framework"], candidate["mode"], candidate["chips"], candidate["dp"],
             candidate["param_sharding"], candidate["remat"]]
 
 
@@ -84,6 +85,7 @@ def pareto_frontier(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
 def assert_rows_match(rows: list[dict], candidates: list[dict]) -> None:
     assert [r["key"] for r in rows] == [key(c) for c in candidates]
+    assert [r["mesh"] for r in rows] == [f"{c['dp']}×{c['cp_chips']}" for c in candidates]
     for row, candidate in zip(rows, candidates, strict=True):
         for field in FIGURES:
             shown, figure = row["figures"][field], candidate[field]
@@ -119,7 +121,7 @@ def test_planner_page_draws_the_apis_answer(planner_url, page):
     for pick in ("fewest_chips", "cheapest", "fastest"):
         card = page.locator(f".pick[data-pick={pick}]")
         expected = answer[pick]
-        assert [card.get_attribute(f"data-{a}") for a in ("framework", "mode", "chips",
+        assert [card.get_attribute(f"data-{a}") for a in ("framework", "mode", "chips", "dp",
                                                           "param-sharding", "remat")] == \
             [str(v) for v in key(expected)], pick
         links = card.locator("dd[data-figure=tokens_per_s] a").evaluate_all(

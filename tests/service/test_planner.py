@@ -74,7 +74,7 @@ def _answer(url: str, **request):
 
 
 def _candidate(answer, chips: int):
-    return next(c for c in answer.candidates if c.chips == chips)
+    return next(c for c in answer.candidates if c.chips == chips and c.dp == 1)
 
 
 @pytest.mark.slow
@@ -145,10 +145,8 @@ def test_capacity_labels_every_figure_with_what_it_rests_on(planner_db):
     assert len(answer.plan_checks) >= 6 and all(
         c.ratio == pytest.approx(c.plan_estimate_bytes / c.measured_peak_bytes)
         for c in answer.plan_checks)
-    frontier = answer.pareto
-    assert frontier[0].chips == 1 and all(
-        a.chips < b.chips and a.tokens_per_s.value < b.tokens_per_s.value
-        for a, b in zip(frontier, frontier[1:]))
+    assert answer.pareto[0].chips == 1
+    assert_pareto_front(answer.pareto, answer.candidates)
     assert answer.fastest.tokens_per_s.value == max(
         c.tokens_per_s.value for c in answer.candidates if c.fits and c.tokens_per_s.value)
 
@@ -347,7 +345,7 @@ def test_capacity_plans_per_kernels_and_says_jax_gdn_is_reference_only(session_f
         ids = {k: {r.trial_id for r in session.scalars(select(Result).where(
             Result.kernels == k, Result.status == "succeeded"))} for k in ("reference", "fused")}
     for kernels, answer in answers.items():
-        (two,) = [c for c in answer["candidates"] if c["chips"] == 2]
+        (two,) = [c for c in answer["candidates"] if c["chips"] == 2 and c["dp"] == 1]
         assert two["kernels"] == kernels and two["step_time_s"]["basis"] == "measured"
         assert set(two["step_time_s"]["trial_ids"]) <= ids[kernels]
         assert two["gdn_kernel"].startswith("reference jax chunk rule")
@@ -358,26 +356,75 @@ def test_capacity_plans_per_kernels_and_says_jax_gdn_is_reference_only(session_f
 
 
 @pytest.mark.timeout(60)
-def test_capacity_plans_one_replica_and_rests_on_dp_1_trials_only(session_factory, db_url):
-    """dp > 1 trials (2 replicas of 1 and 2 CP chips) are in the database but no evidence: the
-    planner plans a single CP group over its chips, as it did before dp existed."""
+def test_capacity_answers_with_dp_x_cp_meshes(session_factory, db_url):
+    """Every mesh of each chip count is a candidate: a dp > 1 mesh with a trial of exactly it
+    is measured (from that trial alone); one without is its replica's figures (fitted to
+    dp 1 trials only) moved by what dp changes, labelled extrapolated and saying so; the
+    Pareto front keeps no candidate another beats on chips, tokens/s and memory."""
+    from gdn_core.memory.step import predict_step_memory
+    from gdn_core.presets import get_preset
+    from gdn_core.train_config import TrainConfig
+
     from .seed import seed_sweep
 
     seed_sweep(session_factory, name="dp", frameworks=["jax"], modes=["p2p"], chips=[1, 2, 4],
-               dp=[1, 2], seq_lens=[256, 512],
+               dp=[1, 2], seq_lens=[256, 512], param_shardings=["replicated", "zero1"],
                speed_of=lambda t: 50.0 if t.dp > 1 else 1.0)
     query = {"preset": "tiny", "seq_len": 512, "accelerator": "cpu", "num_layers": 1,
-             "dtype": "float32", "max_chips": 4, "modes": "p2p", "param_shardings": "replicated",
-             "remats": "none"}
+             "dtype": "float32", "max_chips": 4, "modes": "p2p",
+             "param_shardings": ["replicated", "zero1"], "remats": "none"}
     with TestClient(create_app(api_settings(db_url))) as client:
         answer = client.get("/api/capacity", params=query).json()
+        only_dp1 = client.get("/api/capacity", params={**query, "dp": 1}).json()
+        bad = client.get("/api/capacity", params={**query, "dp": 0})
+    assert bad.status_code == 422 and "dp" in bad.text
     with session_factory() as session:
-        replicated = set(session.scalars(select(Result.trial_id).where(Result.dp > 1)))
+        meshes = set(session.scalars(select(Result.trial_id).where(Result.dp > 1)))
         single = set(session.scalars(select(Result.trial_id).where(Result.dp == 1)))
-    assert len(replicated) == 4 and answer["evidence_trials"] == len(single) == 6
-    used = {i for c in answer["candidates"] for figure in c.values()
-            if isinstance(figure, dict) for i in figure.get("trial_ids", [])}
-    assert used and used <= single
-    (four,) = [c for c in answer["candidates"] if c["chips"] == 4]
-    assert four["step_time_s"]["basis"] == "measured"
-    assert four["local_tokens"] == 512 // 4  # one CP group over all 4 chips
+    by_mesh = {(c["chips"], c["dp"], c["param_sharding"]): c for c in answer["candidates"]}
+    assert {(chips, dp) for chips, dp, _ in by_mesh} == {(1, 1), (2, 1), (2, 2), (4, 1),
+                                                        (4, 2), (4, 4)}
+    assert {c["dp"] for c in only_dp1["candidates"]} == {1}
+
+    measured = by_mesh[4, 2, "replicated"]  # a trial of exactly dp 2 × cp 2 at 512 tokens
+    assert (measured["cp_chips"], measured["local_tokens"]) == (2, 512 // 2)
+    assert measured["step_time_s"]["basis"] == "measured"
+    assert set(measured["step_time_s"]["trial_ids"]) <= meshes
+    assert measured["global_batch_size"] == 2
+    assert measured["tokens_per_s"]["value"] == pytest.approx(
+        2 * 512 / measured["step_time_s"]["value"])
+
+    derived = by_mesh[4, 4, "zero1"]  # pure data parallel: no trial of it
+    replica = by_mesh[1, 1, "replicated"]  # one chip: param_sharding is moot there
+    assert (derived["mode"], derived["cp_chips"]) == ("none", 1)
+    for figure in ("memory_bytes_per_chip", "step_time_s"):
+        assert derived[figure]["basis"] == "extrapolated", derived[figure]
+        assert "dp=4" in derived[figure]["note"] and "replica" in derived[figure]["note"]
+        assert set(derived[figure]["trial_ids"]) <= single
+    model, train = get_preset("tiny", num_layers=1), TrainConfig(seq_len=512,
+                                                                 param_sharding="zero1")
+    change = (predict_step_memory(model, train, mode="p2p", chips=1, dp=4, framework="jax").total
+              - predict_step_memory(model, train, mode="p2p", chips=1, framework="jax").total)
+    assert change < 0  # zero1 over 4 chips: a quarter of the AdamW state
+    assert derived["memory_bytes_per_chip"]["value"] == pytest.approx(
+        replica["memory_bytes_per_chip"]["value"] + change)
+    assert derived["step_time_s"]["value"] > replica["step_time_s"]["value"]  # + weight sync
+
+    assert_pareto_front(answer["pareto"], answer["candidates"])
+
+
+def assert_pareto_front(front: list, candidates: list) -> None:
+    """No fitting candidate beats a member of the front on chips, tokens/s and memory, and
+    every one off it is beaten by a member (dicts of the API's JSON, or Candidates)."""
+    rows = [c if isinstance(c, dict) else c.model_dump() for c in candidates]
+    front = [c if isinstance(c, dict) else c.model_dump() for c in front]
+
+    def key(c):
+        return (c["chips"], -c["tokens_per_s"]["value"], c["memory_bytes_per_chip"]["value"])
+
+    def beats(a, b):
+        return all(x <= y for x, y in zip(key(a), key(b))) and key(a) != key(b)
+
+    timed = [c for c in rows if c["fits"] and c["tokens_per_s"]["value"]]
+    assert front and not any(beats(c, p) for p in front for c in timed)
+    assert all(any(beats(p, c) for p in front) for c in timed if c not in front)

@@ -35,8 +35,11 @@ PlannerAnswer.hide = function () {
   for (const id of PlannerAnswer.SECTIONS) document.getElementById(id).hidden = true;
 };
 
-PlannerAnswer.settings = (c) => `${c.framework} · ${c.mode === "none" ? "one chip" : c.mode} · ` +
-  `${c.chips} chip${c.chips === 1 ? "" : "s"} · ${c.param_sharding} · remat ${c.remat}` +
+PlannerAnswer.mesh = (c) => `${c.dp}×${c.cp_chips}`;
+
+PlannerAnswer.settings = (c) => `${c.framework} · ${c.mode === "none" ? "no CP" : c.mode} · ` +
+  `${c.chips} chip${c.chips === 1 ? "" : "s"}` + (c.dp > 1 ? ` (dp×cp ${PlannerAnswer.mesh(c)})` : "") +
+  ` · ${c.param_sharding} · remat ${c.remat}` +
   (c.gdn_kernel ? ` · GDN: ${c.gdn_kernel}` : "");
 
 PlannerAnswer.tooltip = (f) => [f.basis + (f.note ? ": " + f.note : ""),
@@ -68,7 +71,7 @@ PlannerAnswer.card = function (key, title, c, anyFits) {
       PlannerAnswer.value(f, format), " ", PlannerAnswer.badge(f), PlannerAnswer.trialLinks(f.trial_ids))];
   });
   return GS.el("div", { class: "pick", "data-pick": key, "data-framework": c.framework, "data-mode": c.mode,
-                        "data-chips": c.chips, "data-param-sharding": c.param_sharding, "data-remat": c.remat },
+                        "data-chips": c.chips, "data-dp": c.dp, "data-param-sharding": c.param_sharding, "data-remat": c.remat },
     GS.el("h3", {}, title), GS.el("p", { class: "config" }, PlannerAnswer.settings(c)),
     GS.el("dl", {}, rows.flat(),
           GS.el("dt", {}, "of chip memory"), GS.el("dd", {}, GS.bytes(c.chip_memory_bytes))));
@@ -78,11 +81,12 @@ PlannerAnswer.card = function (key, title, c, anyFits) {
 
 // The framework column only when the request compares frameworks (it is in the summary else).
 PlannerAnswer.table = function (table, candidates, frameworks) {
-  const heads = [...(frameworks > 1 ? ["framework"] : []), "mode", "chips", "param sharding", "remat",
+  const heads = [...(frameworks > 1 ? ["framework"] : []), "mode", "chips", "dp × cp", "param sharding", "remat",
                  ...PlannerAnswer.FIGURES.map(([, label]) => label), "chip memory"];
   const row = (c) => GS.el("tr", { "data-framework": c.framework, "data-mode": c.mode, "data-chips": c.chips,
-                                   "data-param-sharding": c.param_sharding, "data-remat": c.remat },
+                                   "data-dp": c.dp, "data-param-sharding": c.param_sharding, "data-remat": c.remat },
     frameworks > 1 ? GS.el("td", {}, c.framework) : null, GS.el("td", {}, c.mode), GS.el("td", { class: "num" }, c.chips),
+    GS.el("td", { class: "num", "data-mesh": "" }, PlannerAnswer.mesh(c)),
     GS.el("td", {}, c.param_sharding), GS.el("td", {}, c.remat),
     PlannerAnswer.FIGURES.map(([field, , format]) => {
       const f = c[field];
