@@ -69,8 +69,8 @@ class DocumentSegments:
     @classmethod
     def of(cls, doc_starts_T: torch.Tensor, N: int, C: int) -> DocumentSegments:
         T = doc_starts_T.shape[0]
-        starts_NC = torch.cat([doc_starts_T.bool(), doc_starts_T.new_zeros(N * C - T, dtype=torch.bool)]
-                              ).view(N, C)
+        pad_T = doc_starts_T.new_zeros(N * C - T, dtype=torch.bool)
+        starts_NC = torch.cat([doc_starts_T.bool(), pad_T]).view(N, C)
         seg_NC = starts_NC.long().cumsum(-1)
         return cls(same_N11CC=(seg_NC[:, :, None] == seg_NC[:, None, :])[:, None, None],
                    first_N11C=(seg_NC == 0)[:, None, None],
@@ -115,7 +115,8 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64,
         visible = causal_CC & seg.same_N11CC
         G_NBHC = (g_NBHC[..., None, :] * visible).sum(-1)
     # Mask before exp: above the diagonal G_i − G_j > 0 and would overflow under strong decay.
-    decay_NBHCC = (G_NBHC[..., :, None] - G_NBHC[..., None, :]).masked_fill(~visible, -torch.inf).exp()
+    decay_NBHCC = ((G_NBHC[..., :, None] - G_NBHC[..., None, :])
+                   .masked_fill(~visible, -torch.inf).exp())
 
     kbeta_NBHCK = k_NBHCK * beta_NBHC[..., None]
     L_NBHCC = (kbeta_NBHCK @ k_NBHCK.transpose(-1, -2)) * decay_NBHCC

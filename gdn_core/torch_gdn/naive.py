@@ -32,8 +32,9 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_f
     Args: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g (log decay) and beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv]. Returns o [B, T, Hv, Dv] in q's dtype and the float32
     final state [B, Hv, Dk, Dv] (or None). cu_seqlens (int [N+1], B = 1; as in
-    chunk_gated_delta_rule): h ← 0 before each document start after the first. With float64 q it runs, and returns its state, in
-    float64: autograd through it is then the float64 gradient reference.
+    chunk_gated_delta_rule): h ← 0 before each document start after the first.
+    With float64 q it runs, and returns its state, in float64: autograd through it is then
+    the float64 gradient reference.
     """
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape,
