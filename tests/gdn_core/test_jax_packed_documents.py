@@ -228,3 +228,21 @@ def test_packed_cp_layer_matches_one_chip(layout, D):
             for (path, ref), got in zip(jax.tree_util.tree_leaves_with_path(d_params_ref),
                                         jax.tree_util.tree_leaves(d_params)):
                 assert_close(f"{name} {mode} d{jax.tree_util.keystr(path)}", ref, got, TOL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("B", "cu", "message"), [
+    (2, [0, 32], "batch size 1"),
+    (1, [0, 3, 7], "from 0 to seq_len=32"),
+    (1, [0, 20, 3, 32], "non-decreasing"),
+    (1, [0.0, 32.0], "integer"),
+])
+def test_bad_cu_seqlens_raise(B, cu, message):
+    q = jnp.zeros((B, 32, 1, 16))
+    rest = (jnp.zeros((B, 32, 2, 16)), jnp.zeros((B, 32, 2)), jnp.zeros((B, 32, 2)))
+    with pytest.raises(ValueError, match=message):
+        jax_gdn.chunk_gated_delta_rule(q, q, *rest, chunk_size=16, cu_seqlens=jnp.asarray(cu))
+    mesh = Mesh(np.array(jax.devices()[:2]), ("cp",))
+    with pytest.raises(ValueError, match=message):
+        chunk_gated_delta_rule_cp(q, q, *rest, mesh=mesh, axis="cp", mode="p2p", chunk_size=16,
+                                  cu_seqlens=jnp.asarray(cu))

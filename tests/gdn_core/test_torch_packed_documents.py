@@ -40,6 +40,8 @@ DOCS = [
     (RuleCase(1, 150, 2, 2, 16, 32, "mixed", 64, keys="iid"), (0, 7, 9, 10, 70, 129, 150)),
     # one document (no interior start)
     (RuleCase(1, 40, 1, 1, 16, 16, "weak", 16), (0, 40)),
+    # an empty document in the middle (cu_seqlens repeats a value)
+    (RuleCase(1, 40, 1, 2, 16, 16, "weak", 16), (0, 10, 10, 40)),
 ]
 
 
@@ -104,6 +106,25 @@ def test_packed_rule_equals_recurrence(item):
     assert_close("final_state", final_ref, final, TOL)
     for n in NAMES:
         assert_close(f"d{n}", grads_ref[n], grads[n], TOL, floor=1e-3 * grads_ref["v"].norm())
+
+
+def test_bf16_packed_rule_within_stated_tolerance():
+    """bf16 inputs: packed vs each document alone, both bf16 (chunk.py's precision notes)."""
+    case, cu = DOCS[1]
+    x = {n: (t.detach() if n == "initial_state" else t.detach().bfloat16())
+         for n, t in leaves(case).items()}
+    args = [x[n] for n in NAMES[:5]]
+    o, h = chunk_gated_delta_rule(*args, initial_state=x["initial_state"], output_final_state=True,
+                                  use_qk_l2norm=True, chunk_size=16, cu_seqlens=torch.tensor(cu))
+    outputs, state = [], x["initial_state"]
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        o_doc, state = chunk_gated_delta_rule(
+            *(t[:, a:b] for t in args), initial_state=state if i == 0 else None,
+            output_final_state=True, use_qk_l2norm=True, chunk_size=16)
+        outputs.append(o_doc)
+    assert o.dtype == torch.bfloat16
+    assert_close("o", torch.cat(outputs, dim=1), o, 2e-2)
+    assert_close("final_state", state, h, 1e-5)
 
 
 def test_one_document_matches_no_cu_seqlens():
