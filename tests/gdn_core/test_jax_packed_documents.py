@@ -119,6 +119,24 @@ def test_packed_rule_equals_documents_alone_and_recurrence(name):
         assert_close(f"d{n}", ref, got, TOL)
 
 
+@pytest.mark.timeout(120)
+def test_packed_rule_matches_torch():
+    """The same packed inputs through the PyTorch rule (outputs and final state)."""
+    import torch
+
+    from gdn_core.torch_gdn import chunk_gated_delta_rule as torch_rule
+
+    cu = boundary_sets(2)["spanning"]
+    o, h, _ = single_chip(cu)
+    args, _ = rule_inputs()
+    t = [torch.tensor(np.asarray(a)) for a in args]
+    o_t, h_t = torch_rule(*t[:5], initial_state=t[5], output_final_state=True,
+                          use_qk_l2norm=True, chunk_size=CASE.chunk_size,
+                          cu_seqlens=torch.tensor(cu))
+    assert_close("o", o_t.numpy(), o, TOL)
+    assert_close("final_state", h_t.numpy(), h, TOL)
+
+
 @functools.cache
 def cp_rules(D: int, layout: str):
     """{(boundaries, mode): (o, h, grads)} in sequence order; one compile for all modes."""

@@ -152,6 +152,13 @@ def job(rank: int, D: int) -> dict:
         out["short_cu"] = "no error"
     except ValueError as e:
         out["short_cu"] = str(e)
+    fused = context_parallel(make_layer(), group=None, mode="p2p", kernels="fused",
+                             gdn_kernel="reference")
+    try:  # not yet served: raised before any exchange, on every rank
+        fused(torch.zeros(1, T_LOCAL, CFG.hidden_size), torch.tensor([0, D * T_LOCAL]))
+        out["fused_cu"] = "no error"
+    except ValueError as e:
+        out["fused_cu"] = str(e)
     return out
 
 
@@ -239,3 +246,9 @@ def test_packed_cp_layer_matches_one_chip(mode, layout, boundaries, D):
 def test_cu_seqlens_must_cover_the_global_sequence():
     message = spawned(2)[0]["short_cu"]
     assert f"seq_len={2 * T_LOCAL}" in message, message
+
+
+@pytest.mark.timeout(400)
+def test_fused_kernel_refuses_cu_seqlens():
+    for r in spawned(2):
+        assert "not yet served with gdn_kernel='reference'" in r["fused_cu"], r["fused_cu"]
