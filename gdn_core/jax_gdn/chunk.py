@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from ..shapes import check_rule_args
+from .documents import check_cu_seqlens, document_starts
 from .naive import HIGHEST, l2norm
 
 
@@ -143,11 +144,28 @@ def _inverse_bwd(T_CC, dT_CC):
 unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
-def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> ChunkTerms:
+def document_segments(doc_starts_BT, N: int, C: int):
+    """Segment masks of the chunks (torch_gdn.chunk.DocumentSegments): doc_starts_BT bool
+    [B', T] (B' = 1 or B) → (same [N,B',1,C,C], first [N,B',1,C], last [N,B',1,C],
+    whole [N,B',1,1,1]); segment 0 of a chunk: the tokens before its first document start."""
+    Bs, T = doc_starts_BT.shape
+    starts_BNC = jnp.pad(doc_starts_BT.astype(bool), ((0, 0), (0, N * C - T))).reshape(Bs, N, C)
+    starts_NBC = jnp.swapaxes(starts_BNC, 0, 1)[:, :, None]  # [N, B', 1, C]
+    seg_NBC = jnp.cumsum(starts_NBC.astype(jnp.int32), axis=-1)
+    return (seg_NBC[..., :, None] == seg_NBC[..., None, :], seg_NBC == 0,
+            seg_NBC == seg_NBC[..., -1:], ~jnp.any(starts_NBC, axis=-1)[..., None, None])
+
+
+def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64,
+                   doc_starts_BT=None) -> ChunkTerms:
     """Compute every chunk-local term of the rule. Shapes as in chunk_gated_delta_rule.
 
     Everything is float32 except q_NBHCK and attn_NBHCC, which are in compute_dtype(q.dtype):
-    they only feed the output matmuls (see the module doc).
+    they only feed the output matmuls (see the module doc). doc_starts_BT (bool [1 or B, T];
+    packed documents): the tokens whose entering state is zero, handled exactly by segment
+    masks as in torch_gdn.chunk (G restarts at each start; decay and L zero across segments;
+    the incoming state reaches only a chunk's first segment; b from its last; A = 0 when the
+    chunk holds a start).
     """
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape, None, chunk_size)
@@ -167,26 +185,41 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> C
 
     q_NBHCK, k_NBHCK, v_NBHCV = chunked(q), chunked(k), chunked(v)
     g_NBHC, beta_NBHC = (chunked(x[..., None])[..., 0] for x in (g, beta))
-    G_NBHC = jnp.cumsum(g_NBHC, axis=-1)
     causal_CC = jnp.tril(jnp.ones((C, C), dtype=bool))
+    if doc_starts_BT is None:
+        G_NBHC = jnp.cumsum(g_NBHC, axis=-1)
+        visible = causal_CC
+    else:  # G restarts at every document start: sums run only over the token's own document
+        same, first, last, whole = document_segments(doc_starts_BT, N, C)
+        visible = causal_CC & same
+        G_NBHC = jnp.sum(jnp.where(visible, g_NBHC[..., None, :], 0.0), axis=-1)
     # Mask before exp: above the diagonal G_i − G_j > 0 and would overflow under strong decay.
     diff = G_NBHC[..., :, None] - G_NBHC[..., None, :]
-    decay_NBHCC = jnp.where(causal_CC, jnp.exp(jnp.where(causal_CC, diff, 0.0)), 0.0)
+    decay_NBHCC = jnp.where(visible, jnp.exp(jnp.where(visible, diff, 0.0)), 0.0)
 
     kbeta_NBHCK = k_NBHCK * beta_NBHC[..., None]
     L_NBHCC = mm(kbeta_NBHCK, jnp.swapaxes(k_NBHCK, -1, -2)) * decay_NBHCC  # read strictly lower
     T_NBHCC = unit_lower_inverse(L_NBHCC)
     u_NBHCV = mm(T_NBHCC, v_NBHCV * beta_NBHC[..., None])
-    w_NBHCK = mm(T_NBHCC, kbeta_NBHCK * jnp.exp(G_NBHC)[..., None])
+    # The incoming state reaches only the chunk's first segment (the document it continues).
+    state_decay_NBHC = jnp.exp(G_NBHC)
+    if doc_starts_BT is not None:
+        state_decay_NBHC = jnp.where(first, state_decay_NBHC, 0.0)
+    w_NBHCK = mm(T_NBHCC, kbeta_NBHCK * state_decay_NBHC[..., None])
 
     G_last_NBH = G_NBHC[..., -1]
-    kdecT_NBHKC = jnp.swapaxes(k_NBHCK * jnp.exp(G_last_NBH[..., None] - G_NBHC)[..., None], -1, -2)
+    to_end_NBHC = G_last_NBH[..., None] - G_NBHC
+    if doc_starts_BT is not None:  # only the last segment reaches the state leaving the chunk
+        to_end_NBHC = jnp.where(last, to_end_NBHC, -jnp.inf)
+    kdecT_NBHKC = jnp.swapaxes(k_NBHCK * jnp.exp(to_end_NBHC)[..., None], -1, -2)
     A_NBHKK = (jnp.exp(G_last_NBH)[..., None, None] * jnp.eye(Dk, dtype=jnp.float32)
                - mm(kdecT_NBHKC, w_NBHCK))
+    if doc_starts_BT is not None:  # a chunk holding a document start forgets the entering state
+        A_NBHKK = jnp.where(whole, A_NBHKK, 0.0)
     b_NBHKV = mm(kdecT_NBHKC, u_NBHCV)
     qk_NBHCC = local_mm(q_NBHCK.astype(low), jnp.swapaxes(k_NBHCK, -1, -2).astype(low))
     attn_NBHCC = (qk_NBHCC * decay_NBHCC).astype(low)
-    q_tilde_NBHCK = (q_NBHCK * jnp.exp(G_NBHC)[..., None]).astype(low)
+    q_tilde_NBHCK = (q_NBHCK * state_decay_NBHC[..., None]).astype(low)
     return ChunkTerms(q_tilde_NBHCK, attn_NBHCC, w_NBHCK, u_NBHCV, A_NBHKK, b_NBHKV)
 
 
@@ -281,7 +314,7 @@ def initial_state_or_zeros(initial_state, B, H, K, V):
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
-                           use_qk_l2norm=False, chunk_size=64):
+                           use_qk_l2norm=False, chunk_size=64, cu_seqlens=None):
     """Gated delta rule over a whole sequence, chunked; jit- and grad-able.
 
     Args:
@@ -290,17 +323,25 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
         initial_state: [B, Hv, Dk, Dv] or None (zeros).
         use_qk_l2norm: L2-normalise q and k (eps 1e-6, float32) before the Dk^-½ scale.
         chunk_size: one of 16, 32, 64, 128; T need not be a multiple of it.
+        cu_seqlens: None, or packed documents (int [N+1], 0 … T, B = 1; may be traced), as in
+            torch_gdn.chunk_gated_delta_rule: the state is zero entering each document after
+            the first; initial_state is the first document's, final_state the last's.
     Returns:
         o [B, T, Hv, Dv] in q's dtype, and the float32 final state [B, Hv, Dk, Dv] if asked.
     """
     B, T, _, _, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape,
         None if initial_state is None else initial_state.shape, chunk_size)
+    doc_starts_BT = None
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        doc_starts_BT = document_starts(cu_seqlens, jnp.arange(T))[None]
     Hv = v.shape[2]
     h0 = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)
     if T == 0:
         return jnp.zeros((B, 0, Hv, Dv), q.dtype), (h0 if output_final_state else None)
-    terms = prepare_chunks(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+    terms = prepare_chunks(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                           doc_starts_BT=doc_starts_BT)
     states_NBHKV, final_BHKV = scan_chunk_states(terms.A_NBHKK, terms.b_NBHKV, h0)
     o = chunk_outputs(terms, states_NBHKV, T).astype(q.dtype)
     return o, (final_BHKV if output_final_state else None)

@@ -16,6 +16,7 @@ G key heads, H value heads, K key head dim (halo_BKC: K−1 halo tokens), V valu
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ..config import GDNConfig
 from .chunk import chunk_gated_delta_rule
+from .documents import check_cu_seqlens, tokens_since_start
 from .linear import linear
 from .params import Params, cast_floating
 
@@ -51,11 +53,13 @@ def conv_halo(mixed_BTC, kernel_size: int):
     return mixed_BTC[:, mixed_BTC.shape[1] - (kernel_size - 1):]
 
 
-def causal_conv(conv_weight, mixed_BTC, halo_BKC=None):
+def causal_conv(conv_weight, mixed_BTC, halo_BKC=None, since_start_BT=None):
     """Depthwise causal conv + SiLU over time; returns [B, T, C] in mixed's dtype.
 
     conv_weight: torch Conv1d layout [C, 1, K]; out_t = Σ_j w[j] · x_{t−(K−1)+j}.
     halo_BKC: the K−1 pre-conv tokens before this sequence (zeros, i.e. left padding, if None).
+    since_start_BT (int [T] or [B, T], documents.tokens_since_start; packed documents): token
+    t sees x_{t−i} (halo included) only where i ≤ since_start[t].
     """
     C, _, K = conv_weight.shape
     B, T, _ = mixed_BTC.shape
@@ -66,7 +70,12 @@ def causal_conv(conv_weight, mixed_BTC, halo_BKC=None):
     x_BSC = jnp.concatenate([halo_BKC.astype(mixed_BTC.dtype), mixed_BTC], axis=1)
     w_KC = conv_weight[:, 0, :].T.astype(jnp.float32)
     # K shifted multiply-adds, accumulated in float32 like a conv kernel would.
-    out_BTC = sum(x_BSC[:, j:j + T].astype(jnp.float32) * w_KC[j] for j in range(K))
+    if since_start_BT is None:
+        out_BTC = sum(x_BSC[:, j:j + T].astype(jnp.float32) * w_KC[j] for j in range(K))
+    else:  # tap j reads the token K−1−j before; masked where that is in an earlier document
+        out_BTC = sum(jnp.where((since_start_BT >= K - 1 - j)[..., None],
+                                x_BSC[:, j:j + T].astype(jnp.float32) * w_KC[j], 0.0)
+                      for j in range(K))
     return jax.nn.silu(out_BTC.astype(mixed_BTC.dtype))
 
 
@@ -108,18 +117,26 @@ def output(params: Params, o_BTHV, z_BTHV, cfg: GDNConfig):
 
 
 def gdn_layer(params: Params, x_BTD, cfg: GDNConfig, *, dtype=jnp.float32,
-              rule: Rule = chunk_gated_delta_rule, halo_fn: HaloFn | None = None):
+              rule: Rule = chunk_gated_delta_rule, halo_fn: HaloFn | None = None,
+              cu_seqlens=None):
     """Run one GDN layer on x [B, T, D]; returns [B, T, D] in dtype.
 
     params and x are cast to dtype (the rule itself computes in float32).
     rule: any function of the rule signature family (a CP rule, the naive reference).
     halo_fn: maps this sequence's pre-conv mixed_BTC to the K−1 tokens before it (CP passes a
         halo exchange); None means the sequence starts here (zero left padding).
+    cu_seqlens: None, or packed documents (int [N+1], 0 … T, B = 1): each document mixed as
+        if alone (conv taps and the state stop at each start); passed on to `rule`.
     """
     params = cast_floating(params, dtype)
     mixed_BTC, z_BTHV, b_BTH, a_BTH = project(params, x_BTD.astype(dtype))
     halo_BKC = None if halo_fn is None else halo_fn(mixed_BTC)
-    conv_BTC = causal_conv(params["conv1d"]["weight"], mixed_BTC, halo_BKC)
+    since_T = None
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=x_BTD.shape[0], seq_len=x_BTD.shape[1])
+        since_T = tokens_since_start(cu_seqlens, jnp.arange(x_BTD.shape[1]))
+        rule = partial(rule, cu_seqlens=cu_seqlens)
+    conv_BTC = causal_conv(params["conv1d"]["weight"], mixed_BTC, halo_BKC, since_T)
     q, k, v, g, beta = split_heads(params, conv_BTC, a_BTH, b_BTH, cfg)
     o_BTHV = run_rule(q, k, v, g, beta, cfg, rule)
     return output(params, o_BTHV, z_BTHV, cfg)

@@ -12,6 +12,14 @@ chunks; only S_{n+1} = A_n S_n + b_n runs sequentially. Outputs then follow in o
 Context parallelism reuses the same pieces: fold the (A_n, b_n) of a shard into one pair,
 exchange pairs, then scan from the incoming state.
 
+Packed documents (cu_seqlens; documents.py). Chunks need not align with documents: a chunk
+is cut by the document starts inside it into segments, and exactly (no large-negative decay
+standing in for a reset) G restarts at each start, decay and L are zero between segments (T
+is then block diagonal), the incoming state S_n reaches only the first segment (q̃ and w are
+zero elsewhere), b_n is built from the last segment alone, and A_n = 0 when the chunk holds a
+start: the state leaving it no longer depends on the state entering it. The CP modes fold
+these pairs unchanged, so a shard holding a start has a zero transition too.
+
 Precision. float32 inputs: everything is float32. bfloat16 (or float16) inputs: the matmuls
 that only feed the output — q kᵀ, q̃ S and attn (u − w S) — take bf16 operands (bf16 tensors:
 float32 accumulation inside the GEMM, the product rounded to bf16, then summed in float32);
@@ -30,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..shapes import check_rule_args
+from .documents import check_cu_seqlens, document_starts, sequence_positions
 from .naive import l2norm
 
 
@@ -47,13 +56,38 @@ class ChunkTerms:
     seq_len: int  # tokens before padding to a multiple of C
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DocumentSegments:
+    """Segment masks of the chunks under packed documents (segment 0 of a chunk: the tokens
+    before its first document start; broadcastable to [N, B, H, ...])."""
+
+    same_N11CC: torch.Tensor  # tokens i, j in the same segment
+    first_N11C: torch.Tensor  # token in segment 0 (reached by the incoming state)
+    last_N11C: torch.Tensor  # token in the chunk's last segment (reaches the leaving state)
+    whole_N1111: torch.Tensor  # the chunk holds no document start
+
+    @classmethod
+    def of(cls, doc_starts_T: torch.Tensor, N: int, C: int) -> DocumentSegments:
+        T = doc_starts_T.shape[0]
+        pad_T = doc_starts_T.new_zeros(N * C - T, dtype=torch.bool)
+        starts_NC = torch.cat([doc_starts_T.bool(), pad_T]).view(N, C)
+        seg_NC = starts_NC.long().cumsum(-1)
+        return cls(same_N11CC=(seg_NC[:, :, None] == seg_NC[:, None, :])[:, None, None],
+                   first_N11C=(seg_NC == 0)[:, None, None],
+                   last_N11C=(seg_NC == seg_NC[:, -1:])[:, None, None],
+                   whole_N1111=~starts_NC.any(-1)[:, None, None, None, None])
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Operand dtype of the output-only matmuls for inputs of `dtype` (see the module doc)."""
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> ChunkTerms:
-    """Compute every chunk-local term of the rule. Shapes as in chunk_gated_delta_rule."""
+def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64,
+                   doc_starts_T: torch.Tensor | None = None) -> ChunkTerms:
+    """Compute every chunk-local term of the rule. Shapes as in chunk_gated_delta_rule;
+    doc_starts_T (bool [T], documents.document_starts) marks the tokens whose entering state is
+    zero: the chunk terms then follow the segment masks of the module doc."""
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape, None, chunk_size)
     C, r, low = chunk_size, Hv // Hk, compute_dtype(q.dtype)
@@ -72,26 +106,41 @@ def prepare_chunks(q, k, v, g, beta, *, use_qk_l2norm=False, chunk_size=64) -> C
 
     q_NBHCK, k_NBHCK, v_NBHCV = chunked(q), chunked(k), chunked(v)
     g_NBHC, beta_NBHC = (chunked(x[..., None])[..., 0] for x in (g, beta))
-    G_NBHC = g_NBHC.cumsum(-1)
     causal_CC = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    seg = None if doc_starts_T is None else DocumentSegments.of(doc_starts_T, N, C)
+    if seg is None:
+        G_NBHC = g_NBHC.cumsum(-1)
+        visible = causal_CC
+    else:  # G restarts at every document start: sums run only over the token's own document
+        visible = causal_CC & seg.same_N11CC
+        G_NBHC = (g_NBHC[..., None, :] * visible).sum(-1)
     # Mask before exp: above the diagonal G_i − G_j > 0 and would overflow under strong decay.
-    decay_NBHCC = (G_NBHC[..., :, None] - G_NBHC[..., None, :]).masked_fill(~causal_CC, -torch.inf).exp()
+    decay_NBHCC = ((G_NBHC[..., :, None] - G_NBHC[..., None, :])
+                   .masked_fill(~visible, -torch.inf).exp())
 
     kbeta_NBHCK = k_NBHCK * beta_NBHC[..., None]
     L_NBHCC = (kbeta_NBHCK @ k_NBHCK.transpose(-1, -2)) * decay_NBHCC
-    rhs = torch.cat([v_NBHCV * beta_NBHC[..., None], kbeta_NBHCK * G_NBHC.exp()[..., None]], dim=-1)
+    # The incoming state reaches only the chunk's first segment (the document it continues).
+    state_decay_NBHC = G_NBHC.exp() if seg is None else G_NBHC.exp() * seg.first_N11C
+    rhs = torch.cat([v_NBHCV * beta_NBHC[..., None], kbeta_NBHCK * state_decay_NBHC[..., None]],
+                    dim=-1)
     # unitriangular: only the strictly lower part of L is read, the diagonal is taken as 1.
     solved = torch.linalg.solve_triangular(L_NBHCC, rhs, upper=False, unitriangular=True)
     u_NBHCV, w_NBHCK = solved[..., :Dv], solved[..., Dv:]
 
     G_last_NBH = G_NBHC[..., -1]
-    kdec_NBHCK = k_NBHCK * (G_last_NBH[..., None] - G_NBHC).exp()[..., None]
+    to_end_NBHC = G_last_NBH[..., None] - G_NBHC
+    if seg is not None:  # only the chunk's last segment reaches the state leaving it
+        to_end_NBHC = to_end_NBHC.masked_fill(~seg.last_N11C, -torch.inf)
+    kdec_NBHCK = k_NBHCK * to_end_NBHC.exp()[..., None]
     eye_KK = torch.eye(Dk, dtype=torch.float32, device=q.device)
     A_NBHKK = G_last_NBH.exp()[..., None, None] * eye_KK - kdec_NBHCK.transpose(-1, -2) @ w_NBHCK
+    if seg is not None:  # a chunk holding a document start forgets the state entering it
+        A_NBHKK = torch.where(seg.whole_N1111, A_NBHKK, 0.0)
     b_NBHKV = kdec_NBHCK.transpose(-1, -2) @ u_NBHCV
     qk_NBHCC = q_NBHCK.to(low) @ k_NBHCK.transpose(-1, -2).to(low)
     attn_NBHCC = (qk_NBHCC.float() * decay_NBHCC).to(low)
-    q_tilde_NBHCK = (q_NBHCK * G_NBHC.exp()[..., None]).to(low)
+    q_tilde_NBHCK = (q_NBHCK * state_decay_NBHC[..., None]).to(low)
     return ChunkTerms(q_tilde_NBHCK, attn_NBHCC, w_NBHCK, u_NBHCV,
                       A_NBHKK.contiguous(), b_NBHKV.contiguous(), T)
 
@@ -140,7 +189,7 @@ def initial_state_or_zeros(initial_state, B, H, K, V, device):
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
-                           use_qk_l2norm=False, chunk_size=64):
+                           use_qk_l2norm=False, chunk_size=64, cu_seqlens=None):
     """Gated delta rule over a whole sequence, chunked.
 
     Args:
@@ -149,6 +198,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
         initial_state: [B, Hv, Dk, Dv] or None (zeros).
         use_qk_l2norm: L2-normalise q and k (eps 1e-6, float32) before the Dk^-½ scale.
         chunk_size: one of 16, 32, 64, 128; T need not be a multiple of it.
+        cu_seqlens: None, or packed documents (int [N+1], 0 … T, flash-linear-attention's
+            convention, B = 1): the state is zero entering each document after the first.
+            Unlike fla's, initial_state is one state (the first document's) and final_state
+            the state after token T−1 (the last document's), not one per document.
     Returns:
         o [B, T, Hv, Dv] in q's dtype, and the float32 final state [B, Hv, Dk, Dv] if asked.
     """
@@ -156,10 +209,15 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
                     None if initial_state is None else initial_state.shape, chunk_size)
     B, T, _, Dk = q.shape
     Hv, Dv = v.shape[2:]
+    doc_starts_T = None
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        doc_starts_T = document_starts(cu_seqlens, sequence_positions(T, q.device))
     if T == 0:
         h = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)
         return v.new_zeros(B, 0, Hv, Dv, dtype=q.dtype), (h if output_final_state else None)
-    terms = prepare_chunks(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+    terms = prepare_chunks(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                           doc_starts_T=doc_starts_T)
     h0 = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)
     states_NBHKV, final_BHKV = scan_chunk_states(terms.A_NBHKK, terms.b_NBHKV, h0)
     o = chunk_outputs(terms, states_NBHKV).to(q.dtype)

@@ -24,14 +24,18 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from ..config import GDNConfig
 from .chunk import chunk_gated_delta_rule
 from .device_index import device_index
+from .documents import check_cu_seqlens, sequence_positions, tokens_since_start
 
 
 def causal_conv1d(x_BTC: torch.Tensor, weight_CK: torch.Tensor,
-                  halo_BKC: torch.Tensor | None = None) -> torch.Tensor:
+                  halo_BKC: torch.Tensor | None = None,
+                  since_start_T: torch.Tensor | None = None) -> torch.Tensor:
     """Apply a depthwise causal conv + SiLU over T to x [B, T, C]; returns [B, T, C], x's dtype.
 
     halo_BKC [B, K−1, C] holds the tokens just before x (zeros when None), so a sequence shard
     convolves exactly. weight_CK [C, K] may be any channel subset of a layer's weight.
+    since_start_T (int [T], documents.tokens_since_start; packed documents): token i sees the
+    j-th token before it (halo included) only where j ≤ since_start_T[i].
     """
     C, K = weight_CK.shape
     if x_BTC.shape[-1] != C:
@@ -44,7 +48,13 @@ def causal_conv1d(x_BTC: torch.Tensor, weight_CK: torch.Tensor,
                              f"{(x_BTC.shape[0], K - 1, C)}")
         x_BCT = torch.cat([halo_BKC.to(x_BTC.dtype), x_BTC], dim=1).transpose(1, 2)
     # Same dtype handling as transformers' causal_conv1d_fn: compute in the weight's dtype.
-    y_BCT = F.conv1d(x_BCT.to(weight_CK.dtype), weight_CK[:, None, :], groups=C)
+    x_BCT = x_BCT.to(weight_CK.dtype)
+    if since_start_T is None:
+        y_BCT = F.conv1d(x_BCT, weight_CK[:, None, :], groups=C)
+    else:  # tap m reads the token K−1−m before; masked where that is in an earlier document
+        T = x_BTC.shape[1]
+        y_BCT = sum(weight_CK[:, m, None] * x_BCT[..., m:m + T]
+                    * (since_start_T >= K - 1 - m).to(x_BCT.dtype) for m in range(K))
     return F.silu(y_BCT).transpose(1, 2).to(x_BTC.dtype)
 
 
@@ -124,10 +134,11 @@ class GatedDeltaNet(nn.Module):
         return (self.in_proj_qkv(hidden_BTD), z_BTHV, self.in_proj_b(hidden_BTD),
                 self.in_proj_a(hidden_BTD))
 
-    def causal_conv(self, mixed_qkv_BTC: torch.Tensor,
-                    halo_BKC: torch.Tensor | None = None) -> torch.Tensor:
-        """Conv + SiLU the pre-conv channels [B, T, C]; halo_BKC = K−1 previous tokens or None."""
-        return causal_conv1d(mixed_qkv_BTC, self.conv_weight_CK, halo_BKC)
+    def causal_conv(self, mixed_qkv_BTC: torch.Tensor, halo_BKC: torch.Tensor | None = None,
+                    since_start_T: torch.Tensor | None = None) -> torch.Tensor:
+        """Conv + SiLU the pre-conv channels [B, T, C]; halo_BKC = K−1 previous tokens or None;
+        since_start_T as in causal_conv1d (packed documents) or None."""
+        return causal_conv1d(mixed_qkv_BTC, self.conv_weight_CK, halo_BKC, since_start_T)
 
     def gates(self, a_BTH: torch.Tensor, b_BTH: torch.Tensor, heads: range | None = None):
         """Return (g_BTH = −exp(A_log)·softplus(a + dt_bias) in fp32, beta_BTH = sigmoid(b))."""
@@ -156,11 +167,13 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(B, T, Hk, Dk), k.reshape(B, T, Hk, Dk), v.reshape(B, T, Hv, Dv),
                 g_BTH, beta_BTH)
 
-    def rule(self, q, k, v, g, beta, *, initial_state=None, output_final_state=False):
+    def rule(self, q, k, v, g, beta, *, initial_state=None, output_final_state=False,
+             cu_seqlens=None):
         """Run the gated delta rule (chunked, q/k L2-normalised); a CP wrapper overrides this."""
+        documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state,
                                       output_final_state=output_final_state, use_qk_l2norm=True,
-                                      chunk_size=self.cfg.chunk_size)
+                                      chunk_size=self.cfg.chunk_size, **documents)
 
     def output(self, o_BTHV: torch.Tensor, z_BTHV: torch.Tensor) -> torch.Tensor:
         """Gated RMSNorm of the rule's output, then out_proj: [B, T, D]."""
@@ -171,24 +184,33 @@ class GatedDeltaNet(nn.Module):
     """remat 'gdn': recompute the core (conv, gates, rule) in backward, keeping the projections'
     outputs; set by model.set_remat."""
 
-    def core(self, mixed_qkv_BTC: torch.Tensor, a_BTH: torch.Tensor,
-             b_BTH: torch.Tensor) -> torch.Tensor:
+    def core(self, mixed_qkv_BTC: torch.Tensor, a_BTH: torch.Tensor, b_BTH: torch.Tensor,
+             cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """conv, gates and the rule on the projections' outputs; returns o [B, T, H, V]."""
-        conv_BTC = self.causal_conv(mixed_qkv_BTC)
+        since_T = None
+        if cu_seqlens is not None:
+            check_cu_seqlens(cu_seqlens, batch=mixed_qkv_BTC.shape[0],
+                             seq_len=mixed_qkv_BTC.shape[1])
+            since_T = tokens_since_start(
+                cu_seqlens, sequence_positions(mixed_qkv_BTC.shape[1], mixed_qkv_BTC.device))
+        conv_BTC = self.causal_conv(mixed_qkv_BTC, since_start_T=since_T)
         q, k, v, g, beta = self.split_heads(conv_BTC, a_BTH, b_BTH)
         # Under autocast the rule's matmuls would drop to bf16; it must accumulate in fp32.
         with torch.autocast(device_type=mixed_qkv_BTC.device.type, enabled=False):
-            o_BTHV, _ = self.rule(q, k, v, g, beta)
+            o_BTHV, _ = self.rule(q, k, v, g, beta,
+                                  **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
         return o_BTHV
 
-    def forward(self, hidden_BTD: torch.Tensor) -> torch.Tensor:
-        """Map hidden states [B, T, D] to [B, T, D]."""
+    def forward(self, hidden_BTD: torch.Tensor,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """Map hidden states [B, T, D] to [B, T, D]; cu_seqlens (int [N+1], B = 1): packed
+        documents, each mixed as if alone (conv and state reset at each start)."""
         mixed_qkv_BTC, z_BTHV, b_BTH, a_BTH = self.project(hidden_BTD)
         core = self.core
         if self.recompute_core:
-            o_BTHV = recomputed(core, mixed_qkv_BTC, a_BTH, b_BTH)
+            o_BTHV = recomputed(core, mixed_qkv_BTC, a_BTH, b_BTH, cu_seqlens)
         else:
-            o_BTHV = core(mixed_qkv_BTC, a_BTH, b_BTH)
+            o_BTHV = core(mixed_qkv_BTC, a_BTH, b_BTH, cu_seqlens)
         return self.output(o_BTHV, z_BTHV)
 
 

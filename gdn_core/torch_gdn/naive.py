@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..shapes import check_rule_args
+from .documents import check_cu_seqlens
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -25,17 +26,23 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final_state=False,
-                               use_qk_l2norm=False):
+                               use_qk_l2norm=False, cu_seqlens=None):
     """Run the recurrence one token at a time (slow; for tests and tiny inputs).
 
     Args: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g (log decay) and beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv]. Returns o [B, T, Hv, Dv] in q's dtype and the float32
-    final state [B, Hv, Dk, Dv] (or None). With float64 q it runs, and returns its state, in
-    float64: autograd through it is then the float64 gradient reference.
+    final state [B, Hv, Dk, Dv] (or None). cu_seqlens (int [N+1], B = 1; as in
+    chunk_gated_delta_rule): h ← 0 before each document start after the first.
+    With float64 q it runs, and returns its state, in float64: autograd through it is then
+    the float64 gradient reference.
     """
     B, T, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape,
         None if initial_state is None else initial_state.shape, 64)
+    starts = set()
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        starts = set(cu_seqlens.tolist()[1:-1]) - {0}
     r, dtype = Hv // Hk, state_dtype(q.dtype)
     q_BTHK = q.to(dtype).repeat_interleave(r, dim=2)
     k_BTHK = k.to(dtype).repeat_interleave(r, dim=2)
@@ -47,6 +54,8 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_f
               if initial_state is None else initial_state.to(dtype))
     outputs = []
     for t in range(T):
+        if t in starts:  # a new document: nothing of the previous one carries over
+            h_BHKV = torch.zeros_like(h_BHKV)
         h_BHKV = h_BHKV * g_BTH[:, t].exp()[..., None, None]
         k_BHK = k_BTHK[:, t]
         predicted_BHV = torch.einsum("bhkv,bhk->bhv", h_BHKV, k_BHK)

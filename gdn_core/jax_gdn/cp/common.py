@@ -40,6 +40,7 @@ from jax.sharding import AxisType, NamedSharding
 from ...cp_layout import Layout, check_layout, segments
 from ..chunk import (ChunkTerms, chunk_outputs, fold_chunk_pairs, mm, prepare_chunks,
                      reverse_state_scan, scan_chunk_states)
+from ..documents import document_starts
 
 AxisName = str | tuple[str, ...]
 
@@ -274,22 +275,38 @@ def replay_through_exchange(exchange: Exchange, A_NBHKK, b_NBHKV, h0_BHKV, *, ax
     return run(A_NBHKK, b_NBHKV, vary_like(h0_BHKV, b_NBHKV[0, :h0_BHKV.shape[0]]), axis)
 
 
+def segment_positions(*, axis: AxisName, layout: Layout, seq_len: int) -> jax.Array:
+    """Global positions of this chip's tokens, one row per slot: int32 [S, T/(D·S)] (traced:
+    the chip's index is)."""
+    seg = Segments(chip_count(axis), layout)
+    s = seq_len // seg.count
+    first_S = jnp.asarray(seg.element_of, jnp.int32)[chip_index(axis)] * s
+    return first_S[:, None] + jnp.arange(s, dtype=jnp.int32)
+
+
 def sequence_sharded_rule(exchange: Exchange, q, k, v, g, beta, h0_BHKV, *, axis: AxisName,
                           output_final_state: bool, use_qk_l2norm: bool, chunk_size: int,
-                          layout: Layout = "contiguous"):
+                          layout: Layout = "contiguous", cu_seqlens=None):
     """Run the rule on this chip's shard, finding h_in with `exchange`.
 
     Args (local shards, the chip's segments in slot order): q, k [B, T_local, Hk, Dk];
         v [B, T_local, Hv, Dv]; g, beta [B, T_local, Hv]; h0_BHKV [B, Hv, Dk, Dv] float32,
-        replicated.
+        replicated. cu_seqlens: None or the GLOBAL packed-document boundaries (int [N+1],
+        replicated): each segment's starts come from its global positions; a segment holding
+        one has A = 0, so the exchanges pass nothing across it.
     Returns:
         o [B, T_local, Hv, Dv] in q's dtype; the float32 state after the global sequence
         [B, Hv, Dk, Dv] (replicated: the last segment's, broadcast from its chip) or None.
     """
     seg = Segments(chip_count(axis), layout)
     S, (B, T_local) = seg.slots, q.shape[:2]
+    doc_starts_BT = None
+    if cu_seqlens is not None:  # [S, s] → [S·B, s], as segments_as_batch lays out the rows
+        positions_Ss = segment_positions(axis=axis, layout=layout, seq_len=T_local * seg.chips)
+        doc_starts_BT = jnp.repeat(document_starts(cu_seqlens, positions_Ss), B, axis=0)
     terms: ChunkTerms = prepare_chunks(*(segments_as_batch(x, S) for x in (q, k, v, g, beta)),
-                                       use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
+                                       use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                                       doc_starts_BT=doc_starts_BT)
     states_NBHKV, h_out_BHKV = replay_through_exchange(exchange, terms.A_NBHKK, terms.b_NBHKV,
                                                        h0_BHKV, axis=axis, layout=layout)
     o = batch_as_segments(chunk_outputs(terms, states_NBHKV, T_local // S), S).astype(q.dtype)
@@ -304,11 +321,11 @@ def sequence_sharded(exchange: Exchange) -> Callable:
     """Make a mode's per-shard rule from its Exchange (the CP registry's entries)."""
 
     def rule(q, k, v, g, beta, h0_BHKV, *, axis, output_final_state, use_qk_l2norm, chunk_size,
-             layout="contiguous"):
+             layout="contiguous", cu_seqlens=None):
         return sequence_sharded_rule(exchange, q, k, v, g, beta, h0_BHKV, axis=axis,
                                      output_final_state=output_final_state,
                                      use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
-                                     layout=layout)
+                                     layout=layout, cu_seqlens=cu_seqlens)
 
     rule.__name__ = rule.__qualname__ = f"{exchange.name}_rule"
     rule.__doc__ = (f"Per-shard rule, h_in from the {exchange.name} exchange; "

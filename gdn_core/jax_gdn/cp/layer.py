@@ -42,8 +42,9 @@ from ..chunk import chunk_gated_delta_rule
 from ..layer import causal_conv, output, project, run_rule, split_heads
 from ..model import GDNLayerFn
 from ..params import Params, cast_floating
+from ..documents import check_cu_seqlens, tokens_since_start
 from .common import (AxisName, batch_as_segments, chip_count, chip_index, mesh_chip_count,
-                     place_on_mesh, segments_as_batch, vary_like)
+                     place_on_mesh, segment_positions, segments_as_batch, vary_like)
 from .halo import segment_halos
 from .rule import cp_rule_shard_unchecked
 from .ulysses import key_heads_for_chips, segments_in_sequence_order
@@ -82,30 +83,36 @@ def _local_heads(params: Params, cfg: GDNConfig, me, plan: UlyssesHeads):
     return w_local, gates
 
 
-def _segmented_conv(conv_weight, mixed_BtC, halos_SBKC):
-    """causal_conv of each of the chip's S segments after its own halo; [B, t, C]."""
+def _segmented_conv(conv_weight, mixed_BtC, halos_SBKC, since_start_Ss=None):
+    """causal_conv of each of the chip's S segments after its own halo; [B, t, C].
+    since_start_Ss: [S, s] tokens since each token's document start (packed documents)."""
     S = halos_SBKC.shape[0]
+    B = mixed_BtC.shape[0]
+    since = None if since_start_Ss is None else jnp.repeat(since_start_Ss, B, axis=0)
     conv_BsC = causal_conv(conv_weight, segments_as_batch(mixed_BtC, S),
-                           halos_SBKC.reshape(-1, *halos_SBKC.shape[2:]))
+                           halos_SBKC.reshape(-1, *halos_SBKC.shape[2:]), since)
     return batch_as_segments(conv_BsC, S)
 
 
 def _sequence_sharded_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
-                            mode: CPMode, layout: Layout, dtype):
+                            mode: CPMode, layout: Layout, dtype, cu_seqlens=None):
     """layer.gdn_layer's pieces with each segment's own conv halo and the CP rule."""
     params = cast_floating(params, dtype)
     mixed_BtC, z_BtHV, b_BtH, a_BtH = project(params, x_BtD.astype(dtype))
     halos_SBKC = segment_halos(mixed_BtC, halo=cfg.conv_kernel_size - 1, axis=axis,
                                layout=layout)
-    conv_BtC = _segmented_conv(params["conv1d"]["weight"], mixed_BtC, halos_SBKC)
+    since_Ss = None if cu_seqlens is None else tokens_since_start(cu_seqlens, segment_positions(
+        axis=axis, layout=layout, seq_len=x_BtD.shape[1] * chip_count(axis)))
+    conv_BtC = _segmented_conv(params["conv1d"]["weight"], mixed_BtC, halos_SBKC, since_Ss)
     q, k, v, g, beta = split_heads(params, conv_BtC, a_BtH, b_BtH, cfg)
+    documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
     o_BtHV = run_rule(q, k, v, g, beta, cfg, rule=partial(
-        cp_rule_shard_unchecked, axis=axis, mode=mode, layout=layout))
+        cp_rule_shard_unchecked, axis=axis, mode=mode, layout=layout, **documents))
     return output(params, o_BtHV, z_BtHV, cfg)
 
 
 def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, layout: Layout,
-                   dtype):
+                   dtype, cu_seqlens=None):
     """The ulysses layout (module docstring) on this chip's shard; [B, t, D] -> [B, t, D]."""
     D, me = chip_count(axis), chip_index(axis)
     plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
@@ -129,7 +136,9 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, lay
         chips=D, layout=layout)
     conv_channels = 2 * G * Dk + Hl * cfg.head_v_dim
     w_local, gates = _local_heads(params, cfg, me, plan)
-    conv_BTC = causal_conv(w_local, local_BTP[..., :conv_channels])
+    since_T = None if cu_seqlens is None else tokens_since_start(
+        cu_seqlens, jnp.arange(local_BTP.shape[1]))
+    conv_BTC = causal_conv(w_local, local_BTP[..., :conv_channels], None, since_T)
     b_BTH = local_BTP[..., conv_channels:conv_channels + Hl]
     a_BTH = local_BTP[..., conv_channels + Hl:]
     local_cfg = dataclasses.replace(cfg, num_k_heads=G, num_v_heads=Hl)
@@ -138,8 +147,9 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, lay
     # scan carry must keep one type under shard_map's check: start from a per-chip zero state.
     h0_BHKV = vary_like(jnp.zeros((B, Hl, Dk, cfg.head_v_dim), jnp.float32),
                         g[:, 0, :, None, None])
+    documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
     o_BTHV = run_rule(q, k, v, g, beta, local_cfg,
-                      rule=partial(chunk_gated_delta_rule, initial_state=h0_BHKV))
+                      rule=partial(chunk_gated_delta_rule, initial_state=h0_BHKV, **documents))
     o_BtHV = lax.all_to_all(segments_in_sequence_order(o_BTHV, chips=D, layout=layout,
                                                        inverse=True),
                             axis, split_axis=1, concat_axis=2, tiled=True)
@@ -147,7 +157,7 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, lay
 
 
 def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode: CPMode,
-                 layout: Layout = "contiguous", dtype=jnp.float32):
+                 layout: Layout = "contiguous", dtype=jnp.float32, cu_seqlens=None):
     """Run one GDN layer on this chip's sequence shard; call inside a shard_map binding `axis`.
 
     Args:
@@ -157,6 +167,9 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
             flattened major-to-minor): contiguous, j·T/D … (j+1)·T/D − 1; zigzag, segments j
             and 2D−1−j of T/(2D) tokens.
         mode: ulysses, p2p, all_gather or log_scan. layout: contiguous or zigzag.
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1),
+            replicated: each document mixed as if alone (the halo, exchanged as ever, is
+            masked past a document start; the state resets at each start).
     Returns: [B, T/D, hidden] in dtype — this chip's shard of the single-chip gdn_layer output.
     Raises ValueError naming the numbers: unknown mode or layout, ulysses value heads not
         divisible by D, a local shard (zigzag: a segment) shorter than the conv halo (K−1
@@ -165,18 +178,22 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
     check_mode(mode)
     D = chip_count(axis)
     check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BtD.shape[1] * D, layout=layout)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=x_BtD.shape[0], seq_len=x_BtD.shape[1] * D)
     return cp_gdn_layer_unchecked(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
-                                  dtype=dtype)
+                                  dtype=dtype, cu_seqlens=cu_seqlens)
 
 
 def cp_gdn_layer_unchecked(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
-                           mode: CPMode, layout: Layout = "contiguous", dtype=jnp.float32):
+                           mode: CPMode, layout: Layout = "contiguous", dtype=jnp.float32,
+                           cu_seqlens=None):
     """cp_gdn_layer without its checks: for a step that validated mode, layout and shape once
     (cp/step.py's mesh_cp), so its layers do not check them again at every trace."""
     if mode == "ulysses":
-        return _ulysses_layer(params, x_BtD, cfg, axis=axis, layout=layout, dtype=dtype)
+        return _ulysses_layer(params, x_BtD, cfg, axis=axis, layout=layout, dtype=dtype,
+                              cu_seqlens=cu_seqlens)
     return _sequence_sharded_layer(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
-                                   dtype=dtype)
+                                   dtype=dtype, cu_seqlens=cu_seqlens)
 
 
 def cp_layer_fn(*, axis: AxisName, mode: CPMode, layout: Layout = "contiguous") -> GDNLayerFn:
@@ -187,7 +204,7 @@ def cp_layer_fn(*, axis: AxisName, mode: CPMode, layout: Layout = "contiguous") 
 
 
 def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName, mode: CPMode,
-                 layout: Layout = "contiguous", dtype=jnp.float32):
+                 layout: Layout = "contiguous", dtype=jnp.float32, cu_seqlens=None):
     """cp_gdn_layer on global arrays: x [B, T, hidden] split on T (dim 1) over mesh axis `axis`.
 
     layout="zigzag": dim 1 holds the sequence in shard order (x[:, cp_layout.shard_order(
@@ -204,5 +221,11 @@ def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName,
     seq_spec = P(None, axis)
     layer = partial(cp_gdn_layer_unchecked, cfg=cfg, axis=axis, mode=mode, layout=layout,
                     dtype=dtype)  # checked above, once
-    return jax.shard_map(layer, mesh=mesh, in_specs=(P(), seq_spec), out_specs=seq_spec)(
-        place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis))
+    if cu_seqlens is None:
+        return jax.shard_map(layer, mesh=mesh, in_specs=(P(), seq_spec), out_specs=seq_spec)(
+            place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis))
+    check_cu_seqlens(cu_seqlens, batch=x_BTD.shape[0], seq_len=x_BTD.shape[1])
+    return jax.shard_map(lambda p, x, cu: layer(p, x, cu_seqlens=cu), mesh=mesh,
+                         in_specs=(P(), seq_spec, P()), out_specs=seq_spec)(
+        place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis),
+        place_on_mesh(cu_seqlens, mesh, P(), axis))

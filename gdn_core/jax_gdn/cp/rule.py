@@ -17,6 +17,7 @@ from ...cp_layout import Layout, check_layout
 from ...cp_modes import CP_MODES, check_cp_shape, check_mode
 from ...shapes import check_rule_args
 from ..chunk import initial_state_or_zeros
+from ..documents import check_cu_seqlens
 from .all_gather import all_gather_rule
 from .common import AxisName, chip_count, mesh_chip_count, place_on_mesh
 from .log_scan import log_scan_rule
@@ -51,7 +52,7 @@ def check_cp_rule_shape(*, mode: str, layout: str, chips: int, seq_len: int, num
 def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: str,
                                     initial_state=None, output_final_state=False,
                                     use_qk_l2norm=False, chunk_size=64,
-                                    layout: Layout = "contiguous"):
+                                    layout: Layout = "contiguous", cu_seqlens=None):
     """Gated delta rule on this chip's sequence shard; call inside a shard_map binding `axis`.
 
     Args:
@@ -62,6 +63,9 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
         initial_state: [B, Hv, Dk, Dv] replicated, or None (zeros).
         mode: one of ulysses, p2p, all_gather, log_scan.
         layout: contiguous or zigzag (gdn_core.cp_layout).
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1),
+            replicated: each chip finds the starts among its own tokens (its layout's
+            positions); the state is zero entering each document after the first.
     Returns:
         o [B, T/D, Hv, Dv] in q's dtype, and the float32 state after the global sequence
         [B, Hv, Dk, Dv] (replicated) if asked.
@@ -72,28 +76,33 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
     D = chip_count(axis)
     check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T_local * D,
                         num_k_heads=Hk, num_v_heads=Hv)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=q.shape[0], seq_len=T_local * D)
     return cp_rule_shard_unchecked(q, k, v, g, beta, axis=axis, mode=mode,
                                    initial_state=initial_state,
                                    output_final_state=output_final_state,
                                    use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
-                                   layout=layout)
+                                   layout=layout, cu_seqlens=cu_seqlens)
 
 
 def cp_rule_shard_unchecked(q, k, v, g, beta, *, axis: AxisName, mode: str, initial_state=None,
                             output_final_state=False, use_qk_l2norm=False, chunk_size=64,
-                            layout: Layout = "contiguous"):
+                            layout: Layout = "contiguous", cu_seqlens=None):
     """chunk_gated_delta_rule_cp_shard without its checks: for a caller that has validated
     mode, layout and shapes (the CP layer of a step whose settings were checked once)."""
     (B, _, _, Dk), (_, _, Hv, Dv) = q.shape, v.shape
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)
+    documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
     return CP_RULES[mode](q, k, v, g, beta, h0_BHKV, axis=axis,
                           output_final_state=output_final_state,
-                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)
+                          use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout,
+                          **documents)
 
 
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: str,
                               layout: Layout = "contiguous", initial_state=None,
-                              output_final_state=False, use_qk_l2norm=False, chunk_size=64):
+                              output_final_state=False, use_qk_l2norm=False, chunk_size=64,
+                              cu_seqlens=None):
     """Gated delta rule on global arrays whose sequence (dim 1) is split over mesh axis `axis`.
 
     Args: as chunk_gated_delta_rule with global shapes (q, k [B, T, Hk, Dk], v [B, T, Hv, Dv],
@@ -101,7 +110,8 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
         name or a tuple of names; chip count D = product of their sizes), `mode` and `layout`.
         layout="zigzag": dim 1 holds the sequence in shard order (x[:, cp_layout.shard_order(
         chips=D, seq_len=T, layout="zigzag")]) and o comes back in that order; nothing is
-        re-sharded inside.
+        re-sharded inside. cu_seqlens: None, or packed documents (int [N+1], 0 … T in
+        SEQUENCE positions whatever the layout, B = 1), replicated to every chip.
     Returns: o [B, T, Hv, Dv] (sequence-sharded over `axis`, q's dtype) and, if asked, the
         float32 final state [B, Hv, Dk, Dv] replicated. jit- and grad-able.
     Raises ValueError naming the numbers: unknown mode, layout or axis, T not divisible by D
@@ -114,18 +124,20 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
                                          _state_shape(initial_state), chunk_size)
     check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T, num_k_heads=Hk,
                         num_v_heads=Hv)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=q.shape[0], seq_len=T)
     seq_spec = P(None, axis)
     kwargs = dict(axis=axis, mode=mode, output_final_state=output_final_state,
                   use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)
     args = [place_on_mesh(x, mesh, seq_spec, axis) for x in (q, k, v, g, beta)]
     in_specs = [seq_spec] * 5
-    if initial_state is not None:
-        args.append(place_on_mesh(initial_state, mesh, P(), axis))
-        in_specs.append(P())
+    extras = {name: x for name, x in (("initial_state", initial_state),
+                                       ("cu_seqlens", cu_seqlens)) if x is not None}
+    args.append({name: place_on_mesh(x, mesh, P(), axis) for name, x in extras.items()})
+    in_specs.append(P())
 
-    def shard(q, k, v, g, beta, *maybe_h0):  # checked above, once
-        o, final = cp_rule_shard_unchecked(
-            q, k, v, g, beta, initial_state=maybe_h0[0] if maybe_h0 else None, **kwargs)
+    def shard(q, k, v, g, beta, extras):  # checked above, once
+        o, final = cp_rule_shard_unchecked(q, k, v, g, beta, **extras, **kwargs)
         return (o, final) if output_final_state else o
 
     out_specs = (seq_spec, P()) if output_final_state else seq_spec

@@ -51,12 +51,14 @@ def segments_in_sequence_order(x_BT_, *, chips: int, layout: Layout, inverse: bo
 
 
 def ulysses_rule(q, k, v, g, beta, h0_BHKV, *, axis: AxisName, output_final_state: bool,
-                 use_qk_l2norm: bool, chunk_size: int, layout: Layout = "contiguous"):
+                 use_qk_l2norm: bool, chunk_size: int, layout: Layout = "contiguous",
+                 cu_seqlens=None):
     """Per-shard rule. Shapes as sequence_sharded_rule; value heads must be divisible by D.
 
     Inside: q, k [B, T, G, Dk]; v [B, T, Hv/D, Dv]; g, beta [B, T, Hv/D]; state
     [B, Hv/D, Dk, Dv], the sequence put in order locally (segments_in_sequence_order). The
-    final state is all-gathered over heads into [B, Hv, Dk, Dv].
+    final state is all-gathered over heads into [B, Hv, Dk, Dv]. cu_seqlens (global, packed
+    documents) goes to the single-chip rule as it is: the chip holds the whole sequence.
     """
     D, me = chip_count(axis), chip_index(axis)
     plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
@@ -72,7 +74,7 @@ def ulysses_rule(q, k, v, g, beta, h0_BHKV, *, axis: AxisName, output_final_stat
     o_heads, final_local_BHKV = chunk_gated_delta_rule(
         *(to_heads(x) for x in (q, k, v, g, beta)), initial_state=h0_local_BHKV,
         output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-        chunk_size=chunk_size)
+        chunk_size=chunk_size, **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
     o = lax.all_to_all(segments_in_sequence_order(o_heads, chips=D, layout=layout,
                                                   inverse=True),
                        axis, split_axis=1, concat_axis=2, tiled=True)

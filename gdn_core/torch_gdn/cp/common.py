@@ -25,8 +25,10 @@ from collections.abc import Callable
 
 import torch
 
-from ...cp_layout import Layout
+from ...cp_layout import Layout, local_positions
 from ..chunk import chunk_outputs, fold_chunk_pairs, prepare_chunks, scan_chunk_states
+from ..device_index import device_index
+from .comm import rank_size
 
 # The implementation signature every mode in the registry follows.
 CPRule = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
@@ -139,19 +141,34 @@ def replay_through_exchange(exchange: Exchange, segments, h0_BHKV):
     return [scan_chunk_states(A, b, h)[0] for (A, b), h in zip(segments, h_ins)], final_BHKV
 
 
+def shard_positions_tensor(*, group, seq_len: int, layout: Layout, device) -> torch.Tensor:
+    """Global positions of this rank's tokens, in local order (cp_layout.local_positions):
+    int64 [T/D] on `device`, built once (device_index)."""
+    rank, D = rank_size(group)
+    return device_index(_local_positions, rank, D, seq_len, layout, device=device)
+
+
+def _local_positions(chip: int, chips: int, seq_len: int, layout: Layout):
+    return local_positions(chip=chip, chips=chips, seq_len=seq_len, layout=layout)
+
+
 def sequence_sharded(contiguous: Exchange, zigzag: ZigzagExchange) -> CPRule:
     """Make a mode's rule (the CP registry's entries) from its two Exchanges (one per layout).
 
     Under layout='zigzag' the shard is two segments (cp_layout): each gets its own chunk terms
-    and pair, and is replayed from its own incoming state.
+    and pair, and is replayed from its own incoming state. doc_starts_t (bool [T/D], local
+    order; packed documents): the tokens whose entering state is zero (chunk.py's segment
+    masks), a pair holding one has A = 0, so the exchanges pass nothing across it.
     """
 
     def rule(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor, output_final_state: bool,
-             use_qk_l2norm: bool, chunk_size: int, layout: Layout = "contiguous"):
+             use_qk_l2norm: bool, chunk_size: int, layout: Layout = "contiguous",
+             doc_starts_t: torch.Tensor | None = None):
         parts = 2 if layout == "zigzag" else 1
         pieces = zip(*(x.chunk(parts, dim=1) for x in (q, k, v, g, beta)))
-        terms = [prepare_chunks(*xs, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size)
-                 for xs in pieces]
+        starts = [None] * parts if doc_starts_t is None else doc_starts_t.chunk(parts)
+        terms = [prepare_chunks(*xs, use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                                doc_starts_T=st) for xs, st in zip(pieces, starts)]
 
         def bound(Ps, h0):
             if layout == "zigzag":

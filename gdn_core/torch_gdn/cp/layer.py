@@ -42,7 +42,9 @@ from ..attention_kernels import ATTENTION_KERNEL_FOR
 from ..gdn_kernels import FUSED_GDN_KERNEL, GDNKernelName, GDNRuleKernel, gdn_rule_kernel
 from ..hybrid import HybridDecoder
 from ..layer import GatedDeltaNet, causal_conv1d
+from ..documents import check_cu_seqlens, sequence_positions, tokens_since_start
 from .comm import rank_size
+from .common import shard_positions_tensor
 from .halo import exchange_conv_halo, exchange_conv_halo_zigzag
 from .hybrid import ContextParallelGatedAttention, shard_positions
 from .rule import chunk_gated_delta_rule_cp
@@ -97,38 +99,56 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
                 f"shorter than the conv halo of {halo} tokens "
                 f"(conv_kernel_size={cfg.conv_kernel_size})")
 
-    def forward(self, hidden_BtD: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_BtD: torch.Tensor,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Map this rank's shard [B, t, D] (cp_layout.local_positions of this rank) to [B, t, D].
 
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1),
+        the same on every rank: each document mixed as if alone (the conv halo, received as
+        ever, is masked past a document start; the state resets at each start).
         Every rank of the group must call it (it exchanges), with the same B and t.
         """
         # Validate before any exchange, so that every rank raises and none waits on a peer.
         self.check_shape(hidden_BtD.shape[1])
-        return super().forward(hidden_BtD)
+        if cu_seqlens is not None:
+            check_cu_seqlens(cu_seqlens, batch=hidden_BtD.shape[0],
+                             seq_len=hidden_BtD.shape[1] * rank_size(self.group)[1])
+            if self.gdn_kernel is not None:
+                raise ValueError(f"cu_seqlens is not yet served with gdn_kernel="
+                                 f"{self.gdn_kernel.name!r}; use kernels='reference'")
+        return super().forward(hidden_BtD, cu_seqlens)
 
-    def core(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
-             b_BtH: torch.Tensor) -> torch.Tensor:
+    def core(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor, b_BtH: torch.Tensor,
+             cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """GatedDeltaNet.core on this rank's shard, exchanges included: o [B, t, H, V]."""
         if self.mode == "ulysses":
-            return self._core_ulysses(mixed_qkv_BtC, a_BtH, b_BtH)
+            return self._core_ulysses(mixed_qkv_BtC, a_BtH, b_BtH, cu_seqlens)
         halo = self.cfg.conv_kernel_size - 1
+        since_t = None if cu_seqlens is None else tokens_since_start(
+            cu_seqlens, shard_positions_tensor(group=self.group,
+                                               seq_len=mixed_qkv_BtC.shape[1] * rank_size(
+                                                   self.group)[1],
+                                               layout=self.layout, device=mixed_qkv_BtC.device))
         if self.layout == "zigzag":
             halos = exchange_conv_halo_zigzag(mixed_qkv_BtC, halo=halo, group=self.group)
-            conv_BtC = torch.cat([self.causal_conv(segment, halo_BKC) for segment, halo_BKC
-                                  in zip(mixed_qkv_BtC.chunk(2, dim=1), halos)], dim=1)
+            since = (None, None) if since_t is None else since_t.chunk(2)
+            conv_BtC = torch.cat([self.causal_conv(segment, halo_BKC, since_s) for
+                                  segment, halo_BKC, since_s
+                                  in zip(mixed_qkv_BtC.chunk(2, dim=1), halos, since)], dim=1)
         else:
             halo_BKC = exchange_conv_halo(mixed_qkv_BtC, halo=halo, group=self.group)
-            conv_BtC = self.causal_conv(mixed_qkv_BtC, halo_BKC)
+            conv_BtC = self.causal_conv(mixed_qkv_BtC, halo_BKC, since_t)
         q, k, v, g, beta = self.split_heads(conv_BtC, a_BtH, b_BtH)
         # As GatedDeltaNet.core: the rule accumulates in fp32 even under autocast.
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             o_BtHV, _ = chunk_gated_delta_rule_cp(
                 q, k, v, g, beta, group=self.group, mode=self.mode, layout=self.layout,
-                use_qk_l2norm=True, chunk_size=self.cfg.chunk_size, kernel=self.gdn_kernel)
+                use_qk_l2norm=True, chunk_size=self.cfg.chunk_size, kernel=self.gdn_kernel,
+                cu_seqlens=cu_seqlens)
         return o_BtHV
 
     def _core_ulysses(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
-                      b_BtH: torch.Tensor) -> torch.Tensor:
+                      b_BtH: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
         cfg = self.cfg
         rank, D = rank_size(self.group)
         plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
@@ -148,14 +168,17 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         mixed_local_BTC = torch.cat([q_BTGK.reshape(B, T, -1), k_BTGK.reshape(B, T, -1),
                                      v_BTHV.reshape(B, T, -1)], dim=-1)
         weight_CK = self.conv_weight_CK[self.conv_channels(k_heads, v_heads)]
-        conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK)
+        since_T = None if cu_seqlens is None else tokens_since_start(
+            cu_seqlens, sequence_positions(T, mixed_local_BTC.device))
+        conv_BTC = causal_conv1d(mixed_local_BTC, weight_CK, since_start_T=since_T)
         q, k, v = torch.split(conv_BTC, [G * Dk, G * Dk, len(v_heads) * Dv], dim=-1)
         g, beta = self.gates(a_BTH1[..., 0], b_BTH1[..., 0], heads=v_heads)
         rule_args = (q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk), v.reshape(B, T, -1, Dv),
                      g, beta)
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
             if self.gdn_kernel is None:
-                o_BTHV, _ = self.rule(*rule_args)
+                o_BTHV, _ = self.rule(
+                    *rule_args, **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
             else:  # one kernel call on this rank's heads over the whole sequence
                 o_BTHV, _ = self.gdn_kernel(*rule_args, use_qk_l2norm_in_kernel=True)
         return heads_to_seq(o_BTHV, group=self.group, layout=self.layout)

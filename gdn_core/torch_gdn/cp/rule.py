@@ -6,9 +6,10 @@ from ...cp_layout import Layout, check_layout
 from ...cp_modes import CPMode, check_cp_shape, check_mode
 from ...shapes import check_rule_args
 from ..chunk import initial_state_or_zeros
+from ..documents import check_cu_seqlens, document_starts
 from .all_gather import chunk_gated_delta_rule_all_gather
 from .comm import rank_size
-from .common import CPRule
+from .common import CPRule, shard_positions_tensor
 from .kernel_rule import chunk_gated_delta_rule_kernel_cp
 from .log_scan import chunk_gated_delta_rule_log_scan
 from .p2p import chunk_gated_delta_rule_p2p
@@ -25,7 +26,7 @@ CP_RULES: dict[str, CPRule] = {
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
                               layout: Layout = "contiguous", initial_state=None,
                               output_final_state=False, use_qk_l2norm=False, chunk_size=64,
-                              kernel=None):
+                              kernel=None, cu_seqlens=None):
     """Gated delta rule over a sequence split across the ranks of `group` (context parallel).
 
     Args:
@@ -42,6 +43,11 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
             exchange: common.py); or a gdn_kernels.GDNRuleKernel (fla-core's under
             kernels="fused", its own chunk size) composed through its public call alone
             (kernel_rule.py; ulysses: one call on the rank's heads).
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1;
+            the same on every rank), as in chunk_gated_delta_rule: each rank finds the starts
+            in its own tokens (its layout's positions). A document may span ranks (its state
+            crosses); a shard holding a start passes on nothing from before it. Not yet with
+            a `kernel`.
     Returns:
         o: this rank's shard [B, T/D, Hv, Dv] in q's dtype, and, if asked, the float32 state
         after the whole global sequence [B, Hv, Dk, Dv], identical on every rank.
@@ -62,11 +68,23 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
     _, D = rank_size(group)
     check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
     check_layout(layout, chips=D, seq_len=T_local * D)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T_local * D)
+        if kernel is not None:
+            raise ValueError(f"cu_seqlens is not yet served with kernel={kernel.name!r}; "
+                             "use kernel=None (kernels='reference')")
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)
     args = dict(group=group, h0_BHKV=h0_BHKV, output_final_state=output_final_state,
                 use_qk_l2norm=use_qk_l2norm, layout=layout)
-    if kernel is None:
-        o, final_BHKV = CP_RULES[mode](q, k, v, g, beta, chunk_size=chunk_size, **args)
+    if kernel is None and mode == "ulysses":  # the sequence is whole there: global boundaries
+        o, final_BHKV = CP_RULES[mode](q, k, v, g, beta, chunk_size=chunk_size,
+                                       cu_seqlens=cu_seqlens, **args)
+    elif kernel is None:
+        doc_starts_t = None if cu_seqlens is None else document_starts(
+            cu_seqlens, shard_positions_tensor(group=group, seq_len=T_local * D, layout=layout,
+                                               device=q.device))
+        o, final_BHKV = CP_RULES[mode](q, k, v, g, beta, chunk_size=chunk_size,
+                                       doc_starts_t=doc_starts_t, **args)
     elif mode == "ulysses":
         o, final_BHKV = chunk_gated_delta_rule_ulysses(q, k, v, g, beta, chunk_size=chunk_size,
                                                        kernel=kernel, **args)

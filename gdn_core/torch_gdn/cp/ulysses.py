@@ -94,12 +94,14 @@ def heads_to_seq(o_BTHV: torch.Tensor, *, group, layout: Layout = "contiguous") 
 
 def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Tensor,
                                    output_final_state: bool, use_qk_l2norm: bool,
-                                   chunk_size: int, layout: Layout = "contiguous", kernel=None):
+                                   chunk_size: int, layout: Layout = "contiguous", kernel=None,
+                                   cu_seqlens=None):
     """This rank's shard of o ([B, T/D, Hv, Dv], q's dtype) and the global final state (or None).
 
     Value heads must be divisible by D (checked by the caller via check_cp_shape). `kernel`
     (gdn_kernels.GDNRuleKernel, its own chunk size): one call of it on this rank's heads over
-    the whole sequence; None: this package's chunk_gated_delta_rule.
+    the whole sequence; None: this package's chunk_gated_delta_rule, with the global
+    cu_seqlens as they are (the rule sees the whole sequence in sequence order).
     """
     rank, D = rank_size(group)
     plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
@@ -112,7 +114,7 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
         o_h, final_local = chunk_gated_delta_rule(
             q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1), initial_state=h0_local,
             output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-            chunk_size=chunk_size)
+            chunk_size=chunk_size, cu_seqlens=cu_seqlens)
     else:
         o_h, final_local = kernel(
             q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1), initial_state=h0_local,

@@ -1,0 +1,49 @@
+"""Packed variable-length documents in JAX: where each token's document began (as
+torch_gdn.documents; see there for the cu_seqlens convention).
+
+cu_seqlens (integer, [N+1], 0 = c_0 ≤ … ≤ c_N = T, batch 1): the state is zero entering each
+document after the first, and the causal conv sees no token of an earlier document. Works
+from global token positions, traced or not, so a CP chip derives its boundaries from its own
+positions (cp_layout) inside shard_map; cu_seqlens may be traced (its values are checked only
+when concrete).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def check_cu_seqlens(cu_seqlens, *, batch: int, seq_len: int) -> None:
+    """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] array running
+    non-decreasing from 0 to seq_len, with batch 1 (values checked only when concrete)."""
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along T), got B={batch}")
+    shape = tuple(np.shape(cu_seqlens))
+    if len(shape) != 1 or shape[0] < 2:
+        raise ValueError(f"cu_seqlens {shape} must be [N+1] with N ≥ 1")
+    if not jnp.issubdtype(jnp.result_type(cu_seqlens), jnp.integer):
+        raise ValueError(f"cu_seqlens must be an integer array, got {jnp.result_type(cu_seqlens)}")
+    if isinstance(cu_seqlens, jax.core.Tracer):
+        return
+    values = np.asarray(cu_seqlens).tolist()
+    if values[0] != 0 or values[-1] != seq_len or any(b < a for a, b in zip(values, values[1:])):
+        shown = values if len(values) <= 12 else values[:5] + ["…"] + values[-5:]
+        raise ValueError(f"cu_seqlens={shown} must run non-decreasing from 0 to "
+                         f"seq_len={seq_len}")
+
+
+def tokens_since_start(cu_seqlens, positions):
+    """For each global position p (any shape), p − (the start of p's document), int32."""
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    positions = jnp.asarray(positions, jnp.int32)
+    doc = jnp.clip(jnp.searchsorted(cu, positions, side="right") - 1, 0, cu.shape[0] - 1)
+    return positions - cu[doc]
+
+
+def document_starts(cu_seqlens, positions):
+    """bool, positions' shape: True where the token begins a document other than the first
+    (the state entering it is zero); global position 0 is never marked."""
+    positions = jnp.asarray(positions, jnp.int32)
+    return (tokens_since_start(cu_seqlens, positions) == 0) & (positions > 0)

@@ -1,0 +1,50 @@
+"""Packed variable-length documents: where each token's document began.
+
+A packed sequence is documents back to back; `cu_seqlens` (integer, [N+1], 0 = c_0 ≤ c_1 ≤ … ≤
+c_N = T, flash-linear-attention's convention, batch 1) says document i holds tokens
+c_i … c_{i+1} − 1. Under it the recurrent state is zero entering each document after the first
+(the first starts from `initial_state`), and the causal conv sees no token of an earlier
+document. Everything here works from global token positions, so a context-parallel rank (which
+receives the global cu_seqlens: it is tiny) derives its own boundaries from its layout's
+positions (gdn_core.cp_layout.local_positions) with the same two functions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor, *, batch: int, seq_len: int) -> None:
+    """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] tensor running
+    non-decreasing from 0 to seq_len, with batch 1 (reads its values: one host copy on a GPU)."""
+    if batch != 1:
+        raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along T), got B={batch}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens {tuple(cu_seqlens.shape)} must be [N+1] with N ≥ 1")
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
+    values = cu_seqlens.tolist()
+    if values[0] != 0 or values[-1] != seq_len or any(b < a for a, b in zip(values, values[1:])):
+        shown = values if len(values) <= 12 else values[:5] + ["…"] + values[-5:]
+        raise ValueError(f"cu_seqlens={shown} must run non-decreasing from 0 to "
+                         f"seq_len={seq_len}")
+
+
+def tokens_since_start(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:
+    """For each global position p, p − (the start of p's document): int64 [T] on positions'
+    device. The causal conv of kernel K sees tap j ≤ K−1 of token p only where this is ≥ j."""
+    cu = cu_seqlens.to(device=positions_T.device, dtype=torch.int64)
+    doc_T = torch.searchsorted(cu, positions_T, right=True) - 1
+    return positions_T - cu[doc_T.clamp(0, cu.numel() - 1)]
+
+
+def document_starts(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:
+    """bool [T]: True where the token at that global position begins a document other than the
+    first (the state entering it is zero); global position 0 is never marked (initial_state
+    enters there)."""
+    return (tokens_since_start(cu_seqlens, positions_T) == 0) & (positions_T > 0)
+
+
+def sequence_positions(seq_len: int, device) -> torch.Tensor:
+    """Global positions 0 … seq_len−1 (int64) of a sequence held whole."""
+    return torch.arange(seq_len, device=device)
