@@ -14,6 +14,9 @@ tuple-shaped ops are all sized the same way):
     recv                S (its buffer)    for each target in _xla_send_recv_source_target_pairs
                                           (a collective-permute XLA:GPU split into send/recv)
 
+G is the chip's own group: on a mesh of several axes, a collective over some of them has one
+replica group per combination of the others (a dp × CP mesh's CP collectives: one group per
+replica, contiguous or strided ids by the axes' order), and each chip counts its own group's.
 Async forms are counted once: `-start` ops (all-gather-start, reduce-scatter-start, …) carry
 the collective, `-update` / `-done` halves are skipped, and a generic `async-start(...),
 calls=%wrapped` counts the collective inside its wrapped computation. A computation runs as

@@ -29,6 +29,7 @@ class StepPlan:
     """What XLA says of one compiled CP step, per chip."""
 
     chips: int
+    """All chips of the mesh (dp × the CP group's)."""
     seq_len: int
     estimated_memory_bytes: int
     """compiled_peak_bytes: arguments + outputs + temporaries − aliased (donated)."""
@@ -42,30 +43,43 @@ class StepPlan:
     compile_time_s: float
     backend: str
     """The platform compiled for (cpu, gpu, tpu) and its device kind."""
+    dp: int = 1
+    """Data-parallel replicas (CPSettings.dp): a dp × chips/dp mesh."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def plan_cp_step(model_cfg, train_cfg, *, mode: str, chips: int, devices=None) -> StepPlan:
+def plan_cp_step(model_cfg, train_cfg, *, mode: str, chips: int, devices=None,
+                 dp: int = 1) -> StepPlan:
     """Compile the CP step for `chips` of this process's devices (the first ones by default)
-    and read its memory, FLOPs and collective bytes; nothing runs. Raises ValueError naming the
-    numbers when the mode cannot split the shape, or when there are fewer devices."""
+    and read its memory, FLOPs and collective bytes; nothing runs. dp > 1: a ("dp", "cp") mesh
+    of dp replicas of chips/dp CP chips, train_cfg.batch_size sequences each. Raises
+    ValueError naming the numbers when the mode cannot split the shape, dp does not divide
+    chips, or there are fewer devices."""
     import jax
     import numpy as np
     from jax.sharding import Mesh
 
+    from ..cp_modes import check_dp
     from .cp.train import compile_cp_train_step
     from .hlo_flops import matmul_flops_per_chip
+
+    check_dp(dp, chips=chips)
 
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) < chips:
         raise ValueError(f"chips={chips} needs {chips} devices, this process has "
                          f"{len(devices)}: run `python -m gdn_core.jax_gdn.plan`, which gives "
                          "a fresh process that many virtual CPU chips")
-    mesh = Mesh(np.array(devices[:chips]), ("cp",))
+    if dp == 1:
+        mesh, batch_axis = Mesh(np.array(devices[:chips]), ("cp",)), None
+    else:
+        mesh = Mesh(np.array(devices[:chips]).reshape(dp, chips // dp), ("dp", "cp"))
+        batch_axis = "dp"
     start = time.perf_counter()
-    program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp", mode=mode)
+    program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp", mode=mode,
+                                    batch_axis=batch_axis)
     compile_time_s = time.perf_counter() - start
     stats = program.compiled.memory_analysis()
     flops = matmul_flops_per_chip(program.compiled)
@@ -77,7 +91,7 @@ def plan_cp_step(model_cfg, train_cfg, *, mode: str, chips: int, devices=None) -
         cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
         grad_sync_bytes_per_step=program.grad_sync_bytes_per_step,
         compile_time_s=compile_time_s,
-        backend=f"{devices[0].platform} ({devices[0].device_kind})")
+        backend=f"{devices[0].platform} ({devices[0].device_kind})", dp=dp)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,27 +114,29 @@ def seq_len_granule(model_cfg, *, chips: int) -> int:
 
 
 def largest_fitting_seq_len(model_cfg, train_cfg, *, mode: str, chips: int, budget_bytes: int,
-                            max_seq_len: int, devices=None) -> FitSearch:
+                            max_seq_len: int, devices=None, dp: int = 1) -> FitSearch:
     """Bisect compile-only plans over seq_len = k · granule, 1 ≤ k ≤ max_seq_len // granule,
-    for the largest k whose XLA memory estimate per chip is within budget_bytes.
+    for the largest k whose XLA memory estimate per chip is within budget_bytes (dp: as
+    plan_cp_step's; the granule is one replica's chips/dp × chunk).
 
     Assumes memory grows with seq_len (activations do; weights do not shrink), and confirms
     the boundary by the two compiles either side of it (`fits`, `exceeds`).
     """
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes={budget_bytes} must be positive")
-    granule = seq_len_granule(model_cfg, chips=chips)
+    granule = seq_len_granule(model_cfg, chips=chips // dp)
     top = max_seq_len // granule
     if top < 1:
         raise ValueError(f"max_seq_len={max_seq_len} is below one granule ({granule} tokens: "
-                         f"{chips} chips × chunk {model_cfg.gdn.chunk_size})")
+                         f"{chips // dp} chips × chunk {model_cfg.gdn.chunk_size})")
     probes: list[StepPlan] = []
     plans: dict[int, StepPlan] = {}
 
     def plan(k: int) -> StepPlan:
         if k not in plans:
             cfg = dataclasses.replace(train_cfg, seq_len=k * granule)
-            plans[k] = plan_cp_step(model_cfg, cfg, mode=mode, chips=chips, devices=devices)
+            plans[k] = plan_cp_step(model_cfg, cfg, mode=mode, chips=chips, devices=devices,
+                                    dp=dp)
             probes.append(plans[k])
         return plans[k]
 
@@ -168,26 +184,28 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m gdn_core.jax_gdn.plan --request '{"preset": …, "seq_len": …, "mode": …,
-    "chips": D, …}' [--budget-bytes N --max-seq-len M]`: one JSON object on stdout (a StepPlan,
-    or with a budget a FitSearch), compiled for D virtual CPU chips of this fresh process."""
+    "chips": D, "dp": 1, …}' [--budget-bytes N --max-seq-len M]`: one JSON object on stdout
+    (a StepPlan, or with a budget a FitSearch), compiled for D virtual CPU chips of this fresh
+    process (dp of them replicas of D/dp CP chips each)."""
     parser = argparse.ArgumentParser(prog="python -m gdn_core.jax_gdn.plan")
     parser.add_argument("--request", required=True, help="JSON: preset, seq_len, mode, chips, "
-                        "batch_size, dtype, param_sharding, remat, num_layers, vocab_size")
+                        "dp, batch_size, dtype, param_sharding, remat, num_layers, vocab_size")
     parser.add_argument("--budget-bytes", type=int, help="bisect seq_len for this budget")
     parser.add_argument("--max-seq-len", type=int, help="upper end of the search (with a budget)")
     args = parser.parse_args(argv)
     _die_with_parent()
     request = json.loads(args.request)
-    chips = int(request["chips"])
+    chips, dp = int(request["chips"]), int(request.get("dp", 1))
     from .virtual_chips import ensure_virtual_chips
 
     ensure_virtual_chips(chips, fresh_process="python -m gdn_core.jax_gdn.plan")
     model_cfg, train_cfg = _configs(request)
     if args.budget_bytes is None:
-        out = plan_cp_step(model_cfg, train_cfg, mode=request["mode"], chips=chips).to_json()
+        out = plan_cp_step(model_cfg, train_cfg, mode=request["mode"], chips=chips,
+                           dp=dp).to_json()
     else:
         search = largest_fitting_seq_len(
-            model_cfg, train_cfg, mode=request["mode"], chips=chips,
+            model_cfg, train_cfg, mode=request["mode"], chips=chips, dp=dp,
             budget_bytes=args.budget_bytes, max_seq_len=args.max_seq_len or train_cfg.seq_len)
         out = {"budget_bytes": search.budget_bytes, "granule": search.granule,
                "fits": search.fits and search.fits.to_json(),

@@ -8,8 +8,9 @@ point takes `layout` (gdn_core.cp_layout: contiguous, or zigzag — two segments
 global arrays in shard order).
 The layer and training step: `cp_gdn_layer` (this chip's shard, inside a shard_map) and
 `gdn_layer_cp` (global arrays); `make_cp_train_step` (step.py) runs the whole model in one
-shard_map over the sequence axis, `run_cp_training` (train.py) one trial of it, checked against
-one chip by verify.py. A hybrid model's attention layers run `attention_cp`
+shard_map over the sequence axis (with `batch_axis`, a second mesh axis of data-parallel
+replicas: a dp × CP mesh), `run_cp_training` (train.py) one trial of it, checked against one
+chip by verify.py. A hybrid model's attention layers run `attention_cp`
 (attention.py: all_gather_kv, ring, ulysses) beside the GDN layers' mode.
 """
 

@@ -1,7 +1,9 @@
 """Weights, gradients and AdamW state over the CP chips: replicated, zero1 or fsdp.
 
-The CP chips double as the data/FSDP axis (MaxText's ici_fsdp × context meshes): inside the
-step's shard_map each chip holds, per leaf, either the whole array or its 1/D slice along one
+The CP chips double as the data/FSDP axis (MaxText's ici_fsdp × context meshes), and with
+data-parallel replicas (cp/step.py's batch_axis) the weights span those too: `axis` is then
+(batch_axis, *CP axes) and D all dp × CP chips of the mesh. Inside the step's shard_map each
+chip holds, per leaf, either the whole array or its 1/D slice along one
 dim — the largest dim divisible by D, never the stacking axis of params["block"] (so every
 layer's slice is itself sharded and can be gathered inside the scan body). A leaf with no such
 dim stays replicated (`replicated_leaves` names them).
@@ -104,7 +106,8 @@ class WeightLayout:
     sharding: str
     """replicated, zero1 or fsdp."""
     axis: AxisName
-    """The CP mesh axis (a name or a tuple of names)."""
+    """The mesh axes the weights span (a name or a tuple of names): the CP axis, or
+    (batch_axis, *CP axes) on a dp × CP mesh."""
     dims: Params
     """shard_dims of the model tree (used by zero1 and fsdp)."""
 

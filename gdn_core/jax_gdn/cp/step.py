@@ -22,7 +22,12 @@ internals take, and the layers they bind (cp_gdn_layer_unchecked, attention.ATTE
 not check again at every trace.
 Fresh weights and AdamW state are created in that layout (sharded_init: jit with
 out_shardings, each chip drawing only its shards), the host init's values bit for bit.
-Legend: B batch, T global tokens, t = T/D tokens per chip.
+Data parallel × CP (batch_axis, a second mesh axis of dp chips): the global batch [dp·B, T]
+is split on B over batch_axis and on T over `axis`, so replica d holds rows d·B … (d+1)·B − 1
+and splits them over its own D chips. The CP layers exchange over `axis` only (inside a
+replica); the loss sum and the weights' layout and gradient reduction span (batch_axis, *axis),
+every chip of the mesh (MeshCP.weight_axis). batch_axis None: one replica, the step as before.
+Legend: B batch (per replica), T global tokens, t = T/D tokens per chip.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from ..attention_pairs import PairKernelName
 from ..kernels import REFERENCE_GDN, attention_pair_kernel, resolve_jax_kernels
 from .attention import (ATTENTION_CP, check_attention_shape, local_token_positions,
                         segment_table)
-from .common import AxisName, mesh_chip_count
+from .common import AxisName, axis_names, mesh_chip_count
 from .layer import check_layer_shape, cp_gdn_layer_unchecked
 from .param_sharding import WeightLayout, weight_layout
 
@@ -73,13 +78,35 @@ class MeshCP:
     """The attention segment pairs' kernel `kernels` runs on this mesh (jax_gdn.kernels)."""
     resolved: ResolvedKernels = ResolvedKernels(gdn=REFERENCE_GDN, attention=None)
     """What the step runs, named with versions (attention None: no attention layers)."""
+    batch_axis: str | None = None
+    """The mesh axis of the data-parallel replicas; None: one replica."""
+    dp: int = 1
+    """Replicas: batch_axis's size (1 without one)."""
+
+    @property
+    def weight_axis(self) -> AxisName:
+        """Axes of the loss sum and of the weights' layout and gradient reduction: every chip
+        of the mesh, (batch_axis, *axis); `axis` itself with one replica (the step as before)."""
+        return weight_axes(self.axis, self.batch_axis)
+
+    @property
+    def mesh_chips(self) -> int:
+        """dp × D: the chips the weights are laid out over."""
+        return self.dp * self.chips
+
+    @property
+    def token_spec(self) -> P:
+        """Tokens [dp·B, T]: rows over batch_axis (replicated if None), the sequence over axis."""
+        return P(self.batch_axis, self.axis)
 
 
 def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode: str,
             attn_cp: str = "all_gather_kv", layout: str = "contiguous",
-            kernels: str = DEFAULT_KERNELS, dtype: str = "float32") -> MeshCP:
+            kernels: str = DEFAULT_KERNELS, dtype: str = "float32",
+            batch_axis: str | None = None) -> MeshCP:
     """Validate a CP step's settings for model_cfg at seq_len global tokens, once per trial.
 
+    batch_axis: the mesh axis of the data-parallel replicas (replica_count), or None.
     Raises ValueError naming the numbers: an axis the mesh lacks, an unknown mode, attn_cp,
     layout or kernels, or a shape they cannot split (the GDN layers:
     cp/layer.check_layer_shape; a hybrid's attention layers:
@@ -92,6 +119,7 @@ def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode:
     check_layout(layout)
     check_kernels(kernels)
     chips = mesh_chip_count(mesh, axis)
+    dp = replica_count(mesh, batch_axis, axis=axis)
     check_layer_shape(model_cfg.gdn, mode=mode, chips=chips, seq_len=seq_len, layout=layout)
     backend = mesh.devices.flat[0].platform
     attention_kernel, head_dim, pair_len = "reference", None, None
@@ -108,7 +136,28 @@ def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode:
                                    segment_len=pair_len)
     return MeshCP(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis),
                   chips=chips, mode=mode, attn_cp=attn_cp, layout=layout, kernels=kernels,
-                  attention_kernel=attention_kernel, resolved=resolved)
+                  attention_kernel=attention_kernel, resolved=resolved, batch_axis=batch_axis,
+                  dp=dp)
+
+
+def replica_count(mesh, batch_axis: str | None, *, axis: AxisName) -> int:
+    """dp: the size of mesh axis batch_axis (1 for None). ValueError when the mesh lacks it or
+    it is one of the sequence axes `axis`."""
+    if batch_axis is None:
+        return 1
+    if not isinstance(batch_axis, str) or batch_axis not in mesh.axis_names:
+        raise ValueError(f"batch_axis={batch_axis!r} must name one axis of the mesh "
+                         f"{tuple(mesh.axis_names)}")
+    if batch_axis in axis_names(axis):
+        raise ValueError(f"batch_axis={batch_axis!r} is also a sequence axis (axis={axis!r}): "
+                         "the replicas need an axis of their own")
+    return mesh.shape[batch_axis]
+
+
+def weight_axes(axis: AxisName, batch_axis: str | None) -> AxisName:
+    """MeshCP.weight_axis for unvalidated arguments: (batch_axis, *axis), or axis."""
+    axis = axis if isinstance(axis, str) else tuple(axis)
+    return axis if batch_axis is None else (batch_axis, *axis_names(axis))
 
 
 def model_hooks(cp: MeshCP, seq_len: int) -> dict:
@@ -141,10 +190,12 @@ def weight_specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis,
 
 def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
                      mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                     layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS) -> StepFn:
+                     layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
+                     batch_axis: str | None = None) -> StepFn:
     """The un-jitted, shard_mapped step; see make_cp_train_step."""
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
+                 batch_axis=batch_axis)
     return _shard_mapped_step(model_cfg, train_cfg, cp)
 
 
@@ -154,9 +205,10 @@ it as CP traffic)."""
 
 
 def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP) -> StepFn:
-    weights, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, cp.axis, cp.chips)
+    weights, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, cp.weight_axis,
+                                                   cp.mesh_chips)
     step = build_step_fn(
-        model_cfg, train_cfg, global_tokens=train_cfg.batch_size * train_cfg.seq_len,
+        model_cfg, train_cfg, global_tokens=cp.dp * train_cfg.batch_size * train_cfg.seq_len,
         grad_transform=weights.reduce_grads, fetch=weights.fetch(),
         apply_update=weights.apply_update(make_optimizer(train_cfg)),
         **model_hooks(cp, train_cfg.seq_len))
@@ -164,18 +216,18 @@ def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshC
     def shard_step(params, opt_state, inputs_Bt, targets_Bt):
         params, opt_state, loss_share = step(params, opt_state, inputs_Bt, targets_Bt)
         with jax.named_scope(LOSS_SUM_SCOPE):
-            loss = lax.psum(loss_share, cp.axis)
+            loss = lax.psum(loss_share, cp.weight_axis)
         return params, opt_state, loss
 
-    seq = P(None, cp.axis)
+    seq = cp.token_spec
     return jax.shard_map(shard_step, mesh=cp.mesh, in_specs=(param_specs, opt_specs, seq, seq),
                          out_specs=(param_specs, opt_specs, P()), check_vma=False)
 
 
 def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                        axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                       layout: Layout = "contiguous",
-                       kernels: Kernels = DEFAULT_KERNELS) -> StepFn:
+                       layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
+                       batch_axis: str | None = None) -> StepFn:
     """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
 
     params, opt_state: global arrays laid out as cp_training_inputs makes them (per
@@ -184,15 +236,19 @@ def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
     major-to-minor; D = the product of their sizes), in cp_layout.shard_order(layout) (the
     identity for contiguous). attn_cp: the attention layers' CP mode (hybrid models). loss:
     the global mean loss (float32, replicated). kernels: the attention layers' kernels
-    (gdn_core.kernels; the GDN rule is the reference either way, jax_gdn.kernels). The
-    update equals one chip's AdamW step on the summed gradients. The same arguments return
+    (gdn_core.kernels; the GDN rule is the reference either way, jax_gdn.kernels).
+    batch_axis: the mesh axis of dp data-parallel replicas; inputs_BT, targets_BT are then
+    [dp·B, T], rows split over it (B = train_cfg.batch_size per replica), and the loss is the
+    mean over all dp·B·T tokens. The update equals one chip's AdamW step on the summed
+    gradients (of the whole global batch). The same arguments return
     the same jitted function, so `.lower(...).compile()` of equal shapes and shardings
     compiles once per process (compile_cp_train_step relies on it).
     Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D,
     KernelUnavailable with the reason when kernels="fused" cannot serve it.
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
+                 batch_axis=batch_axis)
     return jitted_step(model_cfg, train_cfg, cp)
 
 
@@ -225,9 +281,10 @@ def host_copy(tree, mesh=None):
     return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
 
 
-def synthetic_batch(model_cfg: ModelConfig, train_cfg: TrainConfig) -> np.ndarray:
-    """The run's token ids [B, T+1] (int32, host): gdn_core.data.synthetic_tokens of the config."""
-    return synthetic_tokens(batch_size=train_cfg.batch_size, seq_len=train_cfg.seq_len,
+def synthetic_batch(model_cfg: ModelConfig, train_cfg: TrainConfig, dp: int = 1) -> np.ndarray:
+    """The run's global batch of token ids [dp·B, T+1] (int32, host): gdn_core.data.
+    synthetic_tokens of the config (replica d's rows: d·B … (d+1)·B − 1)."""
+    return synthetic_tokens(batch_size=dp * train_cfg.batch_size, seq_len=train_cfg.seq_len,
                             vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
 
 
@@ -237,7 +294,8 @@ def _named(mesh, specs):
 
 
 def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                       axis: AxisName, params=None, layout: Layout = "contiguous"):
+                       axis: AxisName, params=None, layout: Layout = "contiguous",
+                       batch_axis: str | None = None):
     """(params, opt_state, inputs_BT, targets_BT) as global arrays for make_cp_train_step.
 
     Fresh weights (seed train_cfg.seed) and AdamW state are created in their layout
@@ -245,22 +303,25 @@ def cp_training_inputs(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
     sharded. A host pytree `params` given (e.g. params.from_state_dict of a checkpoint) is
     laid out shard by shard, its fresh AdamW state created sharded (sharded_optimizer_init).
     The synthetic batch's inputs tokens[:, :-1] and targets tokens[:, 1:] [B, T], T split
-    over `axis` in cp_layout.shard_order(layout). Call on every process of a multi-process
-    mesh (each creates or feeds only its own devices' shards).
+    over `axis` in cp_layout.shard_order(layout). batch_axis (dp replicas): the global batch
+    [dp·B, T], rows over batch_axis; the weights laid out over every chip of the mesh. Call
+    on every process of a multi-process mesh (each creates or feeds only its own devices'
+    shards).
     """
     axis = axis if isinstance(axis, str) else tuple(axis)
-    D = mesh_chip_count(mesh, axis)
-    _, param_specs, _ = weight_specs(model_cfg, train_cfg, axis, D)
-    tokens_BT1 = synthetic_batch(model_cfg, train_cfg)
+    D, dp = mesh_chip_count(mesh, axis), replica_count(mesh, batch_axis, axis=axis)
+    weight_axis = weight_axes(axis, batch_axis)
+    _, param_specs, _ = weight_specs(model_cfg, train_cfg, weight_axis, dp * D)
+    tokens_BT1 = synthetic_batch(model_cfg, train_cfg, dp)
     order = shard_order(chips=D, seq_len=train_cfg.seq_len, layout=layout)
     if params is None:
-        params, opt_state = sharded_init(model_cfg, train_cfg, mesh, axis)()
+        params, opt_state = sharded_init(model_cfg, train_cfg, mesh, weight_axis)()
     else:
         params = global_arrays(params, _named(mesh, param_specs))
-        opt_state = sharded_optimizer_init(model_cfg, train_cfg, mesh, axis)(params)
+        opt_state = sharded_optimizer_init(model_cfg, train_cfg, mesh, weight_axis)(params)
     return (params, opt_state,
             *global_arrays((tokens_BT1[:, :-1][:, order], tokens_BT1[:, 1:][:, order]),
-                           NamedSharding(mesh, P(None, axis))))
+                           NamedSharding(mesh, P(batch_axis, axis))))
 
 
 def _target_shardings(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis):
@@ -280,7 +341,9 @@ def sharded_init(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh, axis: Axi
     never exist whole on one chip. With jax_threefry_partitionable (jax's default) the
     random bits do not depend on the sharding, so the values are
     init_model_params(model_cfg, PRNGKey(train_cfg.seed))'s bit for bit, and a CP-vs-one-
-    chip verify compares the same weights. axis: a name or a tuple (hashable: cached).
+    chip verify compares the same weights. axis: the axes the weights are laid out over (the
+    step's MeshCP.weight_axis: the sequence axis, with dp replicas (batch_axis, *axis)), a
+    name or a tuple (hashable: cached).
     """
     param_shardings, opt_shardings = _target_shardings(model_cfg, train_cfg, mesh, axis)
     optimizer = make_optimizer(train_cfg)
@@ -301,11 +364,13 @@ def sharded_optimizer_init(model_cfg: ModelConfig, train_cfg: TrainConfig, mesh,
     return jax.jit(make_optimizer(train_cfg).init, out_shardings=opt_shardings)
 
 
-def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName):
+def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
+                   batch_axis: str | None = None):
     """cp_training_inputs as jax.ShapeDtypeStruct (shapes, dtypes, shardings; no data)."""
     axis = axis if isinstance(axis, str) else tuple(axis)
-    _, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, axis,
-                                             mesh_chip_count(mesh, axis))
+    dp, weight_axis = replica_count(mesh, batch_axis, axis=axis), weight_axes(axis, batch_axis)
+    _, param_specs, opt_specs = weight_specs(model_cfg, train_cfg, weight_axis,
+                                             mesh_chip_count(mesh, weight_axis))
     params = _param_shapes(model_cfg)
     opt_state = jax.eval_shape(make_optimizer(train_cfg).init, params)
 
@@ -313,6 +378,6 @@ def cp_step_shapes(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             tree, _named(mesh, specs))
 
-    tokens_BT = jax.ShapeDtypeStruct((train_cfg.batch_size, train_cfg.seq_len), jnp.int32,
-                                     sharding=NamedSharding(mesh, P(None, axis)))
+    tokens_BT = jax.ShapeDtypeStruct((dp * train_cfg.batch_size, train_cfg.seq_len), jnp.int32,
+                                     sharding=NamedSharding(mesh, P(batch_axis, axis)))
     return shaped(params, param_specs), shaped(opt_state, opt_specs), tokens_BT, tokens_BT

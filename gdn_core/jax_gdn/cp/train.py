@@ -59,23 +59,27 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
                           compiler_options: dict | None = None,
                           attn_cp: AttnCPMode = "all_gather_kv",
                           layout: Layout = "contiguous",
-                          kernels: Kernels = DEFAULT_KERNELS) -> CompiledCPStep:
+                          kernels: Kernels = DEFAULT_KERNELS,
+                          batch_axis: str | None = None) -> CompiledCPStep:
     """Compile the CP step without allocating anything, and read its memory and bytes.
 
     For sizing (memory, comm) without running, and for run_cp_training. Equal arguments reuse
     the compile within a process. compiler_options: XLA options (e.g. a lower backend
     optimisation level for quick tests); they change code generation, not the collectives.
-    One compile: the bytes are read from this program (comm_bytes_per_chip).
+    One compile: the bytes are read from this program (comm_bytes_per_chip). batch_axis: the
+    mesh axis of data-parallel replicas (step.make_cp_train_step).
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
+                 batch_axis=batch_axis)
     return _compile(model_cfg, train_cfg, cp, compiler_options)
 
 
 def _compile(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
              compiler_options: dict | None = None) -> CompiledCPStep:
     start = time.perf_counter()
-    shapes = cp_step_shapes(model_cfg, train_cfg, mesh=cp.mesh, axis=cp.axis)
+    shapes = cp_step_shapes(model_cfg, train_cfg, mesh=cp.mesh, axis=cp.axis,
+                            batch_axis=cp.batch_axis)
     compiled = jitted_step(model_cfg, train_cfg, cp).lower(*shapes).compile(
         compiler_options)
     compile_time_s = time.perf_counter() - start
@@ -91,7 +95,9 @@ def comm_bytes_per_chip(compiled, num_chips: int) -> tuple[int, int]:
     step's own compiled program. A collective under param_sharding.WEIGHT_SYNC_SCOPE moves
     weights or their gradients (the gradient all-reduce or reduce-scatter, zero1's and fsdp's
     all-gathers, loops counted per trip); every other one is CP traffic: the modes'
-    exchanges, the conv halo and the loss sum (step.LOSS_SUM_SCOPE). XLA's combiners merge
+    exchanges, the conv halo and the loss sum (step.LOSS_SUM_SCOPE). num_chips: every chip of
+    the mesh; on a dp × CP mesh a CP collective has one replica group per replica, and each
+    chip is charged for its own group's share only (hlo_comm). XLA's combiners merge
     collectives (the loss sum into the gradient all-reduce, say) and join their source paths
     with ":" in operand order, so a merged one is split by operand, each as if sent alone.
     """
@@ -134,7 +140,8 @@ def _local_devices(mesh) -> list:
 
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
                     cp: CPSettings, steps: int, warmup_steps: int = 1, verify: bool = False,
-                    verify_memory_budget_bytes: int | None = None) -> CPTrainReport:
+                    verify_memory_budget_bytes: int | None = None,
+                    batch_axis: str | None = None) -> CPTrainReport:
     """Train under CP (`cp`) on one fixed synthetic batch; call on every process of `mesh`.
 
     Every process creates only its own devices' shards of the weights and AdamW state (seed
@@ -148,35 +155,50 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     at the initial weights against one chip (max_rel_err) on as much of the sequence as one
     chip holds beside the step's state (memory.verify.verify_seq_len within
     verify_memory_budget_bytes, default the chip's capacity; verified_seq_len). Losses: every
-    step, global mean. Raises ValueError naming the numbers when `axis` is not cp.chips
-    chips, or when cp's modes or layout cannot split the shape over them; KernelUnavailable
-    with the reason when cp.kernels="fused" cannot serve the point.
+    step, global mean. Data parallel (cp.dp > 1): batch_axis names the mesh axis of the
+    cp.dp replicas, `axis` then spans cp.cp_chips; the global batch is cp.dp ×
+    train_cfg.batch_size sequences (step.synthetic_batch), verify compares one chip on all of
+    it, and the report's chips are all cp.chips of the mesh. Raises ValueError naming the
+    numbers when `axis` is not cp.cp_chips chips or batch_axis not cp.dp (or is missing with
+    cp.dp > 1), or when cp's modes or layout cannot split the shape over them;
+    KernelUnavailable with the reason when cp.kernels="fused" cannot serve the point.
     """
     if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
             or warmup_steps < 0:
         raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
+    if cp.dp > 1 and batch_axis is None:
+        raise ValueError(f"cp.dp={cp.dp} needs batch_axis: the mesh axis of the {cp.dp} "
+                         "data-parallel replicas")
     step_cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=cp.mode,
                       attn_cp=cp.attn_cp, layout=cp.layout, kernels=cp.kernels,
-                      dtype=train_cfg.dtype)  # the trial's one validation
-    D = step_cp.chips
-    if D != cp.chips:
-        raise ValueError(f"cp.chips={cp.chips} but mesh axis {axis!r} spans {D} chips")
+                      dtype=train_cfg.dtype, batch_axis=batch_axis)  # the trial's one validation
+    D, dp = step_cp.chips, step_cp.dp
+    if dp != cp.dp:
+        raise ValueError(f"cp.dp={cp.dp} but batch_axis {batch_axis!r} spans {dp} chips")
+    if D != cp.cp_chips:
+        per_replica = "" if cp.dp == 1 else f" / cp.dp={cp.dp} = {cp.cp_chips} CP chips,"
+        raise ValueError(f"cp.chips={cp.chips}{per_replica} but mesh axis {axis!r} spans "
+                         f"{D} chips")
     devices = _local_devices(mesh)
     baseline = device_memory.jax_reset_peak(devices)
     params, opt_state, inputs_BT, targets_BT = cp_training_inputs(
-        model_cfg, train_cfg, mesh=mesh, axis=step_cp.axis, layout=cp.layout)
+        model_cfg, train_cfg, mesh=mesh, axis=step_cp.axis, layout=cp.layout,
+        batch_axis=batch_axis)
     max_rel_err = verified_seq_len = None
     compile_time_s = 0.0
     if verify:
         budget = verify_budget(devices, verify_memory_budget_bytes)
+        # The reference runs the whole global batch on one chip; the step's resident state
+        # is predicted over one replica's D chips (weights over dp·D hold less: conservative).
+        global_cfg = dataclasses.replace(train_cfg, batch_size=dp * train_cfg.batch_size)
         verified_seq_len = train_cfg.seq_len if budget is None else verify_seq_len(
-            model_cfg, train_cfg, mode=cp.mode, chips=D, framework="jax", budget_bytes=budget)
+            model_cfg, global_cfg, mode=cp.mode, chips=D, framework="jax", budget_bytes=budget)
         if verified_seq_len is not None and cp.layout == "zigzag":  # 2D segments of the prefix
             verified_seq_len = verified_seq_len - verified_seq_len % (2 * D) or None
         if verified_seq_len is not None:
             # A valid CP length by construction (verify_seq_len): the settings hold for it too.
             prefix_cfg = dataclasses.replace(train_cfg, seq_len=verified_seq_len)
-            tokens_BT1 = synthetic_batch(model_cfg, train_cfg)[:, :verified_seq_len + 1]
+            tokens_BT1 = synthetic_batch(model_cfg, train_cfg, dp)[:, :verified_seq_len + 1]
             max_rel_err, compile_time_s = verify_error(params, tokens_BT1, model_cfg,
                                                        prefix_cfg, step_cp)
     program = _compile(model_cfg, train_cfg, step_cp)
@@ -190,7 +212,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
         losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
         memory_source=memory_source, estimated_memory_bytes=estimate,
         estimated_memory_source=ESTIMATE_SOURCE if estimate is not None else None,
-        compile_time_s=compile_time_s + program.compile_time_s, mode=cp.mode, chips=D,
+        compile_time_s=compile_time_s + program.compile_time_s, mode=cp.mode, chips=dp * D,
+        dp=dp,
         cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
         grad_sync_bytes_per_step=program.grad_sync_bytes_per_step,
         comm_source=COMM_SOURCE, max_rel_err=max_rel_err, verified_seq_len=verified_seq_len,

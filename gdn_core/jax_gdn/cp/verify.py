@@ -34,7 +34,8 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
                                train_cfg: TrainConfig, *, mesh, axis: AxisName,
                                mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
                                layout: Layout = "contiguous",
-                               kernels: Kernels = DEFAULT_KERNELS) -> float:
+                               kernels: Kernels = DEFAULT_KERNELS,
+                               batch_axis: str | None = None) -> float:
     """Max relative error of the CP loss and summed gradients against one chip, same data.
 
     params: global arrays as cp_training_inputs lays them out; tokens_BT1: host int [B, T+1]
@@ -43,10 +44,13 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     runs the step's own loss (param_sharding, remat) and gradient reduction; the reference is
     model_loss under jax.value_and_grad on this process's first device, no remat. Each
     gradient's error is relative to max(its norm, testing.VERIFY_GRAD_FLOOR × the whole
-    reference gradient's norm). Every process returns the same.
+    reference gradient's norm). Every process returns the same. batch_axis (dp replicas):
+    tokens_BT1 is the global batch [dp·B, T+1] (step.synthetic_batch(…, dp)), rows over
+    batch_axis on the CP side; the one chip runs all dp·B sequences.
     """
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
+                 batch_axis=batch_axis)
     return verify_error(params, tokens_BT1, model_cfg, train_cfg, cp)[0]
 
 
@@ -54,7 +58,12 @@ def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainCon
                  cp: MeshCP) -> tuple[float, float]:
     """verify_against_single_chip for validated settings: (error, seconds spent lowering and
     compiling)."""
-    dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
+    rows = cp.dp * train_cfg.batch_size
+    if tokens_BT1.shape != (rows, train_cfg.seq_len + 1):
+        raise ValueError(f"tokens_BT1 has shape {tokens_BT1.shape}; the global batch is "
+                         f"({rows}, {train_cfg.seq_len + 1}): dp={cp.dp} × batch_size="
+                         f"{train_cfg.batch_size} sequences of seq_len + 1 tokens")
+    dtype, global_tokens = jnp.dtype(train_cfg.dtype), rows * train_cfg.seq_len
     inputs_BT, targets_BT = tokens_BT1[:, :-1], tokens_BT1[:, 1:]
     cp_loss_and_grads = _loss_and_grads_fn(model_cfg, train_cfg, cp)
 
@@ -64,7 +73,7 @@ def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainCon
 
     order = shard_order(chips=cp.chips, seq_len=train_cfg.seq_len, layout=cp.layout)
     cp_args = (params, *global_arrays((inputs_BT[:, order], targets_BT[:, order]),
-                                      NamedSharding(cp.mesh, P(None, cp.axis))))
+                                      NamedSharding(cp.mesh, cp.token_spec)))
     start = time.perf_counter()
     cp_program = jax.jit(cp_loss_and_grads).lower(*cp_args).compile()
     compile_time_s = time.perf_counter() - start
@@ -83,18 +92,21 @@ def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainCon
 
 def cp_loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
                          axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                         layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS):
+                         layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
+                         batch_axis: str | None = None):
     """The step's loss and reduced gradients, without the update: a shard_mapped
     f(params, inputs_BT, targets_BT) -> (global mean loss, gradients laid out as the step's
     reduced ones: WeightLayout.grad_specs). Arguments as make_cp_train_step's."""
     cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype)
+                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
+                 batch_axis=batch_axis)
     return _loss_and_grads_fn(model_cfg, train_cfg, cp)
 
 
 def _loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP):
-    dtype, global_tokens = jnp.dtype(train_cfg.dtype), train_cfg.batch_size * train_cfg.seq_len
-    weights, param_specs, _ = weight_specs(model_cfg, train_cfg, cp.axis, cp.chips)
+    dtype = jnp.dtype(train_cfg.dtype)
+    global_tokens = cp.dp * train_cfg.batch_size * train_cfg.seq_len
+    weights, param_specs, _ = weight_specs(model_cfg, train_cfg, cp.weight_axis, cp.mesh_chips)
     hooks = model_hooks(cp, train_cfg.seq_len)
     positions_fn = hooks.pop("positions_fn")
 
@@ -102,9 +114,9 @@ def _loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshC
         share, grads = jax.value_and_grad(model_loss)(
             params, inputs_Bt, targets_Bt, model_cfg, global_tokens=global_tokens, dtype=dtype,
             fetch=weights.fetch(), remat=train_cfg.remat, positions=positions_fn(), **hooks)
-        return lax.psum(share, cp.axis), weights.reduce_grads(grads)
+        return lax.psum(share, cp.weight_axis), weights.reduce_grads(grads)
 
-    seq = P(None, cp.axis)
+    seq = cp.token_spec
     return jax.shard_map(loss_and_grads, mesh=cp.mesh, in_specs=(param_specs, seq, seq),
                          out_specs=(P(), weights.grad_specs()), check_vma=False)
 
