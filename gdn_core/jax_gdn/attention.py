@@ -13,6 +13,11 @@ float32 statistics, tiles no query sees skipped, and a custom VJP that recompute
 probabilities from the saved log-sum-exp — score temporaries are [B, G, r, b, c] and
 nothing grows with T². The CP modes (cp/attention.py) run the same tile loops (merge_keys,
 add_key_grads) on each chip's queries against each key block.
+Packed documents (`cu_seqlens`, gdn_core.attention_documents): each query also carries the
+first position of its document (document_starts, traced from the global cu_seqlens and the
+tokens' global positions) and sees key j only where start ≤ k_pos[j] ≤ q_pos; a tile whose
+keys all lie before its queries' earliest document start is skipped like a future one. Rotary
+positions stay global (the packed sequence's), as the published packed training does.
 Params (torch/HF layout): q_proj {"weight": [2·H·E, D]}, k_proj, v_proj {"weight": [G·E, D]},
 o_proj {"weight": [D, H·E]} (each with "bias" when attention_bias), q_norm, k_norm
 {"weight": [E]} (zero-centred: the scale is 1 + weight).
@@ -168,30 +173,48 @@ def _key_tile(j, tile: int, *xs, axis: int = 1):
     return tuple(lax.dynamic_slice_in_dim(x, j * tile, tile, axis=axis) for x in xs)
 
 
-def _visibility(q_pos, k_pos):
-    """NO_KEY when every key comes after every query (the tile is skipped), ALL_KEYS when none
-    does (no mask), else SOME_KEYS (masked) — int32, from the positions' extremes, so right for
-    any position sets."""
-    return jnp.where(k_pos.min() > q_pos.max(), NO_KEY,
-                     jnp.where(k_pos.max() <= q_pos.min(), ALL_KEYS, SOME_KEYS)).astype(jnp.int32)
+def document_starts(cu_seqlens, positions):
+    """The first position of each position's document, int32 like positions: cu[doc(p)],
+    doc(p) = max{i : cu_i ≤ p} (gdn_core.attention_documents), from the global cu_seqlens
+    (int [N+1], traced or not) and global positions (traced or not)."""
+    cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
+    pos = jnp.asarray(positions).astype(jnp.int32)
+    return cu[jnp.searchsorted(cu, pos, side="right") - 1]
 
 
-def _scores(q_BGrbE, k_BcGE, q_pos, k_pos):
-    """Scaled scores [B, G, r, b, c] in float32 and the mask [b, c]; q_pos None: no mask."""
+def _visibility(q_pos, k_pos, q_start=None):
+    """NO_KEY when every key comes after every query, or (q_start, packed documents: each
+    query's document start) every key lies before the earliest document start of the tile's
+    queries — its documents all ended before theirs began (the tile is skipped); ALL_KEYS when
+    every query sees every key (no mask), else SOME_KEYS (masked) — int32, from the
+    positions' extremes, so right for any position sets."""
+    skip = k_pos.min() > q_pos.max()
+    whole = k_pos.max() <= q_pos.min()
+    if q_start is not None:
+        skip = skip | (k_pos.max() < q_start.min())
+        whole = whole & (k_pos.min() >= q_start.max())
+    return jnp.where(skip, NO_KEY, jnp.where(whole, ALL_KEYS, SOME_KEYS)).astype(jnp.int32)
+
+
+def _scores(q_BGrbE, k_BcGE, q_pos, k_pos, q_start=None):
+    """Scaled scores [B, G, r, b, c] in float32 and the mask [b, c]; q_pos None: no mask;
+    q_start (each query's document start): keys before it masked too."""
     E = q_BGrbE.shape[-1]
     s = jnp.einsum("bgrqe,bsge->bgrqs", q_BGrbE, k_BcGE, precision=precision(q_BGrbE.dtype),
                    preferred_element_type=jnp.float32) * E ** -0.5
     if q_pos is None:
         return s, None
     mask_bc = k_pos[None, :] <= q_pos[:, None]
+    if q_start is not None:
+        mask_bc = mask_bc & (k_pos[None, :] >= q_start[:, None])
     return jnp.where(mask_bc, s, MASKED), mask_bc
 
 
-def _merge_tile(stats, q_BGrbE, k_BcGE, v_BcGE, q_pos, k_pos):
+def _merge_tile(stats, q_BGrbE, k_BcGE, v_BcGE, q_pos, k_pos, q_start=None):
     """Online softmax: fold one key tile into a query tile's (max m, sum l, weighted sum acc),
     float32. q_pos, k_pos None: every query sees every key."""
     m_BGrb, l_BGrb, acc_BGrbE = stats
-    s, mask = _scores(q_BGrbE, k_BcGE, q_pos, k_pos)
+    s, mask = _scores(q_BGrbE, k_BcGE, q_pos, k_pos, q_start)
     m_new = jnp.maximum(m_BGrb, s.max(-1))
     alpha = jnp.exp(m_BGrb - m_new)
     p = jnp.exp(s - m_new[..., None])
@@ -202,11 +225,12 @@ def _merge_tile(stats, q_BGrbE, k_BcGE, v_BcGE, q_pos, k_pos):
     return m_new, alpha * l_BGrb + p.sum(-1), alpha[..., None] * acc_BGrbE + pv
 
 
-def _tile_grads(q_BGrbE, k_BcGE, v_BcGE, do_BGrbE, lse_BGrb, delta_BGrb, q_pos, k_pos):
+def _tile_grads(q_BGrbE, k_BcGE, v_BcGE, do_BGrbE, lse_BGrb, delta_BGrb, q_pos, k_pos,
+                q_start=None):
     """One tile's (dq [B, G, r, b, E], dk, dv [B, c, G, E]) in float32, probabilities
     recomputed from the log-sum-exp; q_pos, k_pos None: every query sees every key."""
     E = q_BGrbE.shape[-1]
-    s, mask = _scores(q_BGrbE, k_BcGE, q_pos, k_pos)
+    s, mask = _scores(q_BGrbE, k_BcGE, q_pos, k_pos, q_start)
     p = jnp.exp(s - lse_BGrb[..., None])
     if mask is not None:
         p = jnp.where(mask, p, 0.0)
@@ -235,10 +259,17 @@ def empty_stats(q_nBGrbE):
             jnp.zeros(q_nBGrbE.shape, jnp.float32))
 
 
-def finish(stats, dtype):
-    """(o tiles [n, B, G, r, b, E] in dtype, log-sum-exp [n, B, G, r, b] float32)."""
+def finish(stats, dtype, empty_rows: bool = False):
+    """(o tiles [n, B, G, r, b, E] in dtype, log-sum-exp [n, B, G, r, b] float32).
+    empty_rows: queries may have seen no key (a segment pair under packed documents): theirs
+    are o 0 and log-sum-exp MASKED, which a merge by log-sum-exp weighs 0."""
     m, l, acc = stats
-    return (acc / l[..., None]).astype(dtype), m + jnp.log(l)
+    if not empty_rows:
+        return (acc / l[..., None]).astype(dtype), m + jnp.log(l)
+    seen = l > 0
+    safe_l = jnp.where(seen, l, 1.0)
+    return ((acc / safe_l[..., None]).astype(dtype),
+            jnp.where(seen, m + jnp.log(safe_l), MASKED))
 
 
 def tile_delta(o_nBGrbE, do_nBGrbE):
@@ -246,23 +277,26 @@ def tile_delta(o_nBGrbE, do_nBGrbE):
     return jnp.sum(o_nBGrbE.astype(jnp.float32) * do_nBGrbE.astype(jnp.float32), axis=-1)
 
 
-def merge_keys(stats, q_nBGrbE, q_pos_nb, k_BSGE, v_BSGE, k_pos_S, key_tile: int):
+def merge_keys(stats, q_nBGrbE, q_pos_nb, k_BSGE, v_BSGE, k_pos_S, key_tile: int,
+               q_start_nb=None):
     """Fold keys k, v [B, S, G, E] at positions k_pos [S] into the statistics of query tiles
     q [n, B, G, r, b, E] at positions [n, b]: a loop over query tiles, in it a loop over key
     tiles of key_tile keys whose body (lax.switch: only the taken branch runs) skips a tile
-    no query sees, leaves the mask out of one wholly seen and masks the rest."""
+    no query sees, leaves the mask out of one wholly seen and masks the rest. q_start_nb
+    [n, b]: the queries' document starts (packed documents), or None."""
     k_pos, k, v = _padded_keys(key_tile, k_pos_S, k_BSGE, v_BSGE)
 
     def per_query_tile(i, stats):
         q, q_pos = q_nBGrbE[i], q_pos_nb[i]
+        q_start = None if q_start_nb is None else q_start_nb[i]
 
         def per_key_tile(j, st):
             kp, = _key_tile(j, key_tile, k_pos, axis=0)
             kt, vt = _key_tile(j, key_tile, k, v)
-            return lax.switch(_visibility(q_pos, kp), (
+            return lax.switch(_visibility(q_pos, kp, q_start), (
                 lambda st, *_: st,
                 lambda st, q, kt, vt, *_: _merge_tile(st, q, kt, vt, None, None),
-                lambda *args: _merge_tile(*args)), st, q, kt, vt, q_pos, kp)
+                lambda *args: _merge_tile(*args)), st, q, kt, vt, q_pos, kp, q_start)
 
         st = tile_loop(k.shape[1] // key_tile, per_key_tile, tuple(x[i] for x in stats))
         return tuple(lax.dynamic_update_index_in_dim(x, y, i, 0) for x, y in zip(stats, st))
@@ -271,7 +305,7 @@ def merge_keys(stats, q_nBGrbE, q_pos_nb, k_BSGE, v_BSGE, k_pos_S, key_tile: int
 
 
 def add_key_grads(grads, q_nBGrbE, do_nBGrbE, lse_nBGrb, delta_nBGrb, q_pos_nb, k_BSGE,
-                  v_BSGE, k_pos_S, key_tile: int):
+                  v_BSGE, k_pos_S, key_tile: int, q_start_nb=None):
     """grads = (dq [n, B, G, r, b, E], dk, dv [B, S, G, E]), float32, plus the gradients of
     these keys' attention, tile by tile as merge_keys (invisible tiles skipped)."""
     dq_n, dk_BSGE, dv_BSGE = grads
@@ -282,17 +316,18 @@ def add_key_grads(grads, q_nBGrbE, do_nBGrbE, lse_nBGrb, delta_nBGrb, q_pos_nb, 
     def per_query_tile(i, grads):
         dq_n, dk, dv = grads
         q, do, lse, delta, q_pos = (x[i] for x in per_query)
+        q_start = None if q_start_nb is None else q_start_nb[i]
 
         def per_key_tile(j, acc):
             dq, dk, dv = acc
             kp, = _key_tile(j, key_tile, k_pos, axis=0)
             kt, vt, dkt, dvt = _key_tile(j, key_tile, k, v, dk, dv)
-            dq, dkt, dvt = lax.switch(_visibility(q_pos, kp), (
+            dq, dkt, dvt = lax.switch(_visibility(q_pos, kp, q_start), (
                 lambda g, *_: g,
                 lambda g, q, kt, vt, do, lse, delta, *_: _add_tile_grads(
                     g, q, kt, vt, do, lse, delta, None, None),
                 lambda *args: _add_tile_grads(*args)),
-                (dq, dkt, dvt), q, kt, vt, do, lse, delta, q_pos, kp)
+                (dq, dkt, dvt), q, kt, vt, do, lse, delta, q_pos, kp, q_start)
             return (dq,) + tuple(lax.dynamic_update_slice_in_dim(x, y, j * key_tile, axis=1)
                                  for x, y in ((dk, dkt), (dv, dvt)))
 
@@ -304,36 +339,47 @@ def add_key_grads(grads, q_nBGrbE, do_nBGrbE, lse_nBGrb, delta_nBGrb, q_pos_nb, 
 
 
 def causal_attention(q_BTHE, k_BSGE, v_BSGE, q_pos_T=None, k_pos_S=None, *,
-                     block: int = ATTENTION_BLOCK):
+                     block: int = ATTENTION_BLOCK, cu_seqlens=None):
     """Softmax attention, query i reading key j where k_pos[j] ≤ q_pos[i] (default: the
     positions 0 … T−1), query head h reading key/value head h // (H/G): o [B, T, H, E] in q's
     dtype. Flash-style, in tiles of tile_size(·, block) queries × keys with float32
     statistics; a custom VJP saves q, k, v, o and the log-sum-exp, and backward recomputes
-    each tile's probabilities: no buffer grows with T²."""
+    each tile's probabilities: no buffer grows with T². cu_seqlens: None (exactly the causal
+    attention above), or packed documents (int [N+1], 0 … T, the GLOBAL boundaries, traced or
+    not): query i then also needs k_pos[j] ≥ the start of its document (block-diagonal
+    causal), and tiles between documents are skipped (_visibility). Positions are global, so
+    a CP chip passes its own with the whole cu_seqlens."""
     T, S = q_BTHE.shape[1], k_BSGE.shape[1]
     q_pos_T = jnp.arange(T) if q_pos_T is None else q_pos_T
     k_pos_S = jnp.arange(S) if k_pos_S is None else k_pos_S
-    return _causal_attention(q_BTHE, k_BSGE, v_BSGE, jnp.asarray(q_pos_T).astype(jnp.int32),
-                             jnp.asarray(k_pos_S).astype(jnp.int32), tile_size(T, block),
-                             tile_size(S, block))
+    q_pos_T = jnp.asarray(q_pos_T).astype(jnp.int32)
+    q_start_T = None if cu_seqlens is None else document_starts(cu_seqlens, q_pos_T)
+    return _causal_attention(q_BTHE, k_BSGE, v_BSGE, q_pos_T,
+                             jnp.asarray(k_pos_S).astype(jnp.int32), q_start_T,
+                             tile_size(T, block), tile_size(S, block))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _causal_attention(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_tile, k_tile):
-    return _causal_attention_fwd(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_tile, k_tile)[0]
+def _start_tiles(q_start_T, tile: int):
+    return None if q_start_T is None else query_position_tiles(q_start_T, tile)
 
 
-def _causal_attention_fwd(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_tile, k_tile):
+@partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _causal_attention(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_start_T, q_tile, k_tile):
+    return _causal_attention_fwd(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_start_T, q_tile,
+                                 k_tile)[0]
+
+
+def _causal_attention_fwd(q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_start_T, q_tile, k_tile):
     q_n = query_tiles(q_BTHE, k_BSGE.shape[2], q_tile)
     stats = merge_keys(empty_stats(q_n), q_n, query_position_tiles(q_pos_T, q_tile), k_BSGE,
-                       v_BSGE, k_pos_S, k_tile)
+                       v_BSGE, k_pos_S, k_tile, _start_tiles(q_start_T, q_tile))
     o_n, lse_n = finish(stats, q_BTHE.dtype)
     o_BTHE = from_query_tiles(o_n, q_BTHE.shape[1])
-    return o_BTHE, (q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, o_BTHE, lse_n)
+    return o_BTHE, (q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_start_T, o_BTHE, lse_n)
 
 
 def _causal_attention_bwd(q_tile, k_tile, residuals, do_BTHE):
-    q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, o_BTHE, lse_n = residuals
+    q_BTHE, k_BSGE, v_BSGE, q_pos_T, k_pos_S, q_start_T, o_BTHE, lse_n = residuals
     G = k_BSGE.shape[2]
     q_n, do_n, o_n = (query_tiles(x.astype(q_BTHE.dtype), G, q_tile)
                       for x in (q_BTHE, do_BTHE, o_BTHE))
@@ -341,45 +387,20 @@ def _causal_attention_bwd(q_tile, k_tile, residuals, do_BTHE):
     dq_n, dk, dv = add_key_grads((jnp.zeros(q_n.shape, jnp.float32), zeros_kv, zeros_kv), q_n,
                                  do_n, lse_n, tile_delta(o_n, do_n),
                                  query_position_tiles(q_pos_T, q_tile), k_BSGE, v_BSGE,
-                                 k_pos_S, k_tile)
+                                 k_pos_S, k_tile, _start_tiles(q_start_T, q_tile))
     return (from_query_tiles(dq_n, q_BTHE.shape[1]).astype(q_BTHE.dtype),
-            dk.astype(k_BSGE.dtype), dv.astype(v_BSGE.dtype), None, None)
+            dk.astype(k_BSGE.dtype), dv.astype(v_BSGE.dtype), None, None, None)
 
 
 _causal_attention.defvjp(_causal_attention_fwd, _causal_attention_bwd)
 
 
-# ---- one tile as large as the sequence: the dense statistics and gradients -------------------
-
-def _one_tile(x_BTHE, G: int):
-    return query_tiles(x_BTHE, G, x_BTHE.shape[1])[0]
-
-
-def dense_log_sum_exp(q_BTHE, k_BTGE, *, causal: bool):
-    """log Σ_j exp(q_i·k_j / √E) over the keys query i sees (causal: j ≤ i, else all; T
-    queries and keys), float32 [B, T, H]: the statistic jax.nn.dot_product_attention's xla
-    implementation computes in float32 but returns rounded to the input dtype."""
-    T, G = q_BTHE.shape[1], k_BTGE.shape[2]
-    pos = jnp.arange(T, dtype=jnp.int32) if causal else None
-    s, _ = _scores(_one_tile(q_BTHE, G), k_BTGE, pos, pos)
-    return from_query_tiles(jax.nn.logsumexp(s, axis=-1)[None, ..., None], T)[..., 0]
-
-
-def dense_grads(q_BTHE, k_BTGE, v_BTGE, o_BTHE, lse_BTH, do_BTHE, *, causal: bool):
-    """(dq [B, T, H, E], dk, dv [B, T, G, E]) float32 of attention over T keys (causal or
-    all) given its output o and log-sum-exp lse [B, T, H] (FlashAttention-2's backward on one
-    tile: probabilities exp(q·kᵀ/√E − lse), correction rowsum(o·do))."""
-    T, G = q_BTHE.shape[1], k_BTGE.shape[2]
-    pos = jnp.arange(T, dtype=jnp.int32) if causal else None
-    q, do, o = (_one_tile(x.astype(q_BTHE.dtype), G) for x in (q_BTHE, do_BTHE, o_BTHE))
-    lse = _one_tile(lse_BTH[..., None], G)[..., 0]
-    dq, dk, dv = _tile_grads(q, k_BTGE, v_BTGE, do, lse, tile_delta(o, do), pos, pos)
-    return from_query_tiles(dq[None], T), dk, dv
-
-
 def gated_attention(params: Params, x_BTD, cfg: AttentionConfig, *, eps: float, cos_TR, sin_TR,
-                    attend=causal_attention):
+                    attend=causal_attention, cu_seqlens=None):
     """One gated attention layer on x [B, T, D] (params already in x's dtype) at the positions
-    of cos/sin [T, R]; attend(q, k, v) -> o is the token-mixing step (a CP mode swaps it)."""
+    of cos/sin [T, R] (global positions, packed documents too); attend(q, k, v) -> o is the
+    token-mixing step (a CP mode swaps it), given cu_seqlens=… when packed documents are."""
     q_BTHE, k_BTGE, v_BTGE, gate_BTX = project(params, x_BTD, cos_TR, sin_TR, cfg, eps)
-    return output(params, attend(q_BTHE, k_BTGE, v_BTGE), gate_BTX)
+    o_BTHE = (attend(q_BTHE, k_BTGE, v_BTGE) if cu_seqlens is None
+              else attend(q_BTHE, k_BTGE, v_BTGE, cu_seqlens=cu_seqlens))
+    return output(params, o_BTHE, gate_BTX)

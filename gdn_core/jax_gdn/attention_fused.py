@@ -14,6 +14,10 @@ backward (attention_pairs' docstring: why). Written against jax 0.10.2:
             (float32 log-sum-exp [H, T]); its backward function fed the merged o and lse.
             No scale argument: queries are scaled by 1/√E first (dq scaled back).
 kernels.py checks what each can serve before a step is built (KernelUnavailable).
+Packed documents (a pair's `docs`, attention_pairs.PairDocs): xla takes the pair's
+block-diagonal causal mask ([s, s'] bool, beside the [s, s'] scores it materializes anyway;
+rows no key reaches come back as o 0, lse MASKED); cudnn and splash as bound here take no
+mask, so they raise KernelUnavailable under documents (never a silent fallback).
 Legend: B batch, s segment tokens, H query heads, G KV heads, E head_dim.
 """
 
@@ -24,29 +28,80 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .attention import dense_grads, dense_log_sum_exp
-from .attention_pairs import PairKernel
+from ..kernels import KernelUnavailable
+from .attention import MASKED, _scores, _tile_grads, from_query_tiles, query_tiles, tile_delta
+from .attention_pairs import PairDocs, PairKernel
+
+# ---- one tile as large as the sequence: the dense statistics and gradients -------------------
+
+def _one_tile(x_BTHE, G: int):
+    return query_tiles(x_BTHE, G, x_BTHE.shape[1])[0]
+
+
+def _dense_positions(T: int, causal: bool, docs: PairDocs | None):
+    """(q_pos, k_pos, q_start) for _scores: the pair's documents, causal, or no mask."""
+    if docs is not None:
+        return docs.q_pos, docs.k_pos, docs.q_start
+    pos = jnp.arange(T, dtype=jnp.int32) if causal else None
+    return pos, pos, None
+
+
+def dense_log_sum_exp(q_BTHE, k_BTGE, *, causal: bool, docs: PairDocs | None = None):
+    """log Σ_j exp(q_i·k_j / √E) over the keys query i sees (causal: j ≤ i, else all; docs:
+    the pair's packed documents), float32 [B, T, H]: the statistic
+    jax.nn.dot_product_attention's xla implementation computes in float32 but returns rounded
+    to the input dtype."""
+    T, G = q_BTHE.shape[1], k_BTGE.shape[2]
+    s, _ = _scores(_one_tile(q_BTHE, G), k_BTGE, *_dense_positions(T, causal, docs))
+    return from_query_tiles(jax.nn.logsumexp(s, axis=-1)[None, ..., None], T)[..., 0]
+
+
+def dense_grads(q_BTHE, k_BTGE, v_BTGE, o_BTHE, lse_BTH, do_BTHE, *, causal: bool,
+                docs: PairDocs | None = None):
+    """(dq [B, T, H, E], dk, dv [B, T, G, E]) float32 of attention over T keys (causal or
+    all) given its output o and log-sum-exp lse [B, T, H] (FlashAttention-2's backward on one
+    tile: probabilities exp(q·kᵀ/√E − lse), correction rowsum(o·do))."""
+    T, G = q_BTHE.shape[1], k_BTGE.shape[2]
+    q, do, o = (_one_tile(x.astype(q_BTHE.dtype), G) for x in (q_BTHE, do_BTHE, o_BTHE))
+    lse = _one_tile(lse_BTH[..., None], G)[..., 0]
+    dq, dk, dv = _tile_grads(q, k_BTGE, v_BTGE, do, lse, tile_delta(o, do),
+                             *_dense_positions(T, causal, docs))
+    return from_query_tiles(dq[None], T), dk, dv
+
 
 # ---- xla (CPU): the public call's o, float32 statistics -----------------------------------
 
 
-def _xla_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
-    o_BsHE, lse_BsH = jax.nn.dot_product_attention(q_BsHE, k_BsGE, v_BsGE, is_causal=causal,
-                                                   implementation="xla", return_residual=True)
-    if lse_BsH.dtype != jnp.float32:  # rounded to bf16/fp16 by jax: ~0.03 off at lse ≈ 10
-        lse_BsH = dense_log_sum_exp(q_BsHE, k_BsGE, causal=causal)
-    return o_BsHE, lse_BsH
+def _xla_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool, docs: PairDocs | None = None):
+    if docs is None:
+        o_BsHE, lse_BsH = jax.nn.dot_product_attention(
+            q_BsHE, k_BsGE, v_BsGE, is_causal=causal, implementation="xla",
+            return_residual=True)
+        if lse_BsH.dtype != jnp.float32:  # rounded to bf16/fp16 by jax: ~0.03 off at lse ≈ 10
+            lse_BsH = dense_log_sum_exp(q_BsHE, k_BsGE, causal=causal)
+        return o_BsHE, lse_BsH
+    mask_ss = docs.mask()
+    o_BsHE, lse_BsH = jax.nn.dot_product_attention(
+        q_BsHE, k_BsGE, v_BsGE, mask=mask_ss[None, None], implementation="xla",
+        return_residual=True)
+    if lse_BsH.dtype != jnp.float32:
+        lse_BsH = dense_log_sum_exp(q_BsHE, k_BsGE, causal=False, docs=docs)
+    seen_s = mask_ss.any(-1)[None, :, None]  # a query no key of this pair reaches
+    return (jnp.where(seen_s[..., None], o_BsHE, 0).astype(o_BsHE.dtype),
+            jnp.where(seen_s, lse_BsH.astype(jnp.float32), MASKED))
 
 
-def _xla_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
-    return dense_grads(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal=causal)
+def _xla_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool,
+                  docs: PairDocs | None = None):
+    return dense_grads(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal=causal,
+                       docs=docs)
 
 
 def xla_kernel() -> PairKernel:
     """jax.nn.dot_product_attention(implementation="xla") forward; backward the dense
     FlashAttention-2 formula (attention.dense_grads: the scores the xla implementation
     materializes too) fed the merged statistics."""
-    return PairKernel(_xla_forward, _xla_backward)
+    return PairKernel(_xla_forward, _xla_backward, documents=True)
 
 
 # ---- cudnn (GPU): the primitives, float32 statistics both ways -----------------------------
@@ -68,7 +123,15 @@ def _cudnn_call(q_BsHE, causal: bool):
     return cudnn, (unused,) * 7, params
 
 
-def _cudnn_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
+def _no_documents(kernel: str, docs) -> None:
+    if docs is not None:
+        raise KernelUnavailable(
+            f"{kernel} attention as bound here takes no mask, so it cannot serve packed "
+            "documents (cu_seqlens); run kernels='reference' (or 'fused' on CPU: xla)")
+
+
+def _cudnn_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool, docs=None):
+    _no_documents("cuDNN", docs)
     cudnn, unused, params = _cudnn_call(q_BsHE, causal)
     cudnn.check_is_flash_attention(q_BsHE, k_BsGE, v_BsGE, params["layout"],
                                    cudnn.check_cudnn_version(), False, True)
@@ -77,7 +140,9 @@ def _cudnn_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
     return o_BsHE, jnp.transpose(stats_BHs, (0, 2, 1)).astype(jnp.float32)
 
 
-def _cudnn_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
+def _cudnn_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool,
+                    docs=None):
+    _no_documents("cuDNN", docs)
     cudnn, unused, params = _cudnn_call(q_BsHE, causal)
     dq, dk, dv = cudnn._dot_product_attention_bwd_p_wrapper.bind(
         q_BsHE, k_BsGE, v_BsGE, *unused, jnp.transpose(lse_BsH, (0, 2, 1)).astype(jnp.float32),
@@ -123,7 +188,8 @@ def _splash_inputs(q_BsHE, k_BsGE, v_BsGE):
             _heads_first(v_BsGE)), scale
 
 
-def _splash_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
+def _splash_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool, docs=None):
+    _no_documents("splash", docs)
     kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal)
     (q, k, v), _ = _splash_inputs(q_BsHE, k_BsGE, v_BsGE)
     o_BHsE, (lse_BHs,) = jax.vmap(kernel)(q, k, v)
@@ -138,7 +204,9 @@ def _collapsed(mask_info):
     return mask_info._replace(partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
 
 
-def _splash_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
+def _splash_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool,
+                     docs=None):
+    _no_documents("splash", docs)
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
     kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal)

@@ -36,6 +36,15 @@ resolves the `kernels` setting to one):
                merged ones.
     splash     splash attention (TPU), the same way.
 Under bf16 inputs every kernel multiplies in bf16 and keeps lse and the merge in float32.
+
+Packed documents: a pair may carry `docs` (PairDocs: its queries' and keys' GLOBAL positions
+and each query's document start, gdn_core.attention_documents); query i then sees key j iff
+start_i ≤ k_pos_j ≤ q_pos_i. pair_kind skips a pair whose keys all lie before the earliest
+document start of its queries (every key's document ended before the first query's began),
+as it skips one whose keys all follow; the reference masks and skips tile by tile inside
+(attention._visibility); a query the pair's keys do not reach gets o 0 and lse MASKED (weight
+0 in the merge; no row is empty after the merge: a query sees itself). A kernel that cannot
+take documents (PairKernel.documents False) raises kernels.KernelUnavailable when given them.
 Legend: B batch, s segment tokens, H query heads, G KV heads, E head_dim.
 """
 
@@ -48,10 +57,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ..kernels import KernelUnavailable
 from .attention import (
     ATTENTION_BLOCK,
     MASKED,
     add_key_grads,
+    document_starts,
     empty_stats,
     finish,
     from_query_tiles,
@@ -67,13 +78,38 @@ PAIR_KERNELS: tuple[str, ...] = get_args(PairKernelName)
 
 
 class PairKernel(NamedTuple):
-    """forward and backward of one (query segment, key segment) pair (module docstring)."""
+    """forward and backward of one (query segment, key segment) pair (module docstring);
+    both take a last optional argument `docs` (PairDocs or None)."""
     forward: Callable
     backward: Callable
     traced_causal: bool = False
     """Whether `causal` may be a traced bool: then one compiled branch serves full and causal
     pairs (the reference masks by positions), else each is its own lax.switch branch (the
     library kernels take their mask statically)."""
+    documents: bool = False
+    """Whether it serves packed documents (a pair's docs); if not it raises KernelUnavailable
+    when given them."""
+
+
+class PairDocs(NamedTuple):
+    """A segment pair's packed documents: int32 global positions of its queries q_pos [s] and
+    keys k_pos [s'], and each query's document start q_start [s] (query i sees key j iff
+    q_start[i] ≤ k_pos[j] ≤ q_pos[i])."""
+    q_pos: jax.Array
+    k_pos: jax.Array
+    q_start: jax.Array
+
+    @classmethod
+    def of(cls, q_pos, k_pos, cu_seqlens) -> PairDocs:
+        """From global positions and the global cu_seqlens (int [N+1])."""
+        q_pos = jnp.asarray(q_pos).astype(jnp.int32)
+        return cls(q_pos, jnp.asarray(k_pos).astype(jnp.int32),
+                   document_starts(cu_seqlens, q_pos))
+
+    def mask(self):
+        """bool [s, s']: query i sees key j."""
+        k = self.k_pos[None, :]
+        return (k <= self.q_pos[:, None]) & (k >= self.q_start[:, None])
 
 
 def check_pair_kernel(kernel: str) -> None:
@@ -112,29 +148,36 @@ def _lse_tiles(lse_BsH, G: int, tile: int):
     return query_tiles(lse_BsH[..., None], G, tile)[..., 0]
 
 
-def _reference_forward(block: int, q_BsHE, k_BsGE, v_BsGE, causal):
+def _reference_positions(s: int, causal, docs: PairDocs | None, tile: int):
+    """(q_pos, k_pos, query tiles of q_start or None) the tile loops see the pair by."""
+    if docs is None:
+        return (*_pair_positions(s, causal), None)
+    return docs.q_pos, docs.k_pos, query_position_tiles(docs.q_start, tile)
+
+
+def _reference_forward(block: int, q_BsHE, k_BsGE, v_BsGE, causal, docs=None):
     s, G = q_BsHE.shape[1], k_BsGE.shape[2]
     tile = tile_size(s, block)
-    q_pos, k_pos = _pair_positions(s, causal)
+    q_pos, k_pos, q_start = _reference_positions(s, causal, docs, tile)
     q_n = query_tiles(q_BsHE, G, tile)
     stats = merge_keys(empty_stats(q_n), q_n, query_position_tiles(q_pos, tile), k_BsGE,
-                       v_BsGE, k_pos, tile)
-    o_n, lse_n = finish(stats, jnp.float32)
+                       v_BsGE, k_pos, tile, q_start)
+    o_n, lse_n = finish(stats, jnp.float32, empty_rows=docs is not None)
     return from_query_tiles(o_n, s), from_query_tiles(lse_n[..., None], s)[..., 0]
 
 
 def _reference_backward(block: int, q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE,
-                        causal):
+                        causal, docs=None):
     s, G = q_BsHE.shape[1], k_BsGE.shape[2]
     tile = tile_size(s, block)
-    q_pos, k_pos = _pair_positions(s, causal)
+    q_pos, k_pos, q_start = _reference_positions(s, causal, docs, tile)
     q_n, do_n, o_n = (query_tiles(x.astype(q_BsHE.dtype), G, tile)
                       for x in (q_BsHE, do_BsHE, o_BsHE))
     zeros_kv = jnp.zeros(k_BsGE.shape, jnp.float32)
     dq_n, dk, dv = add_key_grads((jnp.zeros(q_n.shape, jnp.float32), zeros_kv, zeros_kv), q_n,
                                  do_n, _lse_tiles(lse_BsH, G, tile), tile_delta(o_n, do_n),
                                  query_position_tiles(q_pos, tile), k_BsGE, v_BsGE, k_pos,
-                                 tile)
+                                 tile, q_start)
     return from_query_tiles(dq_n, s), dk, dv
 
 
@@ -142,7 +185,8 @@ def reference_kernel(block: int = ATTENTION_BLOCK) -> PairKernel:
     """attention.py's tiles of tile_size(s, block) tokens as a PairKernel (its tiles' own
     lax.switch on positions tells full from causal: one branch serves both)."""
     return PairKernel(functools.partial(_reference_forward, block),
-                      functools.partial(_reference_backward, block), traced_causal=True)
+                      functools.partial(_reference_backward, block), traced_causal=True,
+                      documents=True)
 
 
 # ---- the pair kinds and one pair as a differentiable attention ----------------------------
@@ -151,11 +195,16 @@ SKIP, FULL, CAUSAL = range(3)
 """What a pair of segments is, from their indices in the sequence (the lax.switch index)."""
 
 
-def pair_kind(q_segment, k_segment):
+def pair_kind(q_segment, k_segment, docs: PairDocs | None = None):
     """SKIP when the keys' segment comes after the queries', CAUSAL when it is theirs, FULL
-    when it comes before: int32 (traced or not)."""
-    return jnp.where(k_segment > q_segment, SKIP,
+    when it comes before: int32 (traced or not). docs (packed documents): SKIP also when every
+    key lies before the earliest document start of the queries — the keys' documents all
+    ended before the queries' first one began, so the pair is not computed at all."""
+    kind = jnp.where(k_segment > q_segment, SKIP,
                      jnp.where(k_segment == q_segment, CAUSAL, FULL)).astype(jnp.int32)
+    if docs is None:
+        return kind
+    return jnp.where(docs.k_pos.max() < docs.q_start.min(), SKIP, kind).astype(jnp.int32)
 
 
 def _switch(kernel: PairKernel, kind, branch, carry, *args):
@@ -169,48 +218,67 @@ def _switch(kernel: PairKernel, kind, branch, carry, *args):
     return lax.switch(kind, (skip, branch(False), branch(True)), carry, *args)
 
 
-def fold_pair(kernel: PairKernel, kind, merged, q_BsHE, k_BsGE, v_BsGE):
-    """merged with the pair (q, k, v) folded in as `kind` says (only that branch runs)."""
-    def attend(causal):
-        return lambda merged, *qkv: merge_pair(merged, kernel.forward(*qkv, causal))
+def _documents(kernel: PairKernel, docs) -> PairDocs | None:
+    """docs, after checking (at trace time) that the kernel serves packed documents."""
+    if docs is not None and not kernel.documents:
+        raise KernelUnavailable("this fused attention kernel takes no mask, so it cannot "
+                                "serve packed documents (cu_seqlens); run kernels='reference'"
+                                " (or 'fused' on CPU: xla)")
+    return docs
 
-    return _switch(kernel, kind, attend, merged, q_BsHE, k_BsGE, v_BsGE)
+
+def fold_pair(kernel: PairKernel, kind, merged, q_BsHE, k_BsGE, v_BsGE,
+              docs: PairDocs | None = None):
+    """merged with the pair (q, k, v) folded in as `kind` says (only that branch runs);
+    docs: the pair's packed documents, or None."""
+    def attend(causal):
+        return lambda merged, q, k, v, docs: merge_pair(merged,
+                                                        kernel.forward(q, k, v, causal, docs))
+
+    return _switch(kernel, kind, attend, merged, q_BsHE, k_BsGE, v_BsGE,
+                   _documents(kernel, docs))
 
 
 def add_pair_grads(kernel: PairKernel, kind, grads, q_BsHE, k_BsGE, v_BsGE, o_BsHE,
-                   lse_BsH, do_BsHE):
+                   lse_BsH, do_BsHE, docs: PairDocs | None = None):
     """grads = (dq, dk, dv) float32 plus the pair's share (kernel.backward with the merged o
     and lse), as `kind` says."""
     def add(causal):
         def branch(grads, *args):
-            return tuple(acc + g for acc, g in zip(grads, kernel.backward(*args, causal)))
+            *args, docs = args
+            return tuple(acc + g for acc, g in zip(grads, kernel.backward(*args, causal, docs)))
         return branch
 
-    return _switch(kernel, kind, add, grads, q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE)
+    return _switch(kernel, kind, add, grads, q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE,
+                   _documents(kernel, docs))
 
 
-def causal_pair_attention(q_BTHE, k_BTGE, v_BTGE, kernel: PairKernel):
+def causal_pair_attention(q_BTHE, k_BTGE, v_BTGE, kernel: PairKernel, cu_seqlens=None):
     """Causal attention of a whole sequence (one causal pair) through `kernel` (hashable, as
     kernels.pair_kernel returns it): o [B, T, H, E] in q's dtype, differentiable (its backward
-    is the kernel's, fed the forward's o and lse)."""
-    return _causal_pair(q_BTHE, k_BTGE, v_BTGE, kernel)
+    is the kernel's, fed the forward's o and lse). cu_seqlens: packed documents of these T
+    tokens (int [N+1]), or None."""
+    T = q_BTHE.shape[1]
+    docs = None if cu_seqlens is None else PairDocs.of(jnp.arange(T), jnp.arange(T), cu_seqlens)
+    return _causal_pair(q_BTHE, k_BTGE, v_BTGE, _documents(kernel, docs), kernel)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _causal_pair(q_BTHE, k_BTGE, v_BTGE, kernel):
-    return _causal_pair_fwd(q_BTHE, k_BTGE, v_BTGE, kernel)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _causal_pair(q_BTHE, k_BTGE, v_BTGE, docs, kernel):
+    return _causal_pair_fwd(q_BTHE, k_BTGE, v_BTGE, docs, kernel)[0]
 
 
-def _causal_pair_fwd(q_BTHE, k_BTGE, v_BTGE, kernel):
-    o_BTHE, lse_BTH = kernel.forward(q_BTHE, k_BTGE, v_BTGE, True)
+def _causal_pair_fwd(q_BTHE, k_BTGE, v_BTGE, docs, kernel):
+    o_BTHE, lse_BTH = kernel.forward(q_BTHE, k_BTGE, v_BTGE, True, docs)
     o_BTHE = o_BTHE.astype(q_BTHE.dtype)
-    return o_BTHE, (q_BTHE, k_BTGE, v_BTGE, o_BTHE, lse_BTH)
+    return o_BTHE, (q_BTHE, k_BTGE, v_BTGE, docs, o_BTHE, lse_BTH)
 
 
 def _causal_pair_bwd(kernel, residuals, do_BTHE):
-    q, k, v, o, lse = residuals
-    dq, dk, dv = kernel.backward(q, k, v, o, lse, do_BTHE, True)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    q, k, v, docs, o, lse = residuals
+    dq, dk, dv = kernel.backward(q, k, v, o, lse, do_BTHE, True, docs)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+            None if docs is None else PairDocs(None, None, None))
 
 
 _causal_pair.defvjp(_causal_pair_fwd, _causal_pair_bwd)

@@ -8,7 +8,10 @@ partial rotary embedding.
     o · sigmoid(gate) ─ o_proj
 
 forward is project → attend → output, so that a context-parallel wrapper can swap `attend`
-(the only step that mixes tokens) without copying the projections.
+(the only step that mixes tokens) without copying the projections. Packed documents
+(`cu_seqlens`, gdn_core.attention_documents) make attention block-diagonal causal; the rotary
+positions stay global (positions in the packed sequence, as the published packed training
+does), so only `attend` changes.
 Shape legend: B batch, T tokens, D hidden, H query heads, G key/value heads, E head_dim,
 R rotated channels (E · partial_rotary_factor).
 """
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention_documents import cu_seqlens_values, pieces
 from ..config import AttentionConfig
 
 
@@ -110,14 +114,13 @@ class GatedAttention(nn.Module):
         k_BTGE = apply_rotary(self.k_norm(k_BTGE), cos_BTR, sin_BTR)
         return q_BTHE, k_BTGE, v_BTGE, gate_BTHE.reshape(B, T, -1)
 
-    def attend(self, q_BTHE: torch.Tensor, k_BTGE: torch.Tensor,
-               v_BTGE: torch.Tensor) -> torch.Tensor:
+    def attend(self, q_BTHE: torch.Tensor, k_BTGE: torch.Tensor, v_BTGE: torch.Tensor,
+               cu_seqlens=None) -> torch.Tensor:
         """Causal softmax attention, each query head reading key/value head h // (H/G);
-        returns o [B, T, H, E]. A context-parallel wrapper overrides this."""
-        o_BHTE = F.scaled_dot_product_attention(
-            q_BTHE.transpose(1, 2), k_BTGE.transpose(1, 2), v_BTGE.transpose(1, 2),
-            is_causal=True, scale=self.cfg.head_dim ** -0.5, enable_gqa=True)
-        return o_BHTE.transpose(1, 2)
+        returns o [B, T, H, E]. A context-parallel wrapper overrides this. cu_seqlens: None,
+        or packed documents (module docstring): block-diagonal causal attention."""
+        return causal_attention(q_BTHE, k_BTGE, v_BTGE, scale=self.cfg.head_dim ** -0.5,
+                                cu_seqlens=cu_seqlens)
 
     def output(self, o_BTHE: torch.Tensor, gate_BTX: torch.Tensor) -> torch.Tensor:
         """o · sigmoid(gate), then o_proj: [B, T, D]."""
@@ -125,7 +128,32 @@ class GatedAttention(nn.Module):
         return self.o_proj(o_BTHE.reshape(B, T, -1) * torch.sigmoid(gate_BTX))
 
     def forward(self, hidden_BTD: torch.Tensor, cos_BTR: torch.Tensor,
-                sin_BTR: torch.Tensor) -> torch.Tensor:
-        """Map hidden states [B, T, D] at the positions of cos/sin [B, T, R] to [B, T, D]."""
+                sin_BTR: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+        """Map hidden states [B, T, D] at the positions of cos/sin [B, T, R] (global
+        positions, also under packed documents) to [B, T, D]; cu_seqlens as attend's."""
         q_BTHE, k_BTGE, v_BTGE, gate_BTX = self.project(hidden_BTD, cos_BTR, sin_BTR)
-        return self.output(self.attend(q_BTHE, k_BTGE, v_BTGE), gate_BTX)
+        attended = (self.attend(q_BTHE, k_BTGE, v_BTGE) if cu_seqlens is None
+                    else self.attend(q_BTHE, k_BTGE, v_BTGE, cu_seqlens=cu_seqlens))
+        return self.output(attended, gate_BTX)
+
+
+def causal_attention(q_BTHE: torch.Tensor, k_BTGE: torch.Tensor, v_BTGE: torch.Tensor, *,
+                     scale: float | None = None, cu_seqlens=None) -> torch.Tensor:
+    """One chip's causal GQA softmax attention o [B, T, H, E] (query head h reading key/value
+    head h // (H/G); scale defaults to E^−½) through scaled_dot_product_attention.
+
+    cu_seqlens None: one causal call over T. Packed documents (int [N+1], 0 … T; a tensor,
+    array or sequence, read on the host): one causal call per document, on its tokens alone —
+    block-diagonal causal attention with no score computed between documents (the
+    blocks a mask would discard are never formed)."""
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            scale=scale, enable_gqa=True).transpose(1, 2)
+
+    if cu_seqlens is None:
+        return sdpa(q_BTHE, k_BTGE, v_BTGE)
+    T = q_BTHE.shape[1]
+    runs = pieces(cu_seqlens_values(cu_seqlens, seq_len=T), 0, T)
+    return torch.cat([sdpa(q_BTHE[:, a:b], k_BTGE[:, a:b], v_BTGE[:, a:b]) for a, b in runs],
+                     dim=1)

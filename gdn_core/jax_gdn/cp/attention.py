@@ -46,38 +46,56 @@ tile_size(segment, block) ≤ block tokens (ATTENTION_BLOCK, 512; invisible tile
 contiguous chip r computes r + 1 of its D pairs, under zigzag every chip 2D + 1 of its 4D.
 Legend: B batch, t local tokens, T global tokens, H query heads, G KV heads, r = H/G,
 E head_dim, b tile tokens, n tiles.
+
+Packed documents (`cu_seqlens`: int [N+1], 0 … T, the GLOBAL boundaries, replicated: every
+chip gets it whole): every mode attends block-diagonal causal — a query sees the keys of its
+own document at or before it. Each chip derives its queries' document starts from their global
+positions (attention_segments); a pair whose keys' documents all ended before its queries'
+first one began is skipped (attention_pairs.pair_kind), as are such tiles inside a pair (the
+reference's _visibility), and the rest are masked by document. Nothing about documents crosses
+chips. cu_seqlens None: exactly the causal attention above (no mask, no extra work). Rotary
+positions stay global (the caller's), as the published packed training does.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ...cp_layout import Layout, check_layout, local_positions, segments
+from ...attention_documents import cu_seqlens_values
+from ...cp_layout import Layout, check_layout
 from ...cp_modes import (
     AttnCPMode,
     UlyssesHeads,
     check_attention_cp_shape,
     check_attn_cp,
 )
-from ..attention import ATTENTION_BLOCK, tile_loop, tile_size
+from ..attention import ATTENTION_BLOCK, tile_loop
 from ..attention_pairs import (
-    PairKernel,
     PairKernelName,
-    add_pair_grads,
     causal_pair_attention,
     check_pair_kernel,
     empty_merge,
-    fold_pair,
-    pair_kind,
 )
 from ..kernels import pair_kernel
-from .common import AxisName, chip_count, chip_index, permute
+# local_token_positions, positions_table, segment_table: cp/step.py imports them from here
+from .attention_segments import (  # noqa: F401
+    _block_grads,
+    _dq_out,
+    _finished,
+    _fold_block,
+    _this_chip,
+    _tile,
+    _zeros_dq,
+    local_token_positions,
+    positions_table,
+    segment_table,
+)
+from .common import AxisName, chip_count, permute
 from .ulysses import key_heads_for_chips
 
 
@@ -91,143 +109,16 @@ def check_attention_shape(*, attn_cp: str, chips: int, seq_len: int, num_heads: 
     del num_kv_heads  # any G: KV heads are replicated when G < chips
 
 
-def positions_table(chips: int, t: int, layout: Layout) -> np.ndarray:
-    """Global positions of every chip's local shard: int32 [D, t] (row r: chip r's)."""
-    return np.stack([local_positions(chip=r, chips=chips, seq_len=chips * t, layout=layout)
-                     for r in range(chips)]).astype(np.int32)
-
-
-def local_token_positions(axis: AxisName, t: int, layout: Layout):
-    """This chip's global token positions [t] (int32), inside the shard_map."""
-    return jnp.asarray(positions_table(chip_count(axis), t, layout))[chip_index(axis)]
-
-
-def _slot_count(layout: Layout) -> int:
-    """Segments per chip: a local shard is this many runs of consecutive positions."""
-    return len(segments(chip=0, chips=1, layout=layout))
-
-
-def _tile(t: int, layout: Layout, block: int) -> int:
-    """Tile edge for a local shard of t tokens: tile_size of a segment, so tiles lie inside
-    segments (runs of consecutive positions) and skip as such."""
-    return tile_size(t // _slot_count(layout), block)
-
-
-def segment_table(chips: int, layout: Layout) -> np.ndarray:
-    """Index in the sequence of every chip's segments: int32 [D, P] (row r: chip r's, in
-    local order; P segments per chip: 1 contiguous, 2 zigzag)."""
-    return np.array([segments(chip=r, chips=chips, layout=layout) for r in range(chips)],
-                    dtype=np.int32)
-
-
-def _by_segment(x_BtX, P: int):
-    """[B, t, …] → [P, B, s, …] (s = t/P): a local shard as its segments."""
-    B, t = x_BtX.shape[:2]
-    return jnp.moveaxis(x_BtX.reshape(B, P, t // P, *x_BtX.shape[2:]), 1, 0)
-
-
-def _from_segments(x_PBsX):
-    """_by_segment undone: [B, t, …]."""
-    P, B, s = x_PBsX.shape[:3]
-    return jnp.moveaxis(x_PBsX, 0, 1).reshape(B, P * s, *x_PBsX.shape[3:])
-
-
-class _Queries(NamedTuple):
-    """This chip's queries by segment: q [P, B, s, H, E] and the segments' indices [P]; in
-    backward the merged o, lse [P, B, s, H] (float32) and do, else None."""
-    q: jax.Array
-    segment: jax.Array
-    o: jax.Array | None = None
-    lse: jax.Array | None = None
-    do: jax.Array | None = None
-
-
-def _this_chip(q_BtHE, axis: AxisName, layout: Layout, *, o_BtHE=None, lse=None,
-               do_BtHE=None):
-    """(D, this chip's index, the segment table [D, P], this chip's _Queries)."""
-    D, me = chip_count(axis), chip_index(axis)
-    table = segment_table(D, layout)
-    P = table.shape[1]
-    table = jnp.asarray(table)
-    backward = {} if do_BtHE is None else {
-        "o": _by_segment(o_BtHE, P), "lse": lse, "do": _by_segment(do_BtHE.astype(
-            q_BtHE.dtype), P)}
-    return D, me, table, _Queries(_by_segment(q_BtHE, P), table[me], **backward)
-
-
-def _pairs(P: int, body, init):
-    """body(i, carry) over the P² (query segment i // P, key segment i % P) pairs: a while
-    loop (compile time flat), or straight code for the one pair of a contiguous shard."""
-    return body(0, init) if P == 1 else tile_loop(P * P, body, init)
-
-
-def _at(x, i):
-    return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
-
-
-def _put(x, y, i):
-    return lax.dynamic_update_index_in_dim(x, y, i, 0)
-
-
-def _fold_block(kernel: PairKernel, merged, queries: _Queries, k_BtGE, v_BtGE, k_segment):
-    """Merge a chip's key block (segments at indices k_segment [P]) into the queries' merge
-    (o [P, B, s, H, E], lse [P, B, s, H], float32), pair by pair (skipped, full, causal)."""
-    P = queries.q.shape[0]
-    k_P, v_P = _by_segment(k_BtGE, P), _by_segment(v_BtGE, P)
-
-    def pair(i, merged):
-        a, b = i // P, i % P
-        kind = pair_kind(_at(queries.segment, a), _at(k_segment, b))
-        mine = fold_pair(kernel, kind, tuple(_at(x, a) for x in merged), _at(queries.q, a),
-                         _at(k_P, b), _at(v_P, b))
-        return tuple(_put(x, y, a) for x, y in zip(merged, mine))
-
-    return _pairs(P, pair, merged)
-
-
-def _block_grads(kernel: PairKernel, dq_P, dk_BtGE, dv_BtGE, queries: _Queries, k_BtGE,
-                 v_BtGE, k_segment):
-    """Add a chip's key block's pairs' gradients: dq [P, B, s, H, E] and the block's dk, dv
-    [B, t, G, E], float32."""
-    P = queries.q.shape[0]
-    k_P, v_P, dk_P, dv_P = (_by_segment(x, P) for x in (k_BtGE, v_BtGE, dk_BtGE, dv_BtGE))
-    per_query = (queries.q, queries.o, queries.lse, queries.do)
-
-    def pair(i, grads):
-        dq, dk, dv = grads
-        a, b = i // P, i % P
-        q, o, lse, do = (_at(x, a) for x in per_query)
-        dq_a, dk_b, dv_b = add_pair_grads(
-            kernel, pair_kind(_at(queries.segment, a), _at(k_segment, b)),
-            (_at(dq, a), _at(dk, b), _at(dv, b)), q, _at(k_P, b), _at(v_P, b), o, lse, do)
-        return _put(dq, dq_a, a), _put(dk, dk_b, b), _put(dv, dv_b, b)
-
-    dq_P, dk_P, dv_P = _pairs(P, pair, (dq_P, dk_P, dv_P))
-    return dq_P, _from_segments(dk_P), _from_segments(dv_P)
-
-
-def _finished(merged, dtype):
-    """(o [B, t, H, E] in dtype, lse [P, B, s, H] float32) of the merge."""
-    o_P, lse_P = merged
-    return _from_segments(o_P).astype(dtype), lse_P
-
-
-def _zeros_dq(queries: _Queries):
-    return jnp.zeros(queries.q.shape, jnp.float32)
-
-
-def _dq_out(dq_P, dtype):
-    return _from_segments(dq_P).astype(dtype)
-
-
 # ---- ulysses: the whole sequence for H/D heads, one causal pair ----------------------------
 
 def ulysses_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
-                      block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference"):
+                      block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference",
+                      cu_seqlens=None):
     """all_to_all to H/D query heads (and their KV heads) over the whole sequence, put it in
     sequence order (zigzag: the segments permuted), attend as one causal pair
-    (attention_pairs.causal_pair_attention; the reference in tiles as large as a segment's),
-    back to shard order, all_to_all back."""
+    (attention_pairs.causal_pair_attention; the reference in tiles as large as a segment's;
+    packed documents by the global cu_seqlens as they are), back to shard order, all_to_all
+    back."""
     D, t = chip_count(axis), q_BtHE.shape[1]
     plan = UlyssesHeads(num_k_heads=k_BtGE.shape[2], num_v_heads=q_BtHE.shape[2], chips=D)
     shard_segments = segment_table(D, layout).reshape(-1)  # index of each, in shard order
@@ -240,7 +131,7 @@ def ulysses_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
     q_BTHE = to_heads(q_BtHE)
     k_BTGE, v_BTGE = (to_heads(key_heads_for_chips(x, plan)) for x in (k_BtGE, v_BtGE))
     o_BTHE = causal_pair_attention(q_BTHE, k_BTGE, v_BTGE,
-                                   pair_kernel(kernel, _tile(t, layout, block)))
+                                   pair_kernel(kernel, _tile(t, layout, block)), cu_seqlens)
     if layout != "contiguous":
         o_BTHE = _permute_segments(o_BTHE, shard_segments)
     return lax.all_to_all(o_BTHE, axis, split_axis=1, concat_axis=2, tiled=True)
@@ -284,13 +175,13 @@ def _around_the_ring(visit, state, travelling, axis: AxisName):
     return state, travelling
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel):
-    return _all_gather_kv_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel)[0]
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, cu, axis, layout, block, kernel):
+    return _all_gather_kv_fwd(q_BtHE, k_BtGE, v_BtGE, cu, axis, layout, block, kernel)[0]
 
 
-def _all_gather_kv_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel):
-    D, _, table, queries = _this_chip(q_BtHE, axis, layout)
+def _all_gather_kv_fwd(q_BtHE, k_BtGE, v_BtGE, cu, axis, layout, block, kernel):
+    D, _, table, queries = _this_chip(q_BtHE, axis, layout, cu=cu)
     pairs = pair_kernel(kernel, block)
     k_DBtGE, v_DBtGE = (lax.all_gather(x, axis) for x in (k_BtGE, v_BtGE))
 
@@ -298,7 +189,7 @@ def _all_gather_kv_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel):
         return _fold_block(pairs, merged, queries, k_DBtGE[j], v_DBtGE[j], table[j])
 
     o_BtHE, lse = _finished(tile_loop(D, step, empty_merge(queries.q)), q_BtHE.dtype)
-    return o_BtHE, (q_BtHE, k_DBtGE, v_DBtGE, o_BtHE, lse)
+    return o_BtHE, (q_BtHE, k_DBtGE, v_DBtGE, cu, o_BtHE, lse)
 
 
 def _all_gather_kv_bwd(axis, layout, block, kernel, residuals, do_BtHE):
@@ -306,9 +197,9 @@ def _all_gather_kv_bwd(axis, layout, block, kernel, residuals, do_BtHE):
     j start on chip j + 1 and collect each chip's share (computed in float32, sent in K/V's
     dtype as a reduce-scatter would) as they pass, arriving home after D − 1 hops. No chip
     holds dK, dV of the whole sequence beside the gathered K, V."""
-    q_BtHE, k_DBtGE, v_DBtGE, o_BtHE, lse = residuals
+    q_BtHE, k_DBtGE, v_DBtGE, cu, o_BtHE, lse = residuals
     D, me, table, queries = _this_chip(q_BtHE, axis, layout, o_BtHE=o_BtHE, lse=lse,
-                                       do_BtHE=do_BtHE)
+                                       do_BtHE=do_BtHE, cu=cu)
     pairs = pair_kernel(kernel, block)
 
     def add_share(dq, dk, dv, j):  # this chip's gradients of block j onto the accumulators
@@ -327,7 +218,7 @@ def _all_gather_kv_bwd(axis, layout, block, kernel, residuals, do_BtHE):
     # A loop, unlike the ring's written-out rounds: here that keeps per-chip memory exactly
     # the gathered K/V plus a constant (written out, each round adds a few small buffers).
     dq, dk, dv = tile_loop(D - 1, step, grads)
-    return _dq_out(dq, q_BtHE.dtype), dk, dv
+    return _dq_out(dq, q_BtHE.dtype), dk, dv, None
 
 
 _all_gather_kv.defvjp(_all_gather_kv_fwd, _all_gather_kv_bwd)
@@ -339,19 +230,26 @@ def _axis_key(axis: AxisName):
 
 
 def all_gather_kv_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
-                            block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference"):
+                            block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference",
+                            cu_seqlens=None):
     """all_gather K and V, then this chip's segments against every chip's (module
     docstring)."""
-    return _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, _axis_key(axis), layout, block, kernel)
+    return _all_gather_kv(q_BtHE, k_BtGE, v_BtGE, _cu(cu_seqlens), _axis_key(axis), layout,
+                          block, kernel)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _ring(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel):
-    return _ring_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel)[0]
+def _cu(cu_seqlens):
+    """The global cu_seqlens as int32 (or None)."""
+    return None if cu_seqlens is None else jnp.asarray(cu_seqlens).astype(jnp.int32)
 
 
-def _ring_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel):
-    D, me, table, queries = _this_chip(q_BtHE, axis, layout)
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _ring(q_BtHE, k_BtGE, v_BtGE, cu, axis, layout, block, kernel):
+    return _ring_fwd(q_BtHE, k_BtGE, v_BtGE, cu, axis, layout, block, kernel)[0]
+
+
+def _ring_fwd(q_BtHE, k_BtGE, v_BtGE, cu, axis, layout, block, kernel):
+    D, me, table, queries = _this_chip(q_BtHE, axis, layout, cu=cu)
     pairs = pair_kernel(kernel, block)
     merged = _fold_block(pairs, empty_merge(queries.q), queries, k_BtGE, v_BtGE, table[me])
 
@@ -360,13 +258,13 @@ def _ring_fwd(q_BtHE, k_BtGE, v_BtGE, axis, layout, block, kernel):
 
     merged, _ = _around_the_ring(visit, merged, (k_BtGE, v_BtGE), axis)
     o_BtHE, lse = _finished(merged, q_BtHE.dtype)
-    return o_BtHE, (q_BtHE, k_BtGE, v_BtGE, o_BtHE, lse)
+    return o_BtHE, (q_BtHE, k_BtGE, v_BtGE, cu, o_BtHE, lse)
 
 
 def _ring_bwd(axis, layout, block, kernel, residuals, do_BtHE):
-    q_BtHE, k_BtGE, v_BtGE, o_BtHE, lse = residuals
+    q_BtHE, k_BtGE, v_BtGE, cu, o_BtHE, lse = residuals
     D, me, table, queries = _this_chip(q_BtHE, axis, layout, o_BtHE=o_BtHE, lse=lse,
-                                       do_BtHE=do_BtHE)
+                                       do_BtHE=do_BtHE, cu=cu)
     pairs = pair_kernel(kernel, block)
     zeros_kv = jnp.zeros(k_BtGE.shape, jnp.float32)
     dq, dk, dv = _block_grads(pairs, _zeros_dq(queries), zeros_kv, zeros_kv, queries, k_BtGE,
@@ -381,16 +279,19 @@ def _ring_bwd(axis, layout, block, kernel, residuals, do_BtHE):
     dq, (_, _, dk, dv) = _around_the_ring(visit, dq, (k_BtGE, v_BtGE, dk, dv), axis)
     # After D − 1 hops chip me holds block me + 1's gradients: one more hop takes them home.
     dk, dv = (_to_next(x, axis) if D > 1 else x for x in (dk, dv))
-    return _dq_out(dq, q_BtHE.dtype), dk.astype(k_BtGE.dtype), dv.astype(v_BtGE.dtype)
+    return (_dq_out(dq, q_BtHE.dtype), dk.astype(k_BtGE.dtype), dv.astype(v_BtGE.dtype),
+            None)
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
 def ring_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
-                   block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference"):
+                   block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference",
+                   cu_seqlens=None):
     """K/V blocks passed around the chips, merged by log-sum-exp (module docstring)."""
-    return _ring(q_BtHE, k_BtGE, v_BtGE, _axis_key(axis), layout, block, kernel)
+    return _ring(q_BtHE, k_BtGE, v_BtGE, _cu(cu_seqlens), _axis_key(axis), layout, block,
+                 kernel)
 
 
 ATTENTION_CP = {"all_gather_kv": all_gather_kv_attention, "ring": ring_attention,
@@ -401,27 +302,46 @@ step validates its settings once, cp/step.py's mesh_cp, and binds these directly
 
 def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,
                  layout: Layout = "contiguous", block: int = ATTENTION_BLOCK,
-                 kernel: PairKernelName = "reference"):
+                 kernel: PairKernelName = "reference", cu_seqlens=None):
     """Causal attention of this chip's queries q [B, t, H, E] over the global sequence whose
     local K, V [B, t, G, E] shards the chips hold; o [B, t, H, E] in q's dtype. Call inside a
     shard_map binding `axis`. `block`: the largest score tile edge of the reference
-    (attention.tile_size); `kernel`: the segment pairs' kernel (attention_pairs.PAIR_KERNELS).
+    (attention.tile_size); `kernel`: the segment pairs' kernel (attention_pairs.PAIR_KERNELS);
+    `cu_seqlens`: None, or packed documents (int [N+1], 0 … T, the global boundaries,
+    replicated over `axis`; values are checked where concrete, trusted where traced).
     Raises ValueError naming the numbers (unknown mode, layout or kernel, ulysses query heads
-    not divisible by the chips)."""
+    not divisible by the chips, malformed cu_seqlens) and kernels.KernelUnavailable for a
+    fused kernel that cannot take documents (cudnn, splash)."""
     check_attn_cp(mode)
     check_layout(layout)
     check_pair_kernel(kernel)
     D = chip_count(axis)
     check_attention_shape(attn_cp=mode, chips=D, seq_len=D * q_BtHE.shape[1],
                           num_heads=q_BtHE.shape[2], num_kv_heads=k_BtGE.shape[2], layout=layout)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, seq_len=D * q_BtHE.shape[1])
+        return ATTENTION_CP[mode](q_BtHE, k_BtGE, v_BtGE, axis=axis, layout=layout,
+                                  block=block, kernel=kernel, cu_seqlens=cu_seqlens)
     return ATTENTION_CP[mode](q_BtHE, k_BtGE, v_BtGE, axis=axis, layout=layout, block=block,
                               kernel=kernel)
+
+
+def check_cu_seqlens(cu_seqlens, *, seq_len: int) -> None:
+    """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] array; its
+    values too (0 … seq_len, non-decreasing) where they are concrete."""
+    if isinstance(cu_seqlens, jax.core.Tracer):
+        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2 or not jnp.issubdtype(
+                cu_seqlens.dtype, jnp.integer):
+            raise ValueError(f"cu_seqlens {cu_seqlens.shape} {cu_seqlens.dtype} must be an "
+                             "integer [N+1] array with N ≥ 1")
+        return
+    cu_seqlens_values(np.asarray(cu_seqlens), seq_len=seq_len)
 
 
 def attend_fn(*, axis: AxisName, mode: AttnCPMode, layout: Layout = "contiguous",
               block: int = ATTENTION_BLOCK, kernel: PairKernelName = "reference"):
     """attention_cp bound to (axis, mode, layout, block, kernel): model.hidden_states'
-    `attend_fn` under CP."""
+    `attend_fn` under CP (called with cu_seqlens=… for packed documents)."""
     check_attn_cp(mode)
     check_layout(layout)
     check_pair_kernel(kernel)

@@ -26,8 +26,10 @@ mode serves both layouts and nothing is re-sharded.
                    back to the math kernel's [T, T] scores; `sdpa` calls the flash op itself.)
 
 Kernels (every mode): a rank's queries meet a key block segment pair by segment pair
-(_visible_pairs: pairs whose keys all precede the queries unmasked, diagonal pairs causal, pairs
-whose keys all follow skipped, so both layouts do only the causal work); each pair is one call
+(attention_pairs.visible_pairs: pairs whose keys all precede the queries unmasked, diagonal
+pairs causal, pairs whose keys all follow skipped, so both layouts do only the causal work;
+under packed documents, `cu_seqlens`, each pair cut into its visible sub-pairs, the work
+between documents skipped, so no kernel takes a mask); each pair is one call
 of an attention kernel (torch_gdn.attention_kernels: `tiles`, the blockwise reference, or
 `sdpa`, one fused SDPA flash call), whose (output, log-sum-exp) are merged into float32
 statistics. The backward calls the kernel's backward per pair with the FINAL merged output
@@ -57,7 +59,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...cp_layout import Layout, check_layout, segments
+from ...attention_documents import cu_seqlens_values
+from ...cp_layout import Layout, check_layout
 from ...cp_modes import (
     AttnCPMode,
     UlyssesHeads,
@@ -69,8 +72,10 @@ from ..attention_kernels import (
     AttentionKernel,
     AttentionKernelName,
     attention_kernel,
-    merge_into,
 )
+from .attention_pairs import attend as _attend
+from .attention_pairs import attend_backward as _attend_backward
+from .attention_pairs import visible_pairs as _visible_pairs
 from .comm import nbytes, no_deprecation_warning, rank_size, record, send_recv
 from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
@@ -114,16 +119,22 @@ def attention_comm_bytes(mode: AttnCPMode, *, chips: int, batch: int, local_toke
 
 def attention_cp(q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tensor, *, group,
                  mode: AttnCPMode, layout: Layout = "contiguous", scale: float | None = None,
-                 kernel: AttentionKernelName = "tiles",
-                 block: int = BLOCK_TOKENS) -> torch.Tensor:
+                 kernel: AttentionKernelName = "tiles", block: int = BLOCK_TOKENS,
+                 cu_seqlens=None) -> torch.Tensor:
     """Causal attention output o [B, t, H, E] (q's dtype) for this rank's queries.
 
     q [B, t, H, E], k, v [B, t, G, E]: this rank's shard in `layout`'s local order; query head
     h reads key/value head h // (H/G); scale defaults to E^−½; `kernel`: the attention kernel
     of each segment pair (attention_kernels: "tiles", the reference, or "sdpa", fused);
-    `block`: tokens per tile of the tiles kernel. Every rank of `group` must call it with the
-    same shapes and kernel (it exchanges). Raises ValueError naming the numbers when `mode`
-    cannot serve the shape (checked before any exchange, on every rank alike).
+    `block`: tokens per tile of the tiles kernel; `cu_seqlens`: None (one causal sequence:
+    today's work, unchanged) or packed documents, the GLOBAL boundaries (int [N+1], 0 … T =
+    t·D, flash-linear-attention's convention; a tensor, array or sequence, the same on every
+    rank, read on the host): attention is then block-diagonal causal (a query sees the keys of
+    its own document at or before it; gdn_core.attention_documents), the pairs that cross
+    documents are skipped (attention_pairs.visible_pairs). Rotary positions stay global (the
+    caller's). Every rank of `group` must call it with the same shapes, kernel and
+    cu_seqlens (it exchanges). Raises ValueError naming the numbers when `mode` cannot serve
+    the shape or cu_seqlens is malformed (checked before any exchange, on every rank alike).
     """
     attn_kernel = attention_kernel(kernel, block=block)
     D = rank_size(group)[1]
@@ -131,13 +142,14 @@ def attention_cp(q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tenso
     check_attention_shape(mode=mode, chips=D, seq_len=t * D, layout=layout, num_heads=H,
                           num_kv_heads=k_BtGE.shape[2])
     scale = E ** -0.5 if scale is None else scale
+    cu = None if cu_seqlens is None else cu_seqlens_values(cu_seqlens, seq_len=t * D)
     if mode == "all_gather_kv":
         return _AllGatherKVAttention.apply(q_BtHE, k_BtGE, v_BtGE, group, layout, scale,
-                                           attn_kernel)
+                                           attn_kernel, cu)
     if mode == "ulysses":
         return _ulysses(q_BtHE, k_BtGE, v_BtGE, group=group, layout=layout, scale=scale,
-                        kernel=attn_kernel)
-    return _RingAttention.apply(q_BtHE, k_BtGE, v_BtGE, group, layout, scale, attn_kernel)
+                        kernel=attn_kernel, cu=cu)
+    return _RingAttention.apply(q_BtHE, k_BtGE, v_BtGE, group, layout, scale, attn_kernel, cu)
 
 
 def _no_autocast(x: torch.Tensor):
@@ -159,7 +171,7 @@ class _AllGatherKVAttention(torch.autograd.Function):
     two blocks' accumulators (the one sent, the one received) at any moment, whatever D."""
 
     @staticmethod
-    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale, kernel):
+    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale, kernel, cu):
         rank, D = rank_size(group)
         kv_2BtGE = torch.stack([k_BtGE, v_BtGE])  # one message, contiguous
         # torch's single-buffer collectives stack the ranks' blocks along dim 0
@@ -169,9 +181,9 @@ class _AllGatherKVAttention(torch.autograd.Function):
         record("attn_all_gather_kv", (D - 1) * nbytes(kv_2BtGE), backward=False)
         gathered = gathered.view(D, *kv_2BtGE.shape)
         del kv_2BtGE
-        o, lse = _attend_gathered(q_BtHE, gathered, rank, layout, scale, kernel)
+        o, lse = _attend_gathered(q_BtHE, gathered, rank, layout, scale, kernel, cu)
         ctx.save_for_backward(q_BtHE, gathered, o, lse)
-        ctx.group, ctx.layout, ctx.scale, ctx.kernel = group, layout, scale, kernel
+        ctx.group, ctx.layout, ctx.scale, ctx.kernel, ctx.cu = group, layout, scale, kernel, cu
         return _tokens_first(o, q_BtHE.dtype)
 
     @staticmethod
@@ -194,16 +206,17 @@ class _AllGatherKVAttention(torch.autograd.Function):
                 k, v = _keys_values(gathered[k_rank])
                 dk, dv = _keys_values(d_kv)  # views: added to in place
                 _attend_backward(ctx.kernel, do, q, k, v, o, lse, dq, dk, dv,
-                                 pairs=_visible_pairs(rank, k_rank, D, t, ctx.layout),
-                                 scale=ctx.scale)
+                                 scale=ctx.scale,
+                                 pairs=_visible_pairs(rank, k_rank, D, t, ctx.layout, ctx.cu))
             dk_BtGE, dv_BtGE = d_kv.to(gathered.dtype).unbind(0)
-        return (_tokens_first(dq, q_BtHE.dtype), dk_BtGE, dv_BtGE, None, None, None, None)
+        return (_tokens_first(dq, q_BtHE.dtype), dk_BtGE, dv_BtGE, None, None, None, None,
+                None)
 
 
 def _attend_gathered(q_BtHE, gathered, rank: int, layout: Layout, scale: float,
-                     kernel: AttentionKernel):
+                     kernel: AttentionKernel, cu=None):
     """float32 (o [B, H, t, E], log-sum-exp [B, H, t]) of rank `rank`'s queries against every
-    rank's K/V block of the gathered [D, 2, B, t, G, E] buffer."""
+    rank's K/V block of the gathered [D, 2, B, t, G, E] buffer (cu: document boundaries)."""
     D, t = gathered.shape[0], q_BtHE.shape[1]
     with _no_autocast(q_BtHE):
         q = _heads_first(q_BtHE)
@@ -211,8 +224,8 @@ def _attend_gathered(q_BtHE, gathered, rank: int, layout: Layout, scale: float,
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         for k_rank in range(D):
             k, v = _keys_values(gathered[k_rank])
-            _attend(kernel, q, k, v, o, lse, pairs=_visible_pairs(rank, k_rank, D, t, layout),
-                    scale=scale)
+            _attend(kernel, q, k, v, o, lse, scale=scale,
+                    pairs=_visible_pairs(rank, k_rank, D, t, layout, cu))
     return o, lse
 
 
@@ -223,10 +236,10 @@ class _GatheredAttention(torch.autograd.Function):
     heads (no whole-sequence gradient beyond that rank's own K/V)."""
 
     @staticmethod
-    def forward(ctx, q_BtHE, gathered, rank, layout, scale, kernel):
-        o, lse = _attend_gathered(q_BtHE, gathered, rank, layout, scale, kernel)
+    def forward(ctx, q_BtHE, gathered, rank, layout, scale, kernel, cu=None):
+        o, lse = _attend_gathered(q_BtHE, gathered, rank, layout, scale, kernel, cu)
         ctx.save_for_backward(q_BtHE, gathered, o, lse)
-        ctx.rank, ctx.layout, ctx.scale, ctx.kernel = rank, layout, scale, kernel
+        ctx.rank, ctx.layout, ctx.scale, ctx.kernel, ctx.cu = rank, layout, scale, kernel, cu
         return _tokens_first(o, q_BtHE.dtype)
 
     @staticmethod
@@ -242,71 +255,27 @@ class _GatheredAttention(torch.autograd.Function):
                 k, v = _keys_values(gathered[k_rank])
                 dk, dv = _keys_values(d_gathered[k_rank])  # views: added to in place
                 _attend_backward(ctx.kernel, do, q, k, v, o, lse, dq, dk, dv,
-                                 pairs=_visible_pairs(ctx.rank, k_rank, D, t, ctx.layout),
-                                 scale=ctx.scale)
+                                 pairs=_visible_pairs(ctx.rank, k_rank, D, t, ctx.layout,
+                                                      ctx.cu), scale=ctx.scale)
         return (_tokens_first(dq, q_BtHE.dtype), d_gathered.to(gathered.dtype), None, None,
-                None, None)
+                None, None, None)
 
 
 # ---------------------------------------------------------------- ulysses
 
 def _ulysses(q_BtHE, k_BtGE, v_BtGE, *, group, layout: Layout, scale: float,
-             kernel: AttentionKernel):
+             kernel: AttentionKernel, cu=None):
     D = rank_size(group)[1]
     plan = UlyssesHeads(num_k_heads=k_BtGE.shape[2], num_v_heads=q_BtHE.shape[2], chips=D)
     # The whole sequence of this rank's heads, in sequence order (a local permutation under
-    # zigzag): one causal segment, attended as a lone rank's (D = 1) would be.
+    # zigzag): one causal segment, attended as a lone rank's (D = 1) would be; documents'
+    # global boundaries apply to it as they are.
     q_BTHE, k_BTGE, v_BTGE = seq_to_heads(
         [q_BtHE, key_heads_for_chips(k_BtGE, plan), key_heads_for_chips(v_BtGE, plan)],
         group=group, layout=layout)
     o_BTHE = _GatheredAttention.apply(q_BTHE, torch.stack([k_BTGE, v_BTGE])[None], 0,
-                                      "contiguous", scale, kernel)
+                                      "contiguous", scale, kernel, cu)
     return heads_to_seq(o_BTHE, group=group, layout=layout)
-
-
-# ---------------------------------------------------------------- segment pairs
-
-def _segments(rank: int, D: int, t: int, layout: Layout) -> list[tuple[slice, int]]:
-    """(local slice, first global position) of each contiguous segment of a rank's shard."""
-    parts = segments(chip=rank, chips=D, layout=layout)
-    size = t // len(parts)
-    return [(slice(i * size, (i + 1) * size), p * size) for i, p in enumerate(parts)]
-
-
-def _visible_pairs(q_rank: int, k_rank: int, D: int, t: int, layout: Layout):
-    """(q slice, k slice, causal) for each pair of segments with a visible key: causal=True on
-    the diagonal (same segment: mask within), False when every key precedes every query; pairs
-    whose keys all follow the queries are skipped (no work at all)."""
-    pairs = []
-    for q_sl, q_start in _segments(q_rank, D, t, layout):
-        for k_sl, k_start in _segments(k_rank, D, t, layout):
-            if k_start < q_start:
-                pairs.append((q_sl, k_sl, False))
-            elif k_start == q_start:
-                pairs.append((q_sl, k_sl, True))
-    return pairs
-
-
-def _attend(kernel: AttentionKernel, q, k, v, o, lse, *, pairs, scale: float) -> None:
-    """Merge the attention of q [B, H, t, E] to k, v [B, G, s, E] over segment `pairs` into
-    the float32 running output o [B, H, t, E] and log-sum-exp lse [B, H, t], in place."""
-    for q_sl, k_sl, causal in pairs:
-        o_pair, lse_pair = kernel.forward(q[:, :, q_sl], k[:, :, k_sl], v[:, :, k_sl],
-                                          causal=causal, scale=scale)
-        merge_into(o[:, :, q_sl], lse[:, :, q_sl], o_pair, lse_pair)
-
-
-def _attend_backward(kernel: AttentionKernel, do, q, k, v, o, lse, dq, dk, dv, *, pairs,
-                     scale: float) -> None:
-    """_attend's gradient over the same pairs from the final o, lse: adds each pair's share
-    into the float32 dq (like q) and dk, dv (like k, v) in place."""
-    for q_sl, k_sl, causal in pairs:
-        dq_pair, dk_pair, dv_pair = kernel.backward(
-            do[:, :, q_sl], q[:, :, q_sl], k[:, :, k_sl], v[:, :, k_sl], o[:, :, q_sl],
-            lse[:, :, q_sl], causal=causal, scale=scale)
-        dq[:, :, q_sl] += dq_pair
-        dk[:, :, k_sl] += dk_pair
-        dv[:, :, k_sl] += dv_pair
 
 
 def _keys_values(kv_2BtGE: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,7 +309,7 @@ class _RingAttention(torch.autograd.Function):
     """Ring attention; saves q, k, v, o and the float32 log-sum-exp of this rank only."""
 
     @staticmethod
-    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale, kernel):
+    def forward(ctx, q_BtHE, k_BtGE, v_BtGE, group, layout, scale, kernel, cu):
         rank, D = rank_size(group)
         t = q_BtHE.shape[1]
         with _no_autocast(q_BtHE):
@@ -353,9 +322,9 @@ class _RingAttention(torch.autograd.Function):
                     kv = _pass_on(kv, group=group, tag=_TAG, backward=False, op="attn_ring")
                 k, v = _keys_values(kv)
                 _attend(kernel, q, k, v, o, lse, scale=scale,
-                        pairs=_visible_pairs(rank, (rank - hop) % D, D, t, layout))
+                        pairs=_visible_pairs(rank, (rank - hop) % D, D, t, layout, cu))
         ctx.save_for_backward(q_BtHE, k_BtGE, v_BtGE, o, lse)
-        ctx.group, ctx.layout, ctx.scale, ctx.kernel = group, layout, scale, kernel
+        ctx.group, ctx.layout, ctx.scale, ctx.kernel, ctx.cu = group, layout, scale, kernel, cu
         return _tokens_first(o, q_BtHE.dtype)
 
     @staticmethod
@@ -381,7 +350,8 @@ class _RingAttention(torch.autograd.Function):
                     dkv = torch.zeros((2, *k.shape), dtype=torch.float32, device=k.device)
                 dk, dv = dkv.unbind(0)  # float32 [B, G, t, E] each, added to in place
                 _attend_backward(ctx.kernel, do, q, k, v, o, lse, dq, dk, dv, scale=ctx.scale,
-                                 pairs=_visible_pairs(rank, (rank - hop) % D, D, t, layout))
+                                 pairs=_visible_pairs(rank, (rank - hop) % D, D, t, layout,
+                                                      ctx.cu))
                 if hop == 0:
                     own_dkv, dkv = dkv, None
             if D > 1:  # the last accumulator goes home: rank + 1 owns the block held now
@@ -389,7 +359,7 @@ class _RingAttention(torch.autograd.Function):
                                     op="attn_ring")
             dk_BtGE, dv_BtGE = own_dkv.transpose(2, 3).unbind(0)
         return (_tokens_first(dq, q_BtHE.dtype), dk_BtGE.to(k_BtGE.dtype),
-                dv_BtGE.to(v_BtGE.dtype), None, None, None, None)
+                dv_BtGE.to(v_BtGE.dtype), None, None, None, None, None)
 
 
 def ring_saved_bytes_bound(*, batch: int, local_tokens: int, num_heads: int,
