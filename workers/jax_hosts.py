@@ -102,11 +102,10 @@ class JaxHostActor(ChipProcess):
         from gdn_core.jax_gdn.cp.train import run_cp_training
 
         mesh, batch_axis = trial_mesh(self.mesh, trial.dp)
-        data_parallel = {} if batch_axis is None else {"batch_axis": batch_axis}
         return run_cp_training(trial.to_model_config(), trial.to_train_config(), mesh=mesh,
-                               axis=MESH_AXIS, cp=trial.cp_settings(), steps=trial.steps,
-                               warmup_steps=trial.warmup_steps, verify=trial.verify,
-                               **data_parallel)
+                               axis=MESH_AXIS, batch_axis=batch_axis, cp=trial.cp_settings(),
+                               steps=trial.steps, warmup_steps=trial.warmup_steps,
+                               verify=trial.verify)
 
     def _peak_memory(self) -> tuple[int | None, str]:
         """Per chip, labelled: the device peak on GPU/TPU, on CPU the process's RSS mark

@@ -188,11 +188,12 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     compile_time_s = 0.0
     if verify:
         budget = verify_budget(devices, verify_memory_budget_bytes)
-        # The reference runs the whole global batch on one chip; the step's resident state
-        # is predicted over one replica's D chips (weights over dp·D hold less: conservative).
+        # The reference runs the whole global batch on one chip, beside the step's resident
+        # state laid out over all dp·D chips.
         global_cfg = dataclasses.replace(train_cfg, batch_size=dp * train_cfg.batch_size)
         verified_seq_len = train_cfg.seq_len if budget is None else verify_seq_len(
-            model_cfg, global_cfg, mode=cp.mode, chips=D, framework="jax", budget_bytes=budget)
+            model_cfg, global_cfg, mode=cp.mode, chips=D, framework="jax", budget_bytes=budget,
+            dp=dp)
         if verified_seq_len is not None and cp.layout == "zigzag":  # 2D segments of the prefix
             verified_seq_len = verified_seq_len - verified_seq_len % (2 * D) or None
         if verified_seq_len is not None:
