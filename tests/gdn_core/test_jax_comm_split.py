@@ -9,29 +9,13 @@ import pytest
 
 from gdn_core.jax_gdn.cp.train import comm_bytes_per_chip
 
-WEIGHTS = 'jit(shard_step)/shard_map/transpose(jvp())/weight_sync/psum'
-LOSS = 'jit(shard_step)/shard_map/loss_sum/psum'
+from .hlo_programs import LOSS, WEIGHTS, hlo_program
+
 EXCHANGE = 'jit(shard_step)/shard_map/jvp()/ppermute'
 
 
 def program(*collectives: str) -> str:
-    body = "\n".join(f"  {line}" for line in collectives)
-    return f"""HloModule jit_shard_step, num_partitions=2
-
-%add (a: f32[], b: f32[]) -> f32[] {{
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %sum = f32[] add(%a, %b)
-}}
-
-ENTRY %main (g: f32[1024], l: f32[], s: f32[64]) -> f32[] {{
-  %g = f32[1024]{{0}} parameter(0)
-  %l = f32[] parameter(1)
-  %s = f32[64]{{0}} parameter(2)
-{body}
-  ROOT %out = f32[] copy(%l)
-}}
-"""
+    return hlo_program(*collectives, partitions=2)
 
 
 def test_a_merged_all_reduce_is_split_by_operand_along_its_source_paths():

@@ -31,6 +31,7 @@ from gdn_core.jax_gdn.train import make_optimizer, make_train_step
 from gdn_core.testing import assert_close
 from gdn_core.train_config import TrainConfig
 
+from .hlo_programs import LOSS, WEIGHTS, hlo_program
 from .test_jax_cp_train import (FAST, HYBRID, MODEL, TOL, TRAIN, expected_cp_bytes, leaves,
                                 weight_traffic_bytes)
 
@@ -222,41 +223,23 @@ def test_dp_settings_errors_name_the_numbers():
 # group per replica (contiguous ids when the replica axis is major, strided when it is minor),
 # those over both axes one group of all chips.
 EXCHANGE = 'jit(shard_step)/shard_map/jvp()/all_to_all'
-WEIGHTS = 'jit(shard_step)/shard_map/transpose(jvp())/weight_sync/psum'
-LOSS = 'jit(shard_step)/shard_map/loss_sum/psum'
 
 
-def hlo_program(*collectives: str) -> str:
-    body = "\n".join(f"  {line}" for line in collectives)
-    return f"""HloModule jit_shard_step, num_partitions=4
-
-%add (a: f32[], b: f32[]) -> f32[] {{
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  ROOT %sum = f32[] add(%a, %b)
-}}
-
-ENTRY %main (g: f32[1024], l: f32[], s: f32[64]) -> f32[] {{
-  %g = f32[1024]{{0}} parameter(0)
-  %l = f32[] parameter(1)
-  %s = f32[64]{{0}} parameter(2)
-{body}
-  ROOT %out = f32[] copy(%l)
-}}
-"""
+def four_chip_program(*collectives: str) -> str:
+    return hlo_program(*collectives, partitions=4)
 
 
 @pytest.mark.parametrize("groups", ["{{0,1},{2,3}}", "{{0,2},{1,3}}", "[2,2]<=[2,2]T(1,0)"],
                          ids=["replica-major", "replica-minor", "iota-transposed"])
 def test_hlo_bytes_of_a_cp_collective_count_each_chip_in_its_own_replica(groups):
-    text = hlo_program(f'%a2a = f32[64]{{0}} all-to-all(%s), replica_groups={groups}, '
+    text = four_chip_program(f'%a2a = f32[64]{{0}} all-to-all(%s), replica_groups={groups}, '
                        f'dimensions={{0}}, metadata={{op_name="{EXCHANGE}"}}')
     # Groups of G = 2: each chip receives the half of 256 bytes its partner sends, not 3/4.
     assert received_bytes_per_chip(text, 4)["per_chip"] == [128] * 4
 
 
 def test_hlo_bytes_split_cp_traffic_from_all_chip_weight_traffic():
-    text = hlo_program(
+    text = four_chip_program(
         f'%ar = (f32[1024]{{0}}, f32[]) all-reduce(%g, %l), replica_groups={{{{0,1,2,3}}}}, '
         f'to_apply=%add, metadata={{op_name="{WEIGHTS}:{LOSS}"}}',
         f'%cp = f32[64]{{0}} collective-permute(%s), source_target_pairs={{{{0,1}},{{2,3}}}}, '
