@@ -132,9 +132,7 @@ class GatedAttention(nn.Module):
         """Map hidden states [B, T, D] at the positions of cos/sin [B, T, R] (global
         positions, also under packed documents) to [B, T, D]; cu_seqlens as attend's."""
         q_BTHE, k_BTGE, v_BTGE, gate_BTX = self.project(hidden_BTD, cos_BTR, sin_BTR)
-        attended = (self.attend(q_BTHE, k_BTGE, v_BTGE) if cu_seqlens is None
-                    else self.attend(q_BTHE, k_BTGE, v_BTGE, cu_seqlens=cu_seqlens))
-        return self.output(attended, gate_BTX)
+        return self.output(self.attend(q_BTHE, k_BTGE, v_BTGE, cu_seqlens), gate_BTX)
 
 
 def causal_attention(q_BTHE: torch.Tensor, k_BTGE: torch.Tensor, v_BTGE: torch.Tensor, *,

@@ -55,13 +55,15 @@ class HybridDecoderLayer(DecoderBlock):
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps)
 
     def _residual_pair(self, x_BTD: torch.Tensor, cos_BTR: torch.Tensor | None,
-                       sin_BTR: torch.Tensor | None) -> torch.Tensor:
-        """Map the residual stream [B, T, D] to [B, T, D] (cos/sin: the attention's rotary)."""
+                       sin_BTR: torch.Tensor | None,
+                       cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """Map the residual stream [B, T, D] to [B, T, D] (cos/sin: the attention's rotary;
+        cu_seqlens: packed documents, each mixed as if alone)."""
         normed_BTD = self.input_layernorm(x_BTD)
         if self.kind == LINEAR_ATTENTION:
-            x_BTD = x_BTD + self.linear_attn(normed_BTD)
+            x_BTD = x_BTD + self.linear_attn(normed_BTD, cu_seqlens)
         else:
-            x_BTD = x_BTD + self.self_attn(normed_BTD, cos_BTR, sin_BTR)
+            x_BTD = x_BTD + self.self_attn(normed_BTD, cos_BTR, sin_BTR, cu_seqlens)
         return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
 
 
@@ -78,10 +80,12 @@ class HybridDecoder(nn.Module):
         """t ↦ the global positions of the t tokens a forward holds (a sequence shard's, set
         by context_parallel); None: 0 … t−1."""
 
-    def forward(self, tokens_BT: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens_BT: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Return the final normed hidden states [B, T, D]; position_ids [B, T] or [T] are the
-        tokens' positions in the sequence (default: sequence_positions(T), else 0 … T−1)."""
+        tokens' positions in the sequence (default: sequence_positions(T), else 0 … T−1);
+        cu_seqlens: the sequence's packed documents (global boundaries, int [N+1], B = 1):
+        every layer mixes each document as if alone, rotary at the global positions."""
         x_BTD = self.embed_tokens(tokens_BT.long())
         if position_ids is None and self.sequence_positions is not None:
             position_ids = device_index(self.sequence_positions, tokens_BT.shape[1],
@@ -92,7 +96,7 @@ class HybridDecoder(nn.Module):
         if FULL_ATTENTION in self.cfg.layer_pattern:
             cos_BTR, sin_BTR = rotary_cos_sin(position_ids, self.cfg.attention)
         for layer in self.layers:
-            x_BTD = layer(x_BTD, cos_BTR, sin_BTR)
+            x_BTD = layer(x_BTD, cos_BTR, sin_BTR, cu_seqlens)
         return self.norm(x_BTD)
 
 
@@ -139,11 +143,12 @@ class HybridLanguageModel(nn.Module):
 
     def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None,
-                loss_chunk_tokens: int | None = None) -> torch.Tensor:
+                loss_chunk_tokens: int | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Return float32 logits [B, T, V] for integer tokens [B, T]; given targets [B, T],
         instead the summed cross-entropy over all B·T tokens (a float32 scalar, computed over
-        token chunks as GDNLanguageModel's)."""
-        hidden_BTD = self.model(tokens_BT, position_ids)
+        token chunks as GDNLanguageModel's). cu_seqlens: packed documents (HybridDecoder)."""
+        hidden_BTD = self.model(tokens_BT, position_ids, cu_seqlens)
         if targets_BT is None:
             return self.lm_head(hidden_BTD).float()
         return chunked_cross_entropy_sum(hidden_BTD, self.lm_head.weight, targets_BT,

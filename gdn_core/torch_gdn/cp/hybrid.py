@@ -51,20 +51,21 @@ class ContextParallelGatedAttention(GatedAttention):
                 f"chips={rank_size(self.group)[1]}")
 
     def forward(self, hidden_BtD: torch.Tensor, cos_BtR: torch.Tensor,
-                sin_BtR: torch.Tensor) -> torch.Tensor:
+                sin_BtR: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Every rank of the group must call it, with the same B and t (it exchanges)."""
         _, D = rank_size(self.group)
         # Validate before any exchange, so every rank raises and none waits on a peer.
         check_attention_shape(mode=self.attn_cp, chips=D, seq_len=hidden_BtD.shape[1] * D,
                               layout=self.layout, num_heads=self.cfg.num_heads,
                               num_kv_heads=self.cfg.num_kv_heads)
-        return super().forward(hidden_BtD, cos_BtR, sin_BtR)
+        return super().forward(hidden_BtD, cos_BtR, sin_BtR, cu_seqlens)
 
-    def attend(self, q_BtHE: torch.Tensor, k_BtGE: torch.Tensor,
-               v_BtGE: torch.Tensor) -> torch.Tensor:
+    def attend(self, q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tensor,
+               cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """cu_seqlens: the GLOBAL packed-document boundaries, the same on every rank."""
         return attention_cp(q_BtHE, k_BtGE, v_BtGE, group=self.group, mode=self.attn_cp,
                             layout=self.layout, scale=self.cfg.head_dim ** -0.5,
-                            kernel=self.kernel)
+                            kernel=self.kernel, cu_seqlens=cu_seqlens)
 
 
 def _positions_of_shard(t: int, *, group, layout: Layout) -> np.ndarray:
