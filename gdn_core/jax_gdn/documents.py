@@ -14,24 +14,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..attention_documents import cu_seqlens_values
 
-def check_cu_seqlens(cu_seqlens, *, batch: int, seq_len: int) -> None:
+
+def check_cu_seqlens(cu_seqlens, *, seq_len: int, batch: int | None = None) -> None:
     """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] array running
-    non-decreasing from 0 to seq_len, with batch 1 (values checked only when concrete)."""
-    if batch != 1:
+    non-decreasing from 0 to seq_len (values checked only when concrete:
+    attention_documents.cu_seqlens_values), and, given a batch (the GDN rule's), batch 1
+    (attention applies the same boundaries to every row)."""
+    if batch is not None and batch != 1:
         raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along T), got B={batch}")
     shape = tuple(np.shape(cu_seqlens))
     if len(shape) != 1 or shape[0] < 2:
         raise ValueError(f"cu_seqlens {shape} must be [N+1] with N ≥ 1")
     if not jnp.issubdtype(jnp.result_type(cu_seqlens), jnp.integer):
         raise ValueError(f"cu_seqlens must be an integer array, got {jnp.result_type(cu_seqlens)}")
-    if isinstance(cu_seqlens, jax.core.Tracer):
-        return
-    values = np.asarray(cu_seqlens).tolist()
-    if values[0] != 0 or values[-1] != seq_len or any(b < a for a, b in zip(values, values[1:])):
-        shown = values if len(values) <= 12 else values[:5] + ["…"] + values[-5:]
-        raise ValueError(f"cu_seqlens={shown} must run non-decreasing from 0 to "
-                         f"seq_len={seq_len}")
+    if not isinstance(cu_seqlens, jax.core.Tracer):
+        cu_seqlens_values(np.asarray(cu_seqlens), seq_len=seq_len)
 
 
 def tokens_since_start(cu_seqlens, positions):

@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import torch
 
+from ..attention_documents import cu_seqlens_values
+
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, *, batch: int, seq_len: int) -> None:
     """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] tensor running
-    non-decreasing from 0 to seq_len, with batch 1 (reads its values: one host copy on a GPU)."""
+    non-decreasing from 0 to seq_len (attention_documents.cu_seqlens_values: reads its values,
+    one host copy on a GPU), with batch 1."""
     if batch != 1:
         raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along T), got B={batch}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens {tuple(cu_seqlens.shape)} must be [N+1] with N ≥ 1")
-    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
-    values = cu_seqlens.tolist()
-    if values[0] != 0 or values[-1] != seq_len or any(b < a for a, b in zip(values, values[1:])):
-        shown = values if len(values) <= 12 else values[:5] + ["…"] + values[-5:]
-        raise ValueError(f"cu_seqlens={shown} must run non-decreasing from 0 to "
-                         f"seq_len={seq_len}")
+    cu_seqlens_values(cu_seqlens, seq_len=seq_len)
 
 
 def tokens_since_start(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ...attention_documents import cu_seqlens_values
 from ...cp_layout import Layout, check_layout
 from ...cp_modes import (
     AttnCPMode,
@@ -75,6 +74,7 @@ from ...cp_modes import (
     check_attn_cp,
 )
 from ..attention import ATTENTION_BLOCK, tile_loop
+from ..documents import check_cu_seqlens
 from ..attention_pairs import (
     PairKernelName,
     causal_pair_attention,
@@ -324,18 +324,6 @@ def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,
                                   block=block, kernel=kernel, cu_seqlens=cu_seqlens)
     return ATTENTION_CP[mode](q_BtHE, k_BtGE, v_BtGE, axis=axis, layout=layout, block=block,
                               kernel=kernel)
-
-
-def check_cu_seqlens(cu_seqlens, *, seq_len: int) -> None:
-    """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] array; its
-    values too (0 … seq_len, non-decreasing) where they are concrete."""
-    if isinstance(cu_seqlens, jax.core.Tracer):
-        if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] < 2 or not jnp.issubdtype(
-                cu_seqlens.dtype, jnp.integer):
-            raise ValueError(f"cu_seqlens {cu_seqlens.shape} {cu_seqlens.dtype} must be an "
-                             "integer [N+1] array with N ≥ 1")
-        return
-    cu_seqlens_values(np.asarray(cu_seqlens), seq_len=seq_len)
 
 
 def attend_fn(*, axis: AxisName, mode: AttnCPMode, layout: Layout = "contiguous",
