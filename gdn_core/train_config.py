@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
+from .packing import check_documents
+
 Framework = Literal["jax", "torch"]
 FRAMEWORKS: tuple[str, ...] = get_args(Framework)
 """The two implementations of the step; FLOP and memory counts differ between them."""
@@ -58,6 +60,10 @@ class TrainConfig:
     """AdamW decoupled weight decay."""
     seed: int = 0
     """Seeds both the weights and the synthetic data."""
+    documents: str = "single"
+    """How each sequence is packed from documents (gdn_core.packing): 'single', or
+    'uniform:LO-HI' (lengths drawn from `seed`; every row of the batch packed alike). The GDN
+    state and attention restart at each document boundary."""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "seq_len"):
@@ -73,6 +79,7 @@ class TrainConfig:
         if self.remat not in REMATS:
             raise ValueError(f"TrainConfig.remat={self.remat!r} is not one of: "
                              f"{', '.join(REMATS)}")
+        check_documents(self.documents)
         if not self.learning_rate > 0:
             raise ValueError(f"TrainConfig.learning_rate={self.learning_rate!r} must be > 0")
 

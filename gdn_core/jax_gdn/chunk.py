@@ -323,7 +323,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
         initial_state: [B, Hv, Dk, Dv] or None (zeros).
         use_qk_l2norm: L2-normalise q and k (eps 1e-6, float32) before the Dk^-½ scale.
         chunk_size: one of 16, 32, 64, 128; T need not be a multiple of it.
-        cu_seqlens: None, or packed documents (int [N+1], 0 … T, B = 1; may be traced), as in
+        cu_seqlens: None, or packed documents (int [N+1], 0 … T, all rows; may be traced), as in
             torch_gdn.chunk_gated_delta_rule: the state is zero entering each document after
             the first; initial_state is the first document's, final_state the last's.
     Returns:
@@ -334,7 +334,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
         None if initial_state is None else initial_state.shape, chunk_size)
     doc_starts_BT = None
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        check_cu_seqlens(cu_seqlens, seq_len=T)
         doc_starts_BT = document_starts(cu_seqlens, jnp.arange(T))[None]
     Hv = v.shape[2]
     h0 = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)

@@ -1,7 +1,7 @@
 """Packed variable-length documents in JAX: where each token's document began (as
 torch_gdn.documents; see there for the cu_seqlens convention).
 
-cu_seqlens (integer, [N+1], 0 = c_0 ≤ … ≤ c_N = T, batch 1): the state is zero entering each
+cu_seqlens (integer, [N+1], 0 = c_0 ≤ … ≤ c_N = T, all rows): the state is zero entering each
 document after the first, and the causal conv sees no token of an earlier document. Works
 from global token positions, traced or not, so a CP chip derives its boundaries from its own
 positions (cp_layout) inside shard_map; cu_seqlens may be traced (its values are checked only
@@ -17,13 +17,10 @@ import numpy as np
 from ..attention_documents import cu_seqlens_values
 
 
-def check_cu_seqlens(cu_seqlens, *, seq_len: int, batch: int | None = None) -> None:
+def check_cu_seqlens(cu_seqlens, *, seq_len: int) -> None:
     """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] array running
     non-decreasing from 0 to seq_len (values checked only when concrete:
-    attention_documents.cu_seqlens_values), and, given a batch (the GDN rule's), batch 1
-    (attention applies the same boundaries to every row)."""
-    if batch is not None and batch != 1:
-        raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along T), got B={batch}")
+    attention_documents.cu_seqlens_values)."""
     shape = tuple(np.shape(cu_seqlens))
     if len(shape) != 1 or shape[0] < 2:
         raise ValueError(f"cu_seqlens {shape} must be [N+1] with N ≥ 1")

@@ -125,7 +125,7 @@ def gdn_layer(params: Params, x_BTD, cfg: GDNConfig, *, dtype=jnp.float32,
     rule: any function of the rule signature family (a CP rule, the naive reference).
     halo_fn: maps this sequence's pre-conv mixed_BTC to the K−1 tokens before it (CP passes a
         halo exchange); None means the sequence starts here (zero left padding).
-    cu_seqlens: None, or packed documents (int [N+1], 0 … T, B = 1): each document mixed as
+    cu_seqlens: None, or packed documents (int [N+1], 0 … T, all rows): each document mixed as
         if alone (conv taps and the state stop at each start); passed on to `rule`.
     """
     params = cast_floating(params, dtype)
@@ -133,7 +133,7 @@ def gdn_layer(params: Params, x_BTD, cfg: GDNConfig, *, dtype=jnp.float32,
     halo_BKC = None if halo_fn is None else halo_fn(mixed_BTC)
     since_T = None
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=x_BTD.shape[0], seq_len=x_BTD.shape[1])
+        check_cu_seqlens(cu_seqlens, seq_len=x_BTD.shape[1])
         since_T = tokens_since_start(cu_seqlens, jnp.arange(x_BTD.shape[1]))
         rule = partial(rule, cu_seqlens=cu_seqlens)
     conv_BTC = causal_conv(params["conv1d"]["weight"], mixed_BTC, halo_BKC, since_T)

@@ -111,32 +111,41 @@ def mlp(params: Params, x_BTD):
 
 
 def decoder_layer(layer: Params, x_BTD, model_cfg: ModelConfig, *, dtype,
-                  gdn_layer_fn: GDNLayerFn | None = None):
-    """One decoder layer (compute-dtype weights, unstacked): x + gdn(norm x), then + mlp(norm x)."""
+                  gdn_layer_fn: GDNLayerFn | None = None, cu_seqlens=None):
+    """One decoder layer (compute-dtype weights, unstacked): x + gdn(norm x), then + mlp(norm x).
+    cu_seqlens: None, or packed documents (GLOBAL boundaries), each mixed as if alone."""
     gdn_layer_fn = gdn_layer if gdn_layer_fn is None else gdn_layer_fn
     eps = model_cfg.gdn.rms_norm_eps
     x_BTD = x_BTD + gdn_layer_fn(layer["gdn"], rms_norm(layer["gdn_norm"]["weight"], x_BTD, eps),
-                                 model_cfg.gdn, dtype=dtype)
+                                 model_cfg.gdn, dtype=dtype, **_documents(cu_seqlens))
     return x_BTD + mlp(layer["mlp"], rms_norm(layer["mlp_norm"]["weight"], x_BTD, eps))
 
 
 def hybrid_decoder_layer(layer: Params, x_BTD, model_cfg: ModelConfig, *, dtype, cos_TR, sin_TR,
                          gdn_layer_fn: GDNLayerFn | None = None,
-                         attend_fn: AttendFn | None = None):
+                         attend_fn: AttendFn | None = None, cu_seqlens=None):
     """One hybrid decoder layer (compute-dtype weights, HF names): x + mixer(norm x), then
-    + mlp(norm x); the mixer is GDN or gated attention as the layer's tree says."""
+    + mlp(norm x); the mixer is GDN or gated attention as the layer's tree says. cu_seqlens:
+    None, or packed documents (GLOBAL boundaries), each mixed as if alone by either mixer."""
     gdn_layer_fn = gdn_layer if gdn_layer_fn is None else gdn_layer_fn
     eps = model_cfg.gdn.rms_norm_eps
     normed_BTD = _zero_centered_norm(layer["input_layernorm"]["weight"], x_BTD, eps)
     if "linear_attn" in layer:
         x_BTD = x_BTD + gdn_layer_fn(layer["linear_attn"], normed_BTD, model_cfg.gdn,
-                                     dtype=dtype)
+                                     dtype=dtype, **_documents(cu_seqlens))
     else:
         x_BTD = x_BTD + gated_attention(
             layer["self_attn"], normed_BTD, model_cfg.attention, eps=eps, cos_TR=cos_TR,
-            sin_TR=sin_TR, attend=causal_attention if attend_fn is None else attend_fn)
+            sin_TR=sin_TR, attend=causal_attention if attend_fn is None else attend_fn,
+            cu_seqlens=cu_seqlens)
     return x_BTD + mlp(layer["mlp"],
                        _zero_centered_norm(layer["post_attention_layernorm"]["weight"], x_BTD, eps))
+
+
+def _documents(cu_seqlens) -> dict:
+    """A GDN layer's keyword for packed documents: none at all without them, so hooks that
+    predate documents (a rule's test double) still fit."""
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
 
 
 def _zero_centered_norm(weight_D, x_BTD, eps: float):
@@ -145,11 +154,14 @@ def _zero_centered_norm(weight_D, x_BTD, eps: float):
 
 def hidden_states(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jnp.float32,
                   gdn_layer_fn: GDNLayerFn | None = None, fetch: Fetch = cast_fetch,
-                  remat: str = "none", attend_fn: AttendFn | None = None, positions=None):
+                  remat: str = "none", attend_fn: AttendFn | None = None, positions=None,
+                  cu_seqlens=None):
     """Token ids [B, T] -> final normed hidden states [B, T, D] in dtype (the LM head's input).
 
     positions: the tokens' positions in the sequence [T] (default 0 … T−1), for the rotary
     embedding of attention layers; attend_fn: their token mixing (default causal_attention).
+    cu_seqlens: None, or the packed documents of every row (int [N+1], GLOBAL boundaries:
+    the same array on every CP chip): GDN and attention layers mix each document alone.
     """
     policy = remat_policy(remat)
     hybrid = is_hf_tree(params)
@@ -168,8 +180,9 @@ def hidden_states(params: Params, tokens_BT, model_cfg: ModelConfig, *, dtype=jn
             if hybrid:
                 return hybrid_decoder_layer(layer, x_BTD, model_cfg, dtype=dtype, cos_TR=cos_TR,
                                             sin_TR=sin_TR, gdn_layer_fn=gdn_layer_fn,
-                                            attend_fn=attend_fn)
-            return decoder_layer(layer, x_BTD, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn)
+                                            attend_fn=attend_fn, cu_seqlens=cu_seqlens)
+            return decoder_layer(layer, x_BTD, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn,
+                                 cu_seqlens=cu_seqlens)
         return jax.checkpoint(run, policy=policy, prevent_cse=False)
 
     layers = [layer_at(p) for p in range(len(params["block"]))]
@@ -248,14 +261,16 @@ def model_loss(params: Params, inputs_BT, targets_BT, model_cfg: ModelConfig, *,
                global_tokens: int, dtype=jnp.float32, gdn_layer_fn: GDNLayerFn | None = None,
                fetch: Fetch = cast_fetch, remat: str = "none",
                loss_chunk_tokens: int = LOSS_CHUNK_TOKENS, attend_fn: AttendFn | None = None,
-               positions=None):
+               positions=None, cu_seqlens=None):
     """Token loss sum / global_tokens: the mean loss, and on a CP shard its share of it.
 
     global_tokens: B × T of the whole (unsharded) batch, so shards' losses sum to the mean.
-    The loss is chunked_token_loss_sum (no [tokens, vocab] buffer).
+    The loss is chunked_token_loss_sum (no [tokens, vocab] buffer); cu_seqlens: packed
+    documents (hidden_states).
     """
     x_BTD = hidden_states(params, inputs_BT, model_cfg, dtype=dtype, gdn_layer_fn=gdn_layer_fn,
-                          fetch=fetch, remat=remat, attend_fn=attend_fn, positions=positions)
+                          fetch=fetch, remat=remat, attend_fn=attend_fn, positions=positions,
+                          cu_seqlens=cu_seqlens)
     head_VD = lm_head_weight(params, fetch, jnp.float32)
     return chunked_token_loss_sum(x_BTD, head_VD, targets_BT,
                                   chunk_tokens=loss_chunk_tokens) / global_tokens

@@ -38,7 +38,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_f
 
     starts_T = jnp.zeros(T, bool)
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        check_cu_seqlens(cu_seqlens, seq_len=T)
         starts_T = document_starts(cu_seqlens, jnp.arange(T))
 
     def step(h_BHKV, xs):

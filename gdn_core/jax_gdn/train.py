@@ -20,6 +20,7 @@ import optax
 from .. import device_memory
 from ..config import ModelConfig
 from ..data import synthetic_tokens
+from ..packing import document_boundaries
 from ..train_config import TrainConfig, TrainReport
 from .model import (
     LOSS_CHUNK_TOKENS,
@@ -39,6 +40,14 @@ StepFn = Callable[..., tuple[Params, optax.OptState, jax.Array]]
 ESTIMATE_SOURCE = "xla_memory_analysis"
 """TrainReport.estimated_memory_source of compiled_peak_bytes."""
 MEMORY_SOURCE = ESTIMATE_SOURCE  # the name gdn_core.bench.step imports
+
+
+def packed_boundaries(train_cfg: TrainConfig) -> np.ndarray | None:
+    """cu_seqlens of train_cfg.documents (packing.document_boundaries), None for 'single'. A
+    verify's prefix (train_cfg.seq_len cut short) gets the first documents of the full
+    sequence, the last one cut where the prefix ends."""
+    return document_boundaries(train_cfg.documents, seq_len=train_cfg.seq_len,
+                               seed=train_cfg.seed)
 
 
 def make_optimizer(train_cfg: TrainConfig) -> optax.GradientTransformation:
@@ -69,9 +78,12 @@ def build_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_toke
     loss_sum / global_tokens (single chip: the mean loss). fetch and apply_update are the
     hooks a sharded step replaces (model.Fetch; default: cast, and AdamW on whole trees);
     attend_fn and positions_fn (called inside the step: this shard's token positions) are the
-    attention layers' hooks (model.hidden_states).
+    attention layers' hooks (model.hidden_states). Every row is packed as train_cfg.documents
+    says (packing.document_boundaries over the global train_cfg.seq_len: a constant of the
+    program, the same on every chip).
     """
     dtype = jnp.dtype(train_cfg.dtype)
+    cu_seqlens = packed_boundaries(train_cfg)
     apply_update = adamw_update(make_optimizer(train_cfg)) if apply_update is None \
         else apply_update
 
@@ -79,7 +91,7 @@ def build_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, global_toke
         return model_loss(params, inputs_BT, targets_BT, model_cfg, global_tokens=global_tokens,
                           dtype=dtype, gdn_layer_fn=gdn_layer_fn, fetch=fetch,
                           remat=train_cfg.remat, loss_chunk_tokens=loss_chunk_tokens,
-                          attend_fn=attend_fn,
+                          attend_fn=attend_fn, cu_seqlens=cu_seqlens,
                           positions=None if positions_fn is None else positions_fn())
 
     def step(params, opt_state, inputs_BT, targets_BT):

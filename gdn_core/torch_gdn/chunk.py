@@ -199,7 +199,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
         use_qk_l2norm: L2-normalise q and k (eps 1e-6, float32) before the Dk^-½ scale.
         chunk_size: one of 16, 32, 64, 128; T need not be a multiple of it.
         cu_seqlens: None, or packed documents (int [N+1], 0 … T, flash-linear-attention's
-            convention, B = 1): the state is zero entering each document after the first.
+            convention, all rows): the state is zero entering each document after the first.
             Unlike fla's, initial_state is one state (the first document's) and final_state
             the state after token T−1 (the last document's), not one per document.
     Returns:
@@ -211,7 +211,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_final
     Hv, Dv = v.shape[2:]
     doc_starts_T = None
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        check_cu_seqlens(cu_seqlens, seq_len=T)
         doc_starts_T = document_starts(cu_seqlens, sequence_positions(T, q.device))
     if T == 0:
         h = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv, q.device)

@@ -1,10 +1,11 @@
 """Packed variable-length documents: where each token's document began.
 
 A packed sequence is documents back to back; `cu_seqlens` (integer, [N+1], 0 = c_0 ≤ c_1 ≤ … ≤
-c_N = T, flash-linear-attention's convention, batch 1) says document i holds tokens
-c_i … c_{i+1} − 1. Under it the recurrent state is zero entering each document after the first
-(the first starts from `initial_state`), and the causal conv sees no token of an earlier
-document. Everything here works from global token positions, so a context-parallel rank (which
+c_N = T, flash-linear-attention's convention) says document i holds tokens c_i … c_{i+1} − 1,
+in every row of the batch alike (fla packs along T with B = 1; a B-row batch here is B
+sequences packed the same way). Under it the recurrent state is zero entering each document
+after the first (the first starts from `initial_state`), and the causal conv sees no token of an
+earlier document. Everything here works from global token positions, so a context-parallel rank (which
 receives the global cu_seqlens: it is tiny) derives its own boundaries from its layout's
 positions (gdn_core.cp_layout.local_positions) with the same two functions.
 """
@@ -16,12 +17,10 @@ import torch
 from ..attention_documents import cu_seqlens_values
 
 
-def check_cu_seqlens(cu_seqlens: torch.Tensor, *, batch: int, seq_len: int) -> None:
+def check_cu_seqlens(cu_seqlens: torch.Tensor, *, seq_len: int) -> None:
     """Raise ValueError naming the values unless cu_seqlens is an integer [N+1] tensor running
     non-decreasing from 0 to seq_len (attention_documents.cu_seqlens_values: reads its values,
-    one host copy on a GPU), with batch 1."""
-    if batch != 1:
-        raise ValueError(f"cu_seqlens needs batch size 1 (documents packed along T), got B={batch}")
+    one host copy when it lives on a GPU: keep it on the CPU)."""
     cu_seqlens_values(cu_seqlens, seq_len=seq_len)
 
 

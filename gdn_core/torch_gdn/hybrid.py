@@ -84,7 +84,7 @@ class HybridDecoder(nn.Module):
                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Return the final normed hidden states [B, T, D]; position_ids [B, T] or [T] are the
         tokens' positions in the sequence (default: sequence_positions(T), else 0 … T−1);
-        cu_seqlens: the sequence's packed documents (global boundaries, int [N+1], B = 1):
+        cu_seqlens: the sequence's packed documents (global boundaries, int [N+1], all rows):
         every layer mixes each document as if alone, rotary at the global positions."""
         x_BTD = self.embed_tokens(tokens_BT.long())
         if position_ids is None and self.sequence_positions is not None:

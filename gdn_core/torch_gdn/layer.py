@@ -189,8 +189,7 @@ class GatedDeltaNet(nn.Module):
         """conv, gates and the rule on the projections' outputs; returns o [B, T, H, V]."""
         since_T = None
         if cu_seqlens is not None:
-            check_cu_seqlens(cu_seqlens, batch=mixed_qkv_BTC.shape[0],
-                             seq_len=mixed_qkv_BTC.shape[1])
+            check_cu_seqlens(cu_seqlens, seq_len=mixed_qkv_BTC.shape[1])
             since_T = tokens_since_start(
                 cu_seqlens, sequence_positions(mixed_qkv_BTC.shape[1], mixed_qkv_BTC.device))
         conv_BTC = self.causal_conv(mixed_qkv_BTC, since_start_T=since_T)
@@ -203,7 +202,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, hidden_BTD: torch.Tensor,
                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        """Map hidden states [B, T, D] to [B, T, D]; cu_seqlens (int [N+1], B = 1): packed
+        """Map hidden states [B, T, D] to [B, T, D]; cu_seqlens (int [N+1], all rows): packed
         documents, each mixed as if alone (conv and state reset at each start)."""
         mixed_qkv_BTC, z_BTHV, b_BTH, a_BTH = self.project(hidden_BTD)
         core = self.core

@@ -114,8 +114,9 @@ class GDNBlock(DecoderBlock):
         self.mlp_norm = RMSNorm(cfg.hidden_size, eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def _residual_pair(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        x_BTD = x_BTD + self.gdn(self.gdn_norm(x_BTD))
+    def _residual_pair(self, x_BTD: torch.Tensor,
+                       cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        x_BTD = x_BTD + self.gdn(self.gdn_norm(x_BTD), cu_seqlens)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
@@ -168,15 +169,18 @@ class GDNLanguageModel(nn.Module):
         """Draw all weights from a generator seeded with `seed` (same seed, same model)."""
         run_init_steps(self.init_steps(), seed)
 
-    def hidden_states(self, tokens_BT: torch.Tensor) -> torch.Tensor:
-        """Return the final normed hidden states [B, T, D] (the LM head's input)."""
+    def hidden_states(self, tokens_BT: torch.Tensor,
+                      cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the final normed hidden states [B, T, D] (the LM head's input); cu_seqlens:
+        packed documents (documents.py; under CP the GLOBAL boundaries), each mixed alone."""
         x_BTD = self.embed_tokens(tokens_BT.long())
         for block in self.layers:
-            x_BTD = block(x_BTD)
+            x_BTD = block(x_BTD, cu_seqlens)
         return self.norm(x_BTD)
 
     def forward(self, tokens_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
-                loss_chunk_tokens: int | None = None) -> torch.Tensor:
+                loss_chunk_tokens: int | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Return float32 logits [B, T, V] for integer tokens [B, T]; given targets [B, T],
         instead the summed cross-entropy over all B·T tokens (a float32 scalar), computed over
         token chunks without a [B·T, V] logits buffer (loss.chunked_cross_entropy_sum).
@@ -184,7 +188,7 @@ class GDNLanguageModel(nn.Module):
         The loss lives in forward so that wrappers that hook forward (FSDP2's gathers of
         lm_head.weight) cover it.
         """
-        hidden_BTD = self.hidden_states(tokens_BT)
+        hidden_BTD = self.hidden_states(tokens_BT, cu_seqlens)
         if targets_BT is None:
             return self.lm_head(hidden_BTD).float()
         return chunked_cross_entropy_sum(hidden_BTD, self.lm_head.weight, targets_BT,

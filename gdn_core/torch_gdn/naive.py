@@ -31,7 +31,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_f
 
     Args: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g (log decay) and beta [B, T, Hv];
     initial_state [B, Hv, Dk, Dv]. Returns o [B, T, Hv, Dv] in q's dtype and the float32
-    final state [B, Hv, Dk, Dv] (or None). cu_seqlens (int [N+1], B = 1; as in
+    final state [B, Hv, Dk, Dv] (or None). cu_seqlens (int [N+1], all rows; as in
     chunk_gated_delta_rule): h ← 0 before each document start after the first.
     With float64 q it runs, and returns its state, in float64: autograd through it is then
     the float64 gradient reference.
@@ -41,7 +41,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, *, initial_state=None, output_f
         None if initial_state is None else initial_state.shape, 64)
     starts = set()
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T)
+        check_cu_seqlens(cu_seqlens, seq_len=T)
         starts = set(cu_seqlens.tolist()[1:-1]) - {0}
     r, dtype = Hv // Hk, state_dtype(q.dtype)
     q_BTHK = q.to(dtype).repeat_interleave(r, dim=2)

@@ -24,6 +24,7 @@ from torch import nn
 from .. import device_memory
 from ..config import ModelConfig
 from ..data import synthetic_tokens
+from ..packing import document_boundaries
 from ..train_config import COMPUTE_DTYPES, TrainConfig, TrainReport
 from .hybrid import HybridLanguageModel
 from .model import GDNLanguageModel, set_remat
@@ -45,8 +46,8 @@ def autocast_context(device_type: str, dtype: str):
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: torch.Tensor,
                targets_BT: torch.Tensor, *, global_tokens: int, dtype: str,
-               grad_sync: GradSync | None = None,
-               loss_chunk_tokens: int | None = None) -> torch.Tensor:
+               grad_sync: GradSync | None = None, loss_chunk_tokens: int | None = None,
+               cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """Run forward, backward, grad_sync(model) if given, and one optimizer step.
 
     Args:
@@ -56,6 +57,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
         grad_sync: called after backward, before the update (CP all-reduces gradients there);
             its prepare(model), if it has one, before backward.
         loss_chunk_tokens: tokens per cross-entropy chunk (default: loss.loss_chunk_tokens(V)).
+        cu_seqlens: packed documents of every row (GLOBAL boundaries under CP; kept on the
+            host, where reading it waits for nothing), or None for one document per row.
     Returns:
         This process's share of the mean loss, a detached float32 scalar tensor on the
         inputs' device (CP ranks' shares sum to the mean): reading it (float(), .item()) waits
@@ -66,7 +69,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs_BT: to
                          f"{targets_BT.numel()} target tokens")
     optimizer.zero_grad(set_to_none=True)
     with autocast_context(inputs_BT.device.type, dtype):
-        loss_sum = model(inputs_BT, targets_BT, loss_chunk_tokens=loss_chunk_tokens)
+        loss_sum = model(inputs_BT, targets_BT, loss_chunk_tokens=loss_chunk_tokens,
+                         cu_seqlens=cu_seqlens)
     loss = loss_sum / global_tokens
     prepare = getattr(grad_sync, "prepare", None)
     if prepare is not None:
@@ -111,6 +115,15 @@ def build_training(model_cfg: ModelConfig, train_cfg: TrainConfig,
     return model, build_optimizer(model.parameters(), train_cfg)
 
 
+def packed_boundaries(train_cfg: TrainConfig) -> torch.Tensor | None:
+    """cu_seqlens of train_cfg.documents (packing.document_boundaries) as a CPU int32 tensor,
+    None for 'single'. It stays on the host: the layers read its values there. A verify's
+    prefix (seq_len cut short) gets the sequence's first documents, the last one cut."""
+    cu = document_boundaries(train_cfg.documents, seq_len=train_cfg.seq_len,
+                             seed=train_cfg.seed)
+    return None if cu is None else torch.from_numpy(cu)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -118,7 +131,8 @@ def _synchronize(device: torch.device) -> None:
 
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                  warmup_steps: int = 1, device: str | torch.device = "cpu") -> TrainReport:
-    """Train on one fixed synthetic batch: warmup_steps untimed steps, then `steps` timed ones.
+    """Train on one fixed synthetic batch (packed as train_cfg.documents says): warmup_steps
+    untimed steps, then `steps` timed ones.
 
     Losses cover every step (warm-up included), read back after the last step; step_times_s
     the `steps` timed ones. Peak memory is measured from the start of the run
@@ -134,12 +148,14 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                               vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
     tokens_BT = torch.from_numpy(tokens).long().to(device)
     inputs_BT, targets_BT = tokens_BT[:, :-1], tokens_BT[:, 1:]
+    cu_seqlens = packed_boundaries(train_cfg)
     losses, times = [], []
     for step in range(warmup_steps + steps):
         _synchronize(device)
         start = time.perf_counter()
         losses.append(train_step(model, optimizer, inputs_BT, targets_BT,
-                                 global_tokens=targets_BT.numel(), dtype=train_cfg.dtype))
+                                 global_tokens=targets_BT.numel(), dtype=train_cfg.dtype,
+                                 cu_seqlens=cu_seqlens))
         _synchronize(device)
         if step >= warmup_steps:
             times.append(time.perf_counter() - start)

@@ -250,7 +250,6 @@ def test_packed_cp_layer_matches_one_chip(layout, D):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("B", "cu", "message"), [
-    (2, [0, 32], "batch size 1"),
     (1, [0, 3, 7], "from 0 to seq_len=32"),
     (1, [0, 20, 3, 32], "non-decreasing"),
     (1, [0.0, 32.0], "integer"),

@@ -42,6 +42,8 @@ DOCS = [
     (RuleCase(1, 40, 1, 1, 16, 16, "weak", 16), (0, 40)),
     # an empty document in the middle (cu_seqlens repeats a value)
     (RuleCase(1, 40, 1, 2, 16, 16, "weak", 16), (0, 10, 10, 40)),
+    # two rows packed alike (each row its own sequence of the same documents)
+    (RuleCase(2, 48, 1, 2, 16, 16, "mixed", 16), (0, 20, 21, 48)),
 ]
 
 
@@ -56,8 +58,10 @@ def leaves(case: RuleCase, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def weights(case: RuleCase) -> tuple[torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(7)
-    return (torch.tensor(rng.standard_normal((1, case.T, case.Hv, case.Dv)), dtype=torch.float32),
-            torch.tensor(rng.standard_normal((1, case.Hv, case.Dk, case.Dv)), dtype=torch.float32))
+    return (torch.tensor(rng.standard_normal((case.B, case.T, case.Hv, case.Dv)),
+                         dtype=torch.float32),
+            torch.tensor(rng.standard_normal((case.B, case.Hv, case.Dk, case.Dv)),
+                         dtype=torch.float32))
 
 
 def packed(case, cu, rule=chunk_gated_delta_rule, **kw):
@@ -140,7 +144,6 @@ def test_one_document_matches_no_cu_seqlens():
 
 
 @pytest.mark.parametrize(("B", "cu", "message"), [
-    (2, [0, 8], "batch size 1"),
     (1, [0, 3, 7], "from 0 to seq_len=8"),
     (1, [1, 8], "from 0 to seq_len=8"),
     (1, [0, 5, 3, 8], "non-decreasing"),

@@ -167,7 +167,7 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
             flattened major-to-minor): contiguous, j·T/D … (j+1)·T/D − 1; zigzag, segments j
             and 2D−1−j of T/(2D) tokens.
         mode: ulysses, p2p, all_gather or log_scan. layout: contiguous or zigzag.
-        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1),
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, all rows),
             replicated: each document mixed as if alone (the halo, exchanged as ever, is
             masked past a document start; the state resets at each start).
     Returns: [B, T/D, hidden] in dtype — this chip's shard of the single-chip gdn_layer output.
@@ -179,7 +179,7 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
     D = chip_count(axis)
     check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BtD.shape[1] * D, layout=layout)
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=x_BtD.shape[0], seq_len=x_BtD.shape[1] * D)
+        check_cu_seqlens(cu_seqlens, seq_len=x_BtD.shape[1] * D)
     return cp_gdn_layer_unchecked(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
                                   dtype=dtype, cu_seqlens=cu_seqlens)
 
@@ -224,7 +224,7 @@ def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName,
     if cu_seqlens is None:
         return jax.shard_map(layer, mesh=mesh, in_specs=(P(), seq_spec), out_specs=seq_spec)(
             place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis))
-    check_cu_seqlens(cu_seqlens, batch=x_BTD.shape[0], seq_len=x_BTD.shape[1])
+    check_cu_seqlens(cu_seqlens, seq_len=x_BTD.shape[1])
     return jax.shard_map(lambda p, x, cu: layer(p, x, cu_seqlens=cu), mesh=mesh,
                          in_specs=(P(), seq_spec, P()), out_specs=seq_spec)(
         place_on_mesh(params, mesh, P(), axis), place_on_mesh(x_BTD, mesh, seq_spec, axis),

@@ -63,7 +63,7 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
         initial_state: [B, Hv, Dk, Dv] replicated, or None (zeros).
         mode: one of ulysses, p2p, all_gather, log_scan.
         layout: contiguous or zigzag (gdn_core.cp_layout).
-        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1),
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, all rows),
             replicated: each chip finds the starts among its own tokens (its layout's
             positions); the state is zero entering each document after the first.
     Returns:
@@ -77,7 +77,7 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
     check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T_local * D,
                         num_k_heads=Hk, num_v_heads=Hv)
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=q.shape[0], seq_len=T_local * D)
+        check_cu_seqlens(cu_seqlens, seq_len=T_local * D)
     return cp_rule_shard_unchecked(q, k, v, g, beta, axis=axis, mode=mode,
                                    initial_state=initial_state,
                                    output_final_state=output_final_state,
@@ -111,7 +111,7 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
         layout="zigzag": dim 1 holds the sequence in shard order (x[:, cp_layout.shard_order(
         chips=D, seq_len=T, layout="zigzag")]) and o comes back in that order; nothing is
         re-sharded inside. cu_seqlens: None, or packed documents (int [N+1], 0 … T in
-        SEQUENCE positions whatever the layout, B = 1), replicated to every chip.
+        SEQUENCE positions whatever the layout, all rows), replicated to every chip.
     Returns: o [B, T, Hv, Dv] (sequence-sharded over `axis`, q's dtype) and, if asked, the
         float32 final state [B, Hv, Dk, Dv] replicated. jit- and grad-able.
     Raises ValueError naming the numbers: unknown mode, layout or axis, T not divisible by D
@@ -125,7 +125,7 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
     check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T, num_k_heads=Hk,
                         num_v_heads=Hv)
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=q.shape[0], seq_len=T)
+        check_cu_seqlens(cu_seqlens, seq_len=T)
     seq_spec = P(None, axis)
     kwargs = dict(axis=axis, mode=mode, output_final_state=output_final_state,
                   use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout)

@@ -26,6 +26,7 @@ from ...kernels import DEFAULT_KERNELS, Kernels
 from ...testing import max_verify_error
 from ...train_config import TrainConfig
 from ..model import model_loss
+from ..train import packed_boundaries
 from .common import AxisName
 from .step import MeshCP, mesh_cp, global_arrays, host_copy, model_hooks, weight_specs
 
@@ -69,7 +70,8 @@ def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainCon
 
     def reference_loss_and_grads(params, inputs_BT, targets_BT):
         return jax.value_and_grad(model_loss)(params, inputs_BT, targets_BT, model_cfg,
-                                              global_tokens=global_tokens, dtype=dtype)
+                                              global_tokens=global_tokens, dtype=dtype,
+                                              cu_seqlens=packed_boundaries(train_cfg))
 
     order = shard_order(chips=cp.chips, seq_len=train_cfg.seq_len, layout=cp.layout)
     cp_args = (params, *global_arrays((inputs_BT[:, order], targets_BT[:, order]),
@@ -113,7 +115,8 @@ def _loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshC
     def loss_and_grads(params, inputs_Bt, targets_Bt):
         share, grads = jax.value_and_grad(model_loss)(
             params, inputs_Bt, targets_Bt, model_cfg, global_tokens=global_tokens, dtype=dtype,
-            fetch=weights.fetch(), remat=train_cfg.remat, positions=positions_fn(), **hooks)
+            fetch=weights.fetch(), remat=train_cfg.remat, positions=positions_fn(),
+            cu_seqlens=packed_boundaries(train_cfg), **hooks)
         return lax.psum(share, cp.weight_axis), weights.reduce_grads(grads)
 
     seq = cp.token_spec

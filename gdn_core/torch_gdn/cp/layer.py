@@ -103,7 +103,7 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """Map this rank's shard [B, t, D] (cp_layout.local_positions of this rank) to [B, t, D].
 
-        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1),
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, all rows),
         the same on every rank: each document mixed as if alone (the conv halo, received as
         ever, is masked past a document start; the state resets at each start).
         Every rank of the group must call it (it exchanges), with the same B and t.
@@ -111,8 +111,7 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         # Validate before any exchange, so that every rank raises and none waits on a peer.
         self.check_shape(hidden_BtD.shape[1])
         if cu_seqlens is not None:
-            check_cu_seqlens(cu_seqlens, batch=hidden_BtD.shape[0],
-                             seq_len=hidden_BtD.shape[1] * rank_size(self.group)[1])
+            check_cu_seqlens(cu_seqlens, seq_len=hidden_BtD.shape[1] * rank_size(self.group)[1])
             if self.gdn_kernel is not None:
                 raise ValueError(f"cu_seqlens is not yet served with gdn_kernel="
                                  f"{self.gdn_kernel.name!r}; use kernels='reference'")

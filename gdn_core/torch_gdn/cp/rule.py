@@ -43,7 +43,7 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
             exchange: common.py); or a gdn_kernels.GDNRuleKernel (fla-core's under
             kernels="fused", its own chunk size) composed through its public call alone
             (kernel_rule.py; ulysses: one call on the rank's heads).
-        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, B = 1;
+        cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, all rows;
             the same on every rank), as in chunk_gated_delta_rule: each rank finds the starts
             in its own tokens (its layout's positions). A document may span ranks (its state
             crosses); a shard holding a start passes on nothing from before it. Not yet with
@@ -69,7 +69,7 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
     check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
     check_layout(layout, chips=D, seq_len=T_local * D)
     if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, batch=B, seq_len=T_local * D)
+        check_cu_seqlens(cu_seqlens, seq_len=T_local * D)
         if kernel is not None:
             raise ValueError(f"cu_seqlens is not yet served with kernel={kernel.name!r}; "
                              "use kernel=None (kernels='reference')")

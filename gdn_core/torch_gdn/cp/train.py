@@ -41,7 +41,7 @@ from ..attention_kernels import resolve_torch_attention_kernel
 from ..gdn_kernels import GDNKernelName, resolve_torch_gdn_kernel
 from ..init import materialise
 from ..model import set_remat
-from ..train import language_model, train_step
+from ..train import language_model, packed_boundaries, train_step
 from .attention import check_attention_shape
 from .comm import count_comm, rank_size
 from .grad_sync import GRAD_SYNC_OP, OverlappedGradientSum
@@ -157,15 +157,18 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     param_sharding and remat; rank 0 also builds the plain single-chip model (replicated, no
     remat) with those same weights (fsdp shards gathered) and runs it on the whole of
     tokens_BT1 [dp·B, T+1], the global batch of all replicas (a prefix of the run's sequence
-    verifies that prefix: pass its tokens and this rank's shard of it); `group` holds every
+    verifies that prefix: pass its tokens, this rank's shard of it and its seq_len: its
+    packed documents are the sequence's first ones, packed_boundaries); `group` holds every
     rank of every replica. Every rank returns the same value. Leaves no gradients behind.
     """
     rank, _ = rank_size(group)
     device = inputs_Bt.device
     global_tokens = tokens_BT1.shape[0] * (tokens_BT1.shape[1] - 1)
+    cu_seqlens = packed_boundaries(train_cfg)
     share = train_step(model, _GradientsOnly(model.parameters()), inputs_Bt, targets_Bt,
                        global_tokens=global_tokens, dtype=train_cfg.dtype,
-                       grad_sync=gradient_sync(train_cfg.param_sharding, group=group))
+                       grad_sync=gradient_sync(train_cfg.param_sharding, group=group),
+                       cu_seqlens=cu_seqlens)
     (cp_loss,) = _global_sum([share], group=group)
     # Same parameter names: the CP layers (and FSDP2) keep the plain layers' names.
     names, params = zip(*model.named_parameters())
@@ -177,7 +180,7 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
         ref.load_state_dict(weights)
         ref_loss = train_step(ref, _GradientsOnly(ref.parameters()), tokens_BT1[:, :-1],
                               tokens_BT1[:, 1:], global_tokens=global_tokens,
-                              dtype=train_cfg.dtype)
+                              dtype=train_cfg.dtype, cu_seqlens=cu_seqlens)
         err.fill_(max_verify_error(ref_loss.item(), cp_loss, [p.grad for p in ref.parameters()],
                                    [cp_grads[name] for name, _ in ref.named_parameters()]))
     dist.broadcast(err, group_src=0, group=group)
@@ -243,7 +246,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     kernel of cp.kernels; train_cfg.remat and param_sharding (over all cp.chips) applied),
     takes its shard of its replica's train_cfg.batch_size sequences of the global batch
     (cp.dp × batch_size sequences of train_cfg.seq_len tokens) in cp.layout (shard_batch), and
-    runs warmup_steps untimed then `steps` timed steps
+    packed as train_cfg.documents says (the same global boundaries on every rank), and runs
+    warmup_steps untimed then `steps` timed steps
     of train_step (grad_sync: gradient_sync). A step's time starts after a barrier (ranks
     start together) and ends with the device synchronised. CP bytes are
     counted over the first timed step (under remat they include the exchanges its backward
@@ -299,6 +303,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
         vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)).long().to(device)
     shard = functools.partial(shard_batch, rank=rank, chips=chips, layout=cp.layout, dp=cp.dp)
     inputs_Bt, targets_Bt = shard(tokens_BT1)
+    cu_seqlens = packed_boundaries(train_cfg)  # on the host, the same on every rank
     max_rel_err = verified_seq_len = None
     if verify:
         verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=cp.mode,
@@ -321,7 +326,8 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
             start = time.perf_counter()
             shares.append(train_step(model, optimizer, inputs_Bt, targets_Bt,
                                      global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
-                                     dtype=train_cfg.dtype, grad_sync=grad_sync))
+                                     dtype=train_cfg.dtype, grad_sync=grad_sync,
+                                     cu_seqlens=cu_seqlens))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
