@@ -159,3 +159,8 @@ def test_environment_diff_compares_leaves_and_tells_absent_from_null():
     # a section replaced by a plain value is a change of that key and of each leaf it held
     assert [c.key for c in environment_diff({"source": {"kind": "api"}},
                                             {"source": "api"})] == ["source", "source.kind"]
+
+
+def test_the_service_names_a_scheduled_sweeps_schedule_and_others_the_api():
+    assert sweep_source(7).describe() == {"kind": "schedule", "schedule_id": 7}
+    assert sweep_source(None).describe()["kind"] in ("api", "ray_job")  # ray_job: under a job
