@@ -1,4 +1,5 @@
-"""The FastAPI app: REST API under /api, dashboard pages, the scheduler in the background.
+"""The FastAPI app: REST API under /api, dashboard pages, /metrics for Prometheus, the
+scheduler in the background.
 
     uvicorn --factory service.main:create_app      (or `gdn-sweep serve`)
 
@@ -23,6 +24,7 @@ from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
 from service.api.guards import install_guards
 from service.api.main import api_router
+from service.api.prometheus import install_metrics
 from service.core.config import Settings, get_settings
 from service.core.logging import configure_logging, sweep_event_logger
 from service.dashboard import mount_dashboard
@@ -107,6 +109,7 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
                 await run_in_threadpool(app.state.scheduler.stop)
                 log.info("scheduler stopped")
                 await run_in_threadpool(app.state.scheduler.ray.shutdown)
+            app.state.metrics_collector.close()
             app.state.engine.dispose()
 
     app = FastAPI(title="gdn-sweep", version="0.1.0", lifespan=lifespan,
@@ -125,6 +128,7 @@ def create_app(settings: Settings | None = None, *, freeze_startup: bool = False
     install_error_handlers(app)
     install_guards(app, settings)
     app.add_middleware(ApiConcurrencyLimit, limit=settings.api_threads)
+    install_metrics(app, settings)  # its middleware outermost: waits at the door count too
     app.include_router(api_router)
     install_docs(app)
     mount_dashboard(app)

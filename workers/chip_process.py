@@ -16,7 +16,7 @@ import dataclasses
 import gc
 import os
 
-from . import cpu_cores, process_probe
+from . import cpu_cores, environment, process_probe
 from .errors import RankOutOfMemoryError
 from .failures import looks_like_oom
 from .grid import TrialSpec
@@ -27,6 +27,8 @@ class ChipProcess:
 
     label: str
     """How errors name this process, e.g. 'rank 3' or 'JAX process 0'."""
+    framework: str
+    """The framework the process trains with: 'torch' or 'jax'."""
 
     def __init__(self, *, index: int, bundles: tuple[int, ...], accelerator_kind: str,
                  cpu_chips: int) -> None:
@@ -45,6 +47,12 @@ class ChipProcess:
 
     def versions(self) -> dict[str, str]:
         return process_probe.software_versions()
+
+    def environment(self) -> dict:
+        """What this process runs with: packages, project, device runtime
+        (workers.environment.process_environment)."""
+        return environment.process_environment(accelerator_kind=self.kind,
+                                               framework=self.framework)
 
     def identity(self) -> process_probe.ProcessIdentity:
         """The devices this process computes on, and its CPU affinity (checked by the runner)."""

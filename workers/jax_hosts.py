@@ -35,6 +35,8 @@ _PLATFORM = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 class JaxHostActor(ChipProcess):
     """One JAX process: its local chips, and (with others) a mesh over all the trial's chips."""
 
+    framework = "jax"
+
     def __init__(self, process_index: int, num_processes: int, bundles: tuple[int, ...],
                  accelerator_kind: str, local_chips: int, total_chips: int) -> None:
         # On CPU: pinned to the union of its chips' cores before JAX creates its CPU client.

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from .compile_cache import default_jax_cache_dir
+from .environment import SweepSource
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -48,6 +49,9 @@ class DriverOptions:
     """Timeout of one torch collective or store wait (a hung peer surfaces as an error)."""
     poll_interval_s: float = 0.25
     """How often a running trial checks for cancellation."""
+    source: SweepSource = SweepSource()
+    """What started the sweep (the API, a schedule, `gdn-sweep run`, a Ray job), recorded in
+    every trial's environment; a submitted Ray job is recognised whatever this says."""
 
     def __post_init__(self) -> None:
         for name in ("placement_timeout_s", "worker_start_timeout_s", "cpu_peak_calibration_s",

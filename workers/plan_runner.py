@@ -24,6 +24,7 @@ from gdn_core.flops.model import model_flops_per_step
 from gdn_core.memory.step import predict_step_memory
 
 from .compile_cache import jax_cache_env
+from .environment import process_environment
 from .grid import TrialSpec
 from .process_probe import software_versions
 from .result import TrialMetrics
@@ -67,10 +68,12 @@ task, and with it the child) fires first; this only bounds a child left on its o
 
 @ray.remote(num_cpus=1, max_retries=0)
 def compile_plan(request: dict, *, timeout_s: float, compile_cache_dir: str = "") -> dict:
-    """The plan's JSON, the host and the software versions (plan_in_fresh_process)."""
+    """The plan's JSON, the host, the software versions and the environment (XLA:CPU
+    compiles it, so the device runtime is a CPU's: none) (plan_in_fresh_process)."""
     plan = plan_in_fresh_process(request, timeout_s=timeout_s + BACKSTOP_S,
                                  compile_cache_dir=compile_cache_dir)
-    return {"plan": plan, "host": socket.gethostname(), "versions": software_versions()}
+    return {"plan": plan, "host": socket.gethostname(), "versions": software_versions(),
+            "environment": process_environment(accelerator_kind="cpu", framework="jax")}
 
 
 def estimate_source(trial: TrialSpec, plan: dict) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -105,5 +105,9 @@ class TrialResult(BaseModel):
     """Every attempt in order; the last one is the outcome above."""
     hosts: list[str] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
+    environment: dict[str, Any] | None = None
+    """What the trial measured in (workers.environment: packages, project commit, device
+    runtime, hosts, the sweep's source); None when no worker process ran it (skipped before
+    placement, or its workers never started)."""
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None

@@ -23,6 +23,8 @@ from .placement import cuda_device_index
 class TorchRankActor(ChipProcess):
     """One rank: a process that owns one chip of the trial's placement group."""
 
+    framework = "torch"
+
     def __init__(self, rank: int, world_size: int, bundle: int, accelerator_kind: str,
                  threads: int | None) -> None:
         super().__init__(index=rank, bundles=(bundle,), accelerator_kind=accelerator_kind,

@@ -21,6 +21,7 @@ import ray
 from gdn_core.kernels import DEFAULT_KERNELS, ResolvedKernels, resolve_kernels
 
 from . import metrics, plan_runner
+from .environment import trial_environment
 from .errors import PlacementCancelledError
 from .events import SweepEvent, TrialRetrying, TrialStarted
 from .failures import classify, kernel_oom_kill_seen
@@ -48,6 +49,7 @@ class _Attempt:
     metrics: TrialMetrics = dataclasses.field(default_factory=TrialMetrics)
     hosts: tuple[str, ...] = ()
     versions: dict | None = None
+    environment: dict | None = None
 
 
 def now() -> dt.datetime:
@@ -63,6 +65,8 @@ class TrialRunner:
         self._host_gemm: dict = {}
         """CPU GEMM peaks (PeakMeasurement) by WorkerGroup.cpu_calibration_keys key."""
         self._lock = threading.Lock()
+        self.source = options.source.describe()
+        """The sweep's source as every trial's environment records it (read once, here)."""
 
     def run(self, trial: TrialSpec, warm_group: WorkerGroup | None = None) -> TrialResult:
         """The trial's final result (never raises for the trial's own failures), with one
@@ -93,7 +97,8 @@ class TrialRunner:
             return TrialResult(trial=trial, status=outcome.status, error=error,
                                metrics=outcome.metrics, attempts=attempt,
                                attempt_history=history, hosts=list(outcome.hosts),
-                               versions=outcome.versions or {}, started_at=started,
+                               versions=outcome.versions or {},
+                               environment=outcome.environment, started_at=started,
                                finished_at=now())
 
     # ------------------------------------------------------------------ one attempt
@@ -129,7 +134,8 @@ class TrialRunner:
         except _Stopped as stop:
             self._discard(group)
             return _Attempt(status=stop.status, error=stop.error, hosts=_hosts(group),
-                            metrics=TrialMetrics(device_name=device_name))
+                            metrics=TrialMetrics(device_name=device_name),
+                            environment=self._environment(trial, group, device_name))
         except PlacementCancelledError as err:
             return _Attempt(status="cancelled", error=str(err))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a result
@@ -138,13 +144,27 @@ class TrialRunner:
             if verdict.retry and group is not None and self._oom_killed(group, counters):
                 return _Attempt(status="oom", error="a rank was killed by the kernel OOM killer "
                                 f"(its memory cgroup's oom_kill count rose): {verdict.error}",
-                                hosts=_hosts(group), metrics=TrialMetrics(device_name=device_name))
+                                hosts=_hosts(group), metrics=TrialMetrics(device_name=device_name),
+                                environment=self._environment(trial, group, device_name))
             known = TrialMetrics(peak_memory_bytes_per_chip=verdict.peak_memory_bytes,
                                  memory_source=verdict.memory_source, device_name=device_name)
             return _Attempt(status=verdict.status, error=verdict.error, retry=verdict.retry,
-                            metrics=known, hosts=_hosts(group))
+                            metrics=known, hosts=_hosts(group),
+                            environment=self._environment(trial, group, device_name))
         self.pool.give(group)
-        return result
+        return dataclasses.replace(result,
+                                   environment=self._environment(trial, group, device_name))
+
+    def _environment(self, trial: TrialSpec, group: WorkerGroup | None,
+                     device_name: str | None) -> dict | None:
+        """The attempt's environment: its processes' and the driver's part (None when the
+        attempt never got its processes)."""
+        if group is None or not group.environment:
+            return None
+        return trial_environment(group.environment, accelerator_kind=trial.accelerator_kind,
+                                 accelerator_type=trial.accelerator_type,
+                                 device_name=device_name, host_count=group.host_count,
+                                 source=self.source)
 
     def _plan_attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
         """Compile the trial's step in a one-CPU Ray task (plan_runner); no chips, no run."""
@@ -162,7 +182,12 @@ class TrialRunner:
             verdict = classify(exc)
             return _Attempt(status=verdict.status, error=verdict.error, retry=verdict.retry)
         resolved = reference_kernels(trial)  # a plan compiles the reference step
+        environment = trial_environment(  # compiled by XLA:CPU on one host, whatever the chip
+            out["environment"], accelerator_kind=trial.accelerator_kind,
+            accelerator_type=trial.accelerator_type, device_name=None, host_count=1,
+            source=self.source)
         return _Attempt(status="succeeded", hosts=(out["host"],), versions=out["versions"],
+                        environment=environment,
                         metrics=plan_runner.plan_metrics(trial, out["plan"]).model_copy(update={
                             "gdn_kernel": resolved.gdn, "attention_kernel": resolved.attention}))
 

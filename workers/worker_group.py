@@ -15,6 +15,7 @@ import ray
 from gdn_core.hardware import device_mismatch
 
 from . import jax_hosts, torch_ranks
+from .environment import merge_environments
 from .errors import DeviceMismatchError, WorkerStartupError
 from .grid import TrialSpec
 from .options import DriverOptions
@@ -37,10 +38,13 @@ class WorkerGroup:
 
     def __init__(self, ctx: WorkerGroupContext, actors: list, workers: tuple[WorkerInfo, ...],
                  versions: dict[str, str],
-                 identities: tuple[ProcessIdentity, ...] = ()) -> None:
+                 identities: tuple[ProcessIdentity, ...] = (),
+                 environment: dict | None = None) -> None:
         self.ctx, self.actors, self.workers, self.versions = ctx, actors, workers, versions
         self.identities = identities
         """Per process: the device its runtime names and its CPU affinity / virtual chips."""
+        self.environment = environment or {}
+        """What the processes run with, merged (workers.environment.merge_environments)."""
         self.trials_run = 0
 
     @classmethod
@@ -66,10 +70,12 @@ class WorkerGroup:
             # After the join: a JAX process may touch its devices only once distributed is up.
             identities = tuple(get([a.identity.remote() for a in actors],
                                    "reading the device names"))
+            environment = merge_environments(get([a.environment.remote() for a in actors],
+                                                 "reading the environment"))
         except BaseException:
             kill_actors(actors)
             raise
-        return cls(ctx, actors, workers, versions, identities)
+        return cls(ctx, actors, workers, versions, identities, environment)
 
     @property
     def chips(self) -> TrialChips:
@@ -97,6 +103,11 @@ class WorkerGroup:
         """Each process's memory-cgroup OOM-kill counter (file, count), read before a run."""
         return ray.get([a.oom_counter.remote() for a in self.actors],
                        timeout=self.ctx.options.worker_start_timeout_s)
+
+    @property
+    def host_count(self) -> int:
+        """Distinct nodes the processes run on."""
+        return len({worker.node_id for worker in self.workers})
 
     @property
     def device_names(self) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from fastapi import APIRouter
 
 from service.api.routes import (
     capacity,
+    environments,
     health,
     options,
     results,
@@ -13,5 +14,5 @@ from service.api.routes import (
 )
 
 api_router = APIRouter(prefix="/api")
-for module in (sweeps, trials, results, capacity, health, options, schedules):
+for module in (sweeps, trials, environments, results, capacity, health, options, schedules):
     api_router.include_router(module.router)

@@ -71,6 +71,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from service.runs.admission import validation_text
     from service.runs.preflight import EXIT_BAD_INPUT
     from service.runs.run_command import run_sweep_into_db, run_sweep_into_jsonl
+    from workers.environment import SweepSource
     from workers.options import DriverOptions
 
     parser = args.parser
@@ -93,7 +94,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     options = DriverOptions(placement_timeout_s=args.placement_timeout_s,
                             worker_start_timeout_s=args.worker_start_timeout_s,
                             max_trial_retries=args.max_trial_retries,
-                            reuse_workers=not args.no_reuse_workers)
+                            reuse_workers=not args.no_reuse_workers,
+                            source=SweepSource(kind="ray_job" if args.cluster else "cli"))
     try:
         settings = cli_settings(database_url=args.db, ray_address=address,
                                 max_concurrent_trials=args.max_concurrent_trials,

@@ -231,8 +231,27 @@ class Result(Base):
     loss_last: Mapped[float | None] = mapped_column(Float)
     max_rel_err: Mapped[float | None] = mapped_column(Float)
     verified_seq_len: Mapped[int | None] = mapped_column(Integer)
+    environment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("environments.id", name="fk_results_environment_id"), index=True)
+    """What the trial measured in (environments); NULL for results stored before migration
+    0012 and for trials no worker process ran."""
 
     trial: Mapped[Trial] = relationship(back_populates="result")
+
+
+class Environment(Base):
+    """One distinct environment trials measured in (workers.environment), stored once: the
+    SHA-256 of its canonical JSON is unique, so trials that share it share the row, however
+    many write it at once (service/db/environments.py)."""
+
+    __tablename__ = "environments"
+    __table_args__ = (UniqueConstraint("content_hash", name="uq_environments_content_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    """SHA-256 (hex) of the body as JSON with sorted keys and no spaces."""
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class TrialAttempt(Base):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, TypeAdapter,
                       model_validator)
@@ -13,6 +13,7 @@ from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
 from gdn_core.kernels import DEFAULT_KERNELS, KERNELS
 from service.core.cron import check_cron, check_timezone
+from service.core.environment_diff import EnvironmentChange
 from workers.result import TrialMetrics
 from workers.sweep_spec import Name, PlainText, SweepSpec
 
@@ -140,6 +141,9 @@ class _TrialOutcome(BaseModel):
     history was kept); the last one is the outcome."""
     hosts: list[str] | None = None
     versions: dict[str, str] | None = None
+    environment_id: int | None = None
+    """The environment it measured in (GET /api/environments/{id}); None before it ran, for
+    trials no worker process ran, and for results stored before environments were kept."""
     created_at: UTCDatetime
     started_at: UTCDatetime | None = None
     finished_at: UTCDatetime | None = None
@@ -182,6 +186,39 @@ def trials_from_mappings(rows, attempts: dict[int, list] | None = None) -> list[
         data["attempt_history"] = (attempts or {}).get(data["id"], [])
         out.append(data)
     return _TRIALS.validate_python(out)
+
+
+class TrialDetailPublic(TrialPublic):
+    """GET /api/trials/{id}: the trial, its metrics, and its environment's body."""
+
+    environment: dict[str, Any] | None = None
+    """What the trial measured in (workers.environment: python, packages, project, runtime,
+    accelerator, source); None when environment_id is."""
+
+
+class EnvironmentPublic(BaseModel):
+    """GET /api/environments/{id}: one distinct environment, as stored once."""
+
+    id: int
+    content_hash: str
+    body: dict[str, Any]
+    created_at: UTCDatetime
+
+
+class TrialEnvironmentRef(BaseModel):
+    trial_id: int
+    environment_id: int
+
+
+class EnvironmentDiffPublic(BaseModel):
+    """GET /api/environments/diff?a=&b=: what changed from trial a's environment to b's."""
+
+    a: TrialEnvironmentRef
+    b: TrialEnvironmentRef
+    same: bool
+    """Both trials measured in one stored environment (then `changes` is empty)."""
+    changes: list[EnvironmentChange]
+    """Leaves that differ, by dotted key (service.core.environment_diff)."""
 
 
 class TrialsPublic(BaseModel):

@@ -3,8 +3,9 @@
 Writes are idempotent: a trial that already ran to an outcome keeps its result (the results
 table's primary key, trial_id, backs this up), so a trial can never get two result rows,
 whichever process or thread reports it; a cancelled trial that a resumed run retries has its
-one row replaced. The trial's attempts (`trial_attempts`) are written in the same transaction
-as its result, and kept or replaced with it. `detach()` makes the sink drop further reports: the
+one row replaced. The trial's attempts (`trial_attempts`) and its environment (stored once per
+distinct one, service/db/environments.py) are written in the same transaction as its result,
+and kept or replaced with it. `detach()` makes the sink drop further reports: the
 scheduler detaches before it stops a sweep for a shutdown, so the stopped trials stay
 pending/running in the database and run again when a scheduler resumes the sweep.
 
@@ -32,6 +33,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.db.environments import environment_id
 from service.db.errors import (
     RETRY_FIRST_S,
     RETRY_MAX_S,
@@ -298,6 +300,8 @@ def _record(session: Session, sweep_id: int, result: TrialResult) -> bool:
         attempts=result.attempts, hosts=list(result.hosts), versions=dict(result.versions),
         started_at=result.started_at or trial.started_at,
         finished_at=result.finished_at or utcnow(),
+        environment_id=(None if result.environment is None else
+                        environment_id(session=session, body=result.environment)),
         **{name: metrics.get(name) for name in METRIC_COLUMNS})
     if trial.status == "cancelled":  # a resumed run retried it: its one row is replaced
         session.execute(update(Result).where(Result.trial_id == trial.id).values(**values))

@@ -17,6 +17,7 @@ refuses for good (not an outage) is renamed `*.unstored` and left for an operato
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -51,6 +52,25 @@ class Spool:
     def journal(self, sweep_id: int) -> Journal:
         """A new journal for one sink's results (its file is created at the first append)."""
         return Journal(self.directory, sweep_id)
+
+    def backlog(self) -> SpoolBacklog:
+        """What waits in this spool now: files (live writers' and dead ones'), the results in
+        them no "stored" line follows, and files set aside as `*.unstored`. Read without
+        locks (lines are only appended), so a result being stored may still count."""
+        files = unstored = 0
+        try:
+            paths = sorted(self.directory.glob("*.jsonl"))
+            set_aside = sum(1 for _ in self.directory.glob("*.unstored"))
+        except OSError:
+            return SpoolBacklog(0, 0, 0)
+        for path in paths:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError:  # stored and removed meanwhile
+                continue
+            files += 1
+            unstored += count_unstored(text)
+        return SpoolBacklog(files, unstored, set_aside)
 
     def replay(self, store: Callable[[int, TrialResult], bool],
                is_transient: Callable[[BaseException], bool]) -> int:
@@ -111,6 +131,32 @@ class Spool:
         else:
             path.unlink(missing_ok=True)
         return len(pending) - refused
+
+
+@dataclasses.dataclass(frozen=True)
+class SpoolBacklog:
+    """Spool.backlog(): results waiting for the database on this host."""
+
+    files: int
+    unstored_results: int
+    set_aside_files: int
+
+
+def count_unstored(text: str) -> int:
+    """How many "result" lines of a spool file no "stored" line follows (lines cut short by
+    a crash, or of another format, are not counted)."""
+    seqs: set[int] = set()
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+            op, seq = record["op"], record["seq"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if op == "result":
+            seqs.add(seq)
+        elif op == "stored":
+            seqs.discard(seq)
+    return len(seqs)
 
 
 def unstored_results(text: str, path: Path | None = None) -> dict[int, tuple[int, TrialResult]]:

@@ -30,8 +30,16 @@ from service.runs import sweep_run
 from service.runs.db_sink import DatabaseSink, replay_spool
 from service.runs.ray_setup import RayConnection
 from service.runs.spool import Spool
+from workers.environment import SweepSource
+from workers.options import DriverOptions
 
 log = logging.getLogger(__name__)
+
+
+def sweep_source(schedule_id: int | None) -> SweepSource:
+    """What started a sweep the service runs: its schedule, else the API."""
+    return (SweepSource(kind="api") if schedule_id is None
+            else SweepSource(kind="schedule", schedule_id=schedule_id))
 
 
 @dataclasses.dataclass
@@ -141,7 +149,8 @@ class Scheduler:
                 self._release(sweep_id)
             if claimed != "running":
                 return
-            name = crud.get_sweep(session=session, sweep_id=sweep_id).name
+            sweep = crud.get_sweep(session=session, sweep_id=sweep_id)
+            name, source = sweep.name, sweep_source(sweep.schedule_id)
             try:
                 trials = crud.sweep_trials(session=session, sweep_id=sweep_id)
             except ValueError as err:  # rows another version wrote: fail it, not the loop
@@ -167,7 +176,7 @@ class Scheduler:
                 runner_id=self.runner_id,
                 max_concurrent_trials=self._settings.max_concurrent_trials,
                 poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
-                stop_event=self._stop)
+                stop_event=self._stop, driver_options=DriverOptions(source=source))
         finally:
             with self._lock:
                 self._current = None

@@ -193,13 +193,14 @@ def test_trials_and_trial_carry_the_documented_fields(client):
     trials = client.get(f"/api/sweeps/{sid}/trials").json()
     assert trials["count"] == 2
     one = client.get(f"/api/trials/{trials['data'][1]['id']}").json()
+    assert one.pop("environment") is None  # the detail adds it; none before the trial runs
     assert one == trials["data"][1]
     for field in ("id", "sweep_id", "framework", "mode", "chips", "seq_len", "batch_size",
                   "preset", "num_layers", "dtype", "accelerator", "status", "error",
                   "step_time_s", "tokens_per_s_per_chip", "model_flops_per_step", "mfu", "hfu",
                   "peak_memory_bytes_per_chip", "memory_source", "comm_bytes_per_step_per_chip",
                   "loss_first", "loss_last", "max_rel_err", "created_at", "started_at",
-                  "finished_at", "versions"):
+                  "finished_at", "versions", "environment_id"):
         assert field in one, field
     assert one["num_layers"] == 1 and one["seq_len"] == 128 and one["status"] == "pending"
     assert one["created_at"].endswith(("Z", "+00:00"))

@@ -47,9 +47,9 @@ def test_every_metric_is_a_nullable_results_column_of_its_type(name):
 
 
 def test_results_has_no_metric_column_trial_metrics_lacks():
-    other = {"trial_id", "status", "error", "attempts", "hosts", "versions", "started_at",
-             "finished_at", *(c.key for c in Result.__table__.columns
-                              if c.key in Trial.__table__.columns)}
+    other = {"trial_id", "status", "error", "attempts", "hosts", "versions", "environment_id",
+             "started_at", "finished_at",
+             *(c.key for c in Result.__table__.columns if c.key in Trial.__table__.columns)}
     extra = {c.key for c in Result.__table__.columns} - other - set(METRIC_COLUMNS)
     assert not extra, f"results columns that are no TrialMetrics field: {sorted(extra)}"
 

@@ -41,6 +41,7 @@ function trialRow(t, repeated) {
     num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss),
     num(GS.num(t.max_rel_err), t.verified_seq_len ? `verified on ${t.verified_seq_len} tokens` : null),
     GS.el("td", {}, t.device_name || ""),
+    num(t.environment_id === null ? "" : "#" + t.environment_id),
     GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
 }
 
@@ -77,6 +78,7 @@ async function refresh() {
     const repeated = sweep.spec.repeats > 1;
     document.querySelector("#trials tbody").replaceChildren(...trials.data.map((t) => trialRow(t, repeated)));
     Plots.drawAll(sweep, trials.data);
+    await Environments.show(trials.data);
     document.body.dataset.sweepStatus = sweep.status;
     if (GS.FINAL_SWEEP.has(sweep.status) && timer !== null) {
       clearInterval(timer);
