@@ -6,6 +6,7 @@ from service.api.routes import (
     capacity,
     health,
     options,
+    regressions,
     results,
     schedules,
     sweeps,
@@ -13,5 +14,5 @@ from service.api.routes import (
 )
 
 api_router = APIRouter(prefix="/api")
-for module in (sweeps, trials, results, capacity, health, options, schedules):
+for module in (sweeps, trials, results, capacity, health, options, schedules, regressions):
     api_router.include_router(module.router)

@@ -107,7 +107,8 @@ def db_url(request) -> str:
     url = request.getfixturevalue(f"{request.param}_url")
     engine = make_engine(url)
     with engine.begin() as conn:
-        for table in ("results", "trials", "sweeps", "schedule_runs", "schedules"):
+        for table in ("results", "trials", "sweeps", "schedule_runs", "regression_alerts",
+                      "schedules"):
             conn.execute(text(f"DELETE FROM {table}"))
     engine.dispose()
     return url
