@@ -61,3 +61,12 @@ def test_a_slowdown_and_its_fix_are_two_shifts():
     assert [s.index for s in shifts] == [8, 16]
     assert shifts[0].relative > 0.3 and shifts[1].relative < -0.2
     assert detect_shifts([0.05, 0.06, 0.07]) == []  # too short for a level on each side
+
+
+def test_one_outlier_at_the_end_is_no_shift_until_a_second_run_confirms_it():
+    """The latest run far off is an outlier (PELT's two-run last level would be pulled across
+    by it); with the next run there as well, it is a shift at the first of them."""
+    levels = nightly_levels(7, 10, sigma=0.03)
+    assert detect_shifts(levels + [levels[-1] * 50]) == []
+    (shift,) = detect_shifts(levels + [levels[-1] * 50, levels[-1] * 52])
+    assert shift.index == 10 and shift.relative > 40
