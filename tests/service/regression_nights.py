@@ -84,3 +84,46 @@ def run_nights(session_factory, levels: dict[str, list[float]], *, first: int = 
             "shifted" if shifted in key else "steady"][i])
         sweep_ids.append(sweep_id)
     return sweep_ids
+
+
+class RealNights:
+    """The real ScheduleLoop on a clock the test sets, waking the real Scheduler, which runs
+    each night's sweep on Ray (use as a context manager: the scheduler stops at the end)."""
+
+    def __init__(self, session_factory, settings) -> None:
+        from service.runs.schedule_firing import ScheduleLoop
+        from service.runs.sweep_queue import Scheduler
+
+        self.session_factory = session_factory
+        self.clock = FIRST_NIGHT
+        self.scheduler = Scheduler(session_factory=session_factory, settings=settings)
+        self.loop = ScheduleLoop(session_factory=session_factory, settings=settings,
+                                 clock=lambda: self.clock,
+                                 on_created=lambda _: self.scheduler.wake())
+
+    def __enter__(self) -> RealNights:
+        self.scheduler.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self.scheduler.stop(60), "the scheduler did not stop"
+
+    def night(self, night: int, timeout_s: float = 120.0) -> int:
+        """Fire night `night` and wait until its sweep has finished; the sweep's id."""
+        import time
+
+        from sqlalchemy import select
+
+        from service.db.models import Sweep
+
+        self.clock = FIRST_NIGHT + dt.timedelta(days=night, seconds=30)
+        (fired,) = self.loop.tick()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.session_factory() as session:
+                status = session.scalar(select(Sweep.status).where(Sweep.id == fired.sweep_id))
+            if status == "finished":
+                return fired.sweep_id
+            assert status in ("queued", "running"), f"sweep {fired.sweep_id}: {status}"
+            assert time.monotonic() < deadline, f"night {night}'s sweep did not finish"
+            time.sleep(0.1)

@@ -7,16 +7,16 @@ scheduler with real trials on Ray, the sweep finishing while the POST is still r
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 
 import pytest
 from sqlalchemy import select
 
-from service.db.models import RegressionAlert, Sweep
+from service.db.models import RegressionAlert
 from service.regressions.webhook import alert_after_sweep
 
 from .regression_nights import (
+    RealNights,
     fire_night,
     nightly_levels,
     nightly_schedule,
@@ -108,11 +108,8 @@ def test_the_scheduler_alerts_after_a_real_sweep_without_waiting(local_ray, tmp_
     2 s later: the sweep is finished before that, not held."""
     from service.core.config import Settings
     from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.runs.schedule_firing import ScheduleLoop
-    from service.runs.sweep_queue import Scheduler
 
     from .conftest import TINY_SWEEP
-    from .regression_nights import FIRST_NIGHT
 
     url = f"sqlite:///{tmp_path / 'alerts.db'}"
     upgrade_database(url)
@@ -120,36 +117,21 @@ def test_the_scheduler_alerts_after_a_real_sweep_without_waiting(local_ray, tmp_
     session_factory = make_session_factory(engine)
     settings = Settings(database_url=url, upgrade_on_start=False, scheduler_poll_s=0.2,
                         cpu_chips=4, spool_dir=str(tmp_path / "spool"))
-    clock = {"now": FIRST_NIGHT}
-    scheduler = Scheduler(session_factory=session_factory, settings=settings)
-    loop = ScheduleLoop(session_factory=session_factory, settings=settings,
-                        clock=lambda: clock["now"], on_created=lambda _: scheduler.wake())
     with webhook_receiver([503]) as hook:
         nightly_schedule(session_factory, webhook_url=hook.url, spec=TINY_SWEEP)
         run_nights(session_factory, {"shifted": [1e-4 * (1 + 0.01 * (n % 3)) for n in range(8)],
                                      "steady": []}, shifted="")
-        scheduler.start()
         try:
-            finished_at = []
-            for night in (8, 9):
-                clock["now"] = FIRST_NIGHT + dt.timedelta(days=night, seconds=30)
-                (fired,) = loop.tick()
-                deadline = time.monotonic() + 120
-                while _status(session_factory, fired.sweep_id) != "finished":
-                    assert time.monotonic() < deadline, "the real sweep did not finish"
-                    time.sleep(0.1)
-                finished_at.append(time.monotonic())
-            (post, retried) = hook.wait_for(2, timeout_s=30)
-            assert time.monotonic() - finished_at[-1] > 1.5  # the retry came after the end
+            with RealNights(session_factory, settings) as nights:
+                nights.night(8)
+                nights.night(9)
+                finished = time.monotonic()
+                (post, retried) = hook.wait_for(2, timeout_s=30)
+                assert time.monotonic() - finished > 1.5  # the retry came after the end
         finally:
-            assert scheduler.stop(60)
             engine.dispose()
     assert post["body"] == retried["body"]
     regression = next(r for r in retried["body"]["regressions"] if r["metric"] == "step_time_s")
     assert regression["relative_change"] > 10  # milliseconds, not 0.1 ms
     assert regression["first_run"]["sweep_name"].startswith("nightly 2026-11-09 02:00")
 
-
-def _status(session_factory, sweep_id: int) -> str:
-    with session_factory() as session:
-        return session.scalar(select(Sweep.status).where(Sweep.id == sweep_id))
