@@ -43,7 +43,8 @@ def is_regression(metric: str, shift: Shift) -> bool:
 
 def series_shifts(session: Session, series: Series, *, with_points: bool = True
                   ) -> list[ShiftPublic]:
-    """The latest shift of each metric of `series` (regression or improvement)."""
+    """The latest shift of each metric of `series` (regression or improvement); `new` when the
+    series without its latest run does not show it."""
     found = []
     for metric in METRICS:
         latest = latest_shift(series, metric)
@@ -51,8 +52,10 @@ def series_shifts(session: Session, series: Series, *, with_points: bool = True
             continue
         shift, runs = latest
         before = latest_shift(series, metric, upto=len(runs) - 1)
-        seen = before is not None and before[1][before[0].index].sweep_id == \
-            runs[shift.index].sweep_id
+        # seen before the latest run: the same move, at its run or one beside it (a new run
+        # can move where the level is judged to start by one; it is no new regression)
+        seen = before is not None and abs(before[0].index - shift.index) <= 1 and \
+            (before[0].after > before[0].before) == (shift.after > shift.before)
         found.append(_public(session, series, metric, shift, runs, new=not seen,
                              with_points=with_points))
     return found

@@ -52,7 +52,8 @@ class ShiftPublic(BaseModel):
     runs_after: int
     """Runs at the new level so far."""
     new: bool
-    """First seen with the series' latest run (its runs before that show no such shift)."""
+    """First seen with the series' latest run: its runs before that show no shift the same way
+    at this run or one beside it."""
     environment_diff: dict[str, dict[str, Any]] | None
     """What changed in the environment between last_run_before and first_run ({name:
     {before, after}}); null while results record no environment."""

@@ -7,6 +7,7 @@ schedule's twelve real nights report no shift of step time or tokens/s."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -64,9 +65,10 @@ def test_four_layers_from_night_6_is_one_regression_at_night_6(local_ray, real_d
         report = regressions_report(session=session, schedule_ids=[schedule_id])
     step = next(r for r in report.data if r.metric == "step_time_s")
     assert step.first_run.sweep_id == sweeps[DEEPER_FROM]
-    values = [p.value for p in step.points]
-    measured = (statistics.median(values[DEEPER_FROM:]) /
-                statistics.median(values[:DEEPER_FROM]) - 1)
+    # each level the median of its runs (in log space, as the detector takes the series)
+    logs = [math.log(p.value) for p in step.points]
+    measured = math.exp(statistics.median(logs[DEEPER_FROM:])
+                        - statistics.median(logs[:DEEPER_FROM])) - 1
     assert step.relative_change == pytest.approx(measured, rel=1e-9)
     assert step.relative_change > 0.5  # 4 layers: far more than one's step
     # one POST per regression: the slowdown's (step time and tokens/s, with whatever the
