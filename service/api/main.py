@@ -7,6 +7,7 @@ from service.api.routes import (
     environments,
     health,
     options,
+    regressions,
     results,
     schedules,
     sweeps,
@@ -14,5 +15,6 @@ from service.api.routes import (
 )
 
 api_router = APIRouter(prefix="/api")
-for module in (sweeps, trials, environments, results, capacity, health, options, schedules):
+for module in (sweeps, trials, environments, results, capacity, health, options, schedules,
+               regressions):
     api_router.include_router(module.router)

@@ -10,6 +10,7 @@
     gdn-sweep serve [--workers N]                     API + dashboard + scheduler
     gdn-sweep scheduler                               the scheduler alone (no HTTP)
     gdn-sweep results [filters] [--csv]               succeeded trials from the database
+    gdn-sweep regressions [--schedule NAME]           open regressions; exit 3 when one is new
     gdn-sweep db upgrade                              apply the Alembic migrations
 """
 

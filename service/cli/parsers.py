@@ -93,10 +93,12 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     up.set_defaults(run=lambda a: db_upgrade(database_url=a.database_url, revision=a.revision))
 
     from service.cli.plan import add_plan_parser
+    from service.cli.regressions import add_regressions_parser
     from service.cli.schedule import add_schedule_parser
 
     add_plan_parser(sub, DB_HELP)
     add_schedule_parser(sub, DB_HELP)
+    add_regressions_parser(sub, DB_HELP)
 
 
 def _int_list(text: str) -> list[int]:

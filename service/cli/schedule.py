@@ -35,6 +35,8 @@ def add_schedule_parser(sub, db_help: str) -> None:
     add.add_argument("--paused", action="store_true", help="save it paused")
     add.add_argument("--allow-overlap", action="store_true",
                      help="queue a sweep on every tick even while the previous one runs")
+    add.add_argument("--webhook", metavar="URL",
+                     help="http(s) URL POSTed a JSON summary when a sweep opens new regressions")
     add.set_defaults(action=_add)
     for name, action, text in (("list", _list, "every schedule, newest first"),
                                ("show", _show, "one schedule and its latest ticks"),
@@ -108,7 +110,8 @@ def _schedule_create(args, grid_cap: int):
         check_timezone(args.timezone)
         spec = load_spec(args.sweep, grid_cap=grid_cap)
         return ScheduleCreate(name=args.name, cron=args.cron, timezone=args.timezone,
-                              spec=spec, paused=args.paused, allow_overlap=args.allow_overlap)
+                              spec=spec, paused=args.paused, allow_overlap=args.allow_overlap,
+                              webhook_url=args.webhook)
     except ValidationError as err:
         raise ScheduleInputError(_one_line(validation_text(err))) from None
     except (SweepFileError, ValueError) as err:
@@ -174,6 +177,11 @@ def _show(args, settings, out: TextIO) -> int:
           f"{_when(s.next_run_at, s.timezone)}, last run {_when(s.last_run_at, s.timezone)}, "
           f"{s.sweeps_created} sweep(s) created\n  sweep: {s.spec.name!r}, "
           f"{s.spec.grid_size} trial(s)", file=out)
+    if s.webhook_url is not None:
+        last = ("no delivery yet" if s.webhook_status is None else
+                f"last delivery {s.webhook_status} {s.webhook_at:%Y-%m-%d %H:%M} UTC"
+                + (f": {s.webhook_error}" if s.webhook_error else ""))
+        print(f"  webhook {s.webhook_url} ({last})", file=out)
     for run in s.runs:
         what = f"sweep {run.sweep_id}" if run.sweep_id is not None else run.error or ""
         print(f"  {_when(run.due_at, s.timezone)}  {run.outcome}  {what}".rstrip(), file=out)

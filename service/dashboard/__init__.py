@@ -41,6 +41,11 @@ def schedules_page() -> FileResponse:
     return _page("schedules.html")
 
 
+@router.get("/regressions")
+def regressions_page() -> FileResponse:
+    return _page("regressions.html")
+
+
 @router.get("/results")
 def results_page() -> FileResponse:
     return _page("results.html")

@@ -277,6 +277,7 @@ def create_schedule(*, session: Session, schedule_create: ScheduleCreate,
     schedule = Schedule(name=c.name, cron=c.cron, timezone=c.timezone,
                         spec=c.spec.model_dump(mode="json"), paused=c.paused,
                         allow_overlap=c.allow_overlap, created_at=now, updated_at=now,
+                        webhook_url=None if c.webhook_url is None else str(c.webhook_url),
                         next_run_at=None if c.paused else next_due(c.cron, c.timezone, now))
     session.add(schedule)
     session.commit()
@@ -305,6 +306,8 @@ def update_schedule(*, session: Session, schedule: Schedule, schedule_update: Sc
                if v is not None}
     if "spec" in changes:
         changes["spec"] = schedule_update.spec.model_dump(mode="json")
+    if "webhook_url" in changes:  # "" removes it
+        changes["webhook_url"] = str(changes["webhook_url"]) or None
     retime = any(k in changes and changes[k] != getattr(schedule, k)
                  for k in ("cron", "timezone", "paused"))
     for field, value in changes.items():
@@ -349,7 +352,8 @@ def schedules_public(*, session: Session, schedules: Sequence[Schedule]) -> list
         id=s.id, name=s.name, cron=s.cron, timezone=s.timezone, spec=stored_spec(s.spec),
         paused=s.paused, allow_overlap=s.allow_overlap, next_run_at=s.next_run_at,
         last_run_at=s.last_run_at, created_at=s.created_at, updated_at=s.updated_at,
-        sweeps_created=created[s.id],
+        sweeps_created=created[s.id], webhook_url=s.webhook_url,
+        webhook_status=s.webhook_status, webhook_error=s.webhook_error, webhook_at=s.webhook_at,
         runs=[{"due_at": r.due_at, "sweep_id": r.sweep_id, "outcome": r.outcome,
                "error": r.error, "created_at": r.created_at} for r in runs[s.id]])
         for s in schedules]

@@ -308,6 +308,12 @@ class Schedule(Base):
     last_run_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    webhook_url: Mapped[str | None] = mapped_column(String(2000))
+    """http(s) URL POSTed a summary when one of its sweeps opens new regressions."""
+    webhook_status: Mapped[str | None] = mapped_column(String(16))
+    """The latest delivery: delivered or failed (None: none yet)."""
+    webhook_error: Mapped[str | None] = mapped_column(Text)
+    webhook_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 SCHEDULE_RUN_OUTCOMES: tuple[str, ...] = ("created", "skipped_overlap", "failed")
@@ -328,6 +334,34 @@ class ScheduleRun(Base):
     outcome: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+ALERT_STATUSES: tuple[str, ...] = ("pending", "delivered", "failed")
+
+
+class RegressionAlert(Base):
+    """A regression a schedule's webhook was sent (or is being sent): the unique key (schedule,
+    series, metric, first run) makes each regression alerted once, whichever process finishes
+    the sweep (service/regressions/alerts.py)."""
+
+    __tablename__ = "regression_alerts"
+    __table_args__ = (UniqueConstraint("schedule_id", "series", "metric", "first_sweep_id",
+                                       name="uq_regression_alerts_regression"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    schedule_id: Mapped[int] = mapped_column(ForeignKey("schedules.id", ondelete="CASCADE"))
+    series: Mapped[str] = mapped_column(String(200))
+    metric: Mapped[str] = mapped_column(String(32))
+    first_sweep_id: Mapped[int] = mapped_column(Integer)
+    """The first run at the new level (a sweep id, kept when the sweep is deleted)."""
+    sweep_id: Mapped[int] = mapped_column(Integer)
+    """The sweep whose end opened it."""
+    relative_change: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class CacheVersion(Base):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, TypeAdapter,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, StrictBool,
+                      TypeAdapter, UrlConstraints, model_validator)
 
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
@@ -287,6 +287,12 @@ TimezoneText = Annotated[PlainText, Field(min_length=1, max_length=64,
                          AfterValidator(check_timezone)]
 
 
+WebhookUrl = Annotated[HttpUrl, UrlConstraints(max_length=2000),
+                      Field(description="http(s) URL POSTed a JSON summary when a sweep of the "
+                                        "schedule opens new regressions")]
+"""pydantic's HttpUrl: http or https with a host; anything else is a 422 naming the scheme."""
+
+
 class ScheduleCreate(BaseModel):
     """Body of POST /api/schedules: a sweep (the body of POST /api/sweeps) run on a cron
     expression in a time zone."""
@@ -300,6 +306,7 @@ class ScheduleCreate(BaseModel):
     allow_overlap: StrictBool = False
     """False: a tick while this schedule's previous sweep is queued, running or cancelling is
     recorded skipped_overlap and creates no sweep."""
+    webhook_url: WebhookUrl | None = None
 
 
 class ScheduleUpdate(BaseModel):
@@ -312,6 +319,8 @@ class ScheduleUpdate(BaseModel):
     spec: SweepSpec | None = None
     paused: StrictBool | None = None
     allow_overlap: StrictBool | None = None
+    webhook_url: WebhookUrl | Literal[""] | None = None
+    """"": remove the webhook."""
 
 
 class ScheduleRunPublic(BaseModel):
@@ -342,6 +351,13 @@ class SchedulePublic(BaseModel):
     updated_at: UTCDatetime
     sweeps_created: int = 0
     """Sweeps this schedule has created in all."""
+    webhook_url: str | None = None
+    webhook_status: Literal["delivered", "failed"] | None = None
+    """The latest webhook delivery (None: none yet): failed after every retry, or delivered."""
+    webhook_error: str | None = None
+    """Why the latest delivery failed."""
+    webhook_at: UTCDatetime | None = None
+    """When the latest delivery ended."""
     runs: list[ScheduleRunPublic]
     """The latest ticks fired, newest first (at most 20)."""
 

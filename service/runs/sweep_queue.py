@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.core.config import Settings
 from service.db import crud
 from service.db.errors import clean_error, is_transient
+from service.regressions.webhook import alert_in_background
 from service.runs import sweep_run
 from service.runs.db_sink import DatabaseSink, replay_spool
 from service.runs.ray_setup import RayConnection
@@ -197,6 +198,8 @@ class Scheduler:
             return
         log.info("sweep %s: %s", sweep_id, status,
                  extra={"event": "sweep_finished", "sweep_id": sweep_id, "status": status})
+        if status == "finished":  # its schedule's webhook, if any, in a thread of its own
+            alert_in_background(session_factory=self._session_factory, sweep_id=sweep_id)
 
     def _release(self, sweep_id: int) -> None:
         """Give up the claim on a clean stop, so the next scheduler resumes at once (best

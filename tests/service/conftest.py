@@ -108,6 +108,7 @@ def db_url(request) -> str:
     engine = make_engine(url)
     with engine.begin() as conn:
         for table in ("results", "environments", "trials", "sweeps", "schedule_runs",
+                      "regression_alerts",
                       "schedules"):
             conn.execute(text(f"DELETE FROM {table}"))
     engine.dispose()

@@ -15,7 +15,8 @@ from tests.layout_rules import find_circles
 ROOT = Path(service.__file__).parent
 
 # Top to bottom: a module may import its own folder and the folders below it, never above.
-LAYERS = ["cli", "bench", "demo", "main", "api", "dashboard", "planner", "runs", "db", "core"]
+LAYERS = ["cli", "bench", "demo", "main", "api", "dashboard", "planner", "runs", "regressions",
+          "db", "core"]
 
 
 def _module_name(path: Path) -> str:

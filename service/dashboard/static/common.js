@@ -135,7 +135,8 @@ GS.header = function (active) {
   const link = (href, text) => GS.el("a", { href, style: active === href ? "font-weight:600" : null },
                                      text);
   document.body.prepend(GS.el("header", {}, GS.el("span", { class: "brand" }, "gdn-sweep"),
-    link("/", "Sweeps"), link("/schedules", "Schedules"), link("/results", "Results"),
+    link("/", "Sweeps"), link("/schedules", "Schedules"), link("/regressions", "Regressions"),
+    link("/results", "Results"),
     link("/compare", "Compare"), link("/planner", "Planner"),
     link("/docs", "API")));
 };

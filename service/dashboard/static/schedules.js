@@ -125,6 +125,7 @@ function formBody() {
   return {
     name: field("name").value, cron: field("cron").value, timezone: field("timezone").value,
     spec, paused: field("paused").checked, allow_overlap: field("allow_overlap").checked,
+    webhook_url: field("webhook_url").value.trim() || null,
   };
 }
 
@@ -203,7 +204,8 @@ function scheduleRow(s, statuses) {
           GS.el("code", { class: "muted" }, `${s.cron} · ${s.timezone}`)),
     GS.el("td", { class: "next-run" }, nextRun),
     GS.el("td", { class: "state" }, GS.badge(s.paused ? "paused" : "active"),
-          s.allow_overlap ? GS.el("div", { class: "muted" }, "overlap allowed") : null),
+          s.allow_overlap ? GS.el("div", { class: "muted" }, "overlap allowed") : null,
+          webhookState(s)),
     GS.el("td", { class: "last-run" }, s.last_run_at ? GS.time(s.last_run_at) : "never"),
     GS.el("td", { class: "ticks" }, runs.length ? GS.el("ul", { class: "ticks" },
           runs.map((r) => tickItem(r, statuses))) : GS.el("span", { class: "muted" }, "none yet"),
@@ -214,6 +216,16 @@ function scheduleRow(s, statuses) {
             s.paused ? "Resume" : "Pause"),
       GS.el("button", { class: "secondary delete", type: "button", onclick: () => remove(s) },
             "Delete")));
+}
+
+// The webhook and how its latest delivery went (the error whole in the tooltip).
+function webhookState(s) {
+  if (!s.webhook_url) return null;
+  const last = s.webhook_status === null ? "no delivery yet"
+    : `${s.webhook_status} ${GS.time(s.webhook_at)}` + (s.webhook_error ? `: ${s.webhook_error}` : "");
+  return GS.el("div", { class: "webhook " + (s.webhook_status === "failed" ? "failed" : "muted"),
+                        title: `${s.webhook_url}\n${last}` }, "webhook ", GS.badge(s.webhook_status || "set"),
+               s.webhook_error ? GS.el("div", { class: "webhook-error" }, s.webhook_error) : null);
 }
 
 // Status of the sweeps the page's schedules started (one request per schedule that has any).
