@@ -27,7 +27,8 @@ from .failures import classify, kernel_oom_kill_seen
 from .grid import TrialSpec
 from .options import DriverOptions
 from .placement import ChipRequest, TrialChips
-from .result import AttemptRecord, TrialMetrics, TrialResult
+from .profile_store import store_profile
+from .result import AttemptRecord, TrialMetrics, TrialProfile, TrialResult
 from .warm_pool import WarmPool
 from .worker_group import WorkerGroup, WorkerGroupContext
 
@@ -48,6 +49,7 @@ class _Attempt:
     metrics: TrialMetrics = dataclasses.field(default_factory=TrialMetrics)
     hosts: tuple[str, ...] = ()
     versions: dict | None = None
+    profile: TrialProfile | None = None
 
 
 def now() -> dt.datetime:
@@ -93,7 +95,8 @@ class TrialRunner:
             return TrialResult(trial=trial, status=outcome.status, error=error,
                                metrics=outcome.metrics, attempts=attempt,
                                attempt_history=history, hosts=list(outcome.hosts),
-                               versions=outcome.versions or {}, started_at=started,
+                               versions=outcome.versions or {}, profile=outcome.profile,
+                               started_at=started,
                                finished_at=now())
 
     # ------------------------------------------------------------------ one attempt
@@ -125,7 +128,8 @@ class TrialRunner:
                 result = _Attempt(status="succeeded", metrics=measured.model_copy(update={
                                       "gdn_kernel": kernels["gdn"],
                                       "attention_kernel": kernels["attention"]}),
-                                  hosts=_hosts(group), versions=group.versions)
+                                  hosts=_hosts(group), versions=group.versions,
+                                  profile=self._profile(trial, group))
         except _Stopped as stop:
             self._discard(group)
             return _Attempt(status=stop.status, error=stop.error, hosts=_hosts(group),
@@ -145,6 +149,24 @@ class TrialRunner:
                             metrics=known, hosts=_hosts(group))
         self.pool.give(group)
         return result
+
+    def _profile(self, trial: TrialSpec, group: WorkerGroup) -> TrialProfile | None:
+        """The profiled extra step of a succeeded trial (trial.profile): process 0's capture,
+        its trace stored under DriverOptions.artifact_dir. A trace that cannot be stored
+        leaves the measurements standing and says why."""
+        if not trial.profile:
+            return None
+        captured = ray.get(group.actors[0].take_profile.remote(),
+                           timeout=self.options.worker_start_timeout_s)
+        if captured is None:
+            return TrialProfile(format="none", error="process 0 kept no profile of the step")
+        try:
+            return store_profile(captured, artifact_dir=self.options.artifact_dir,
+                                 trial_key=trial.key)
+        except OSError as err:
+            return TrialProfile(format=captured.format, summary=captured.summary,
+                                error=f"the trace could not be stored under "
+                                      f"{self.options.artifact_dir}: {err}")
 
     def _plan_attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
         """Compile the trial's step in a one-CPU Ray task (plan_runner); no chips, no run."""
