@@ -42,25 +42,30 @@ def op_events(trace: dict, framework: str) -> tuple[list[dict], str]:
     return [e for e in complete if e.get("cat") == "cpu_op"], "CPU ops"
 
 
-def self_times_us(ops: list[dict]) -> list[tuple[str, float]]:
-    """(name, self time in µs) of each op: its duration minus its direct children's, a child
-    being an op that starts and ends within it on the same lane (pid, tid)."""
+def self_times_us(ops: list[dict]) -> list[tuple[str, float, bool]]:
+    """(name, self time in µs, counts as an occurrence) of each op: its duration minus its
+    direct children's, a child being an op that starts and ends within it on the same lane
+    (pid, tid). An op nested directly in one of its own name (a dispatcher re-entering the
+    same op) is not another occurrence, as torch's key_averages counts it."""
     lanes: dict[tuple, list[dict]] = defaultdict(list)
     for op in ops:
         lanes[(op.get("pid"), op.get("tid"))].append(op)
     out = []
     for lane in lanes.values():
         lane.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
-        stack: list[list] = []  # [end, name, duration, children's time]
+        stack: list[list] = []  # [end, name, duration, children's time, counts]
         for op in lane:
             start, dur = float(op["ts"]), float(op["dur"])
             while stack and stack[-1][0] <= start:
-                _, name, total, children = stack.pop()
-                out.append((name, total - children))
+                _, name, total, children, counts = stack.pop()
+                out.append((name, total - children, counts))
+            name = str(op.get("name", "?"))
+            counts = not stack or stack[-1][1] != name
             if stack:
                 stack[-1][3] += dur
-            stack.append([start + dur, str(op.get("name", "?")), dur, 0.0])
-        out.extend((name, total - children) for _, name, total, children in stack)
+            stack.append([start + dur, name, dur, 0.0, counts])
+        out.extend((name, total - children, counts)
+                   for _, name, total, children, counts in reversed(stack))
     return out
 
 
@@ -87,9 +92,9 @@ def summarise_trace(trace: dict, *, framework: str, wall_s: float, top: int = TO
     ops, what = op_events(trace, framework)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     totals = {"compute": 0.0, "collective": 0.0}
-    for name, self_us in self_times_us(ops):
+    for name, self_us, counts in self_times_us(ops):
         by_name[name][0] += self_us
-        by_name[name][1] += 1
+        by_name[name][1] += counts
         totals[category(name)] += self_us
     busy_s = busy_us(ops) / 1e6
     ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]

@@ -344,7 +344,7 @@ FACT_COLUMNS: tuple[str, ...] = (
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile"})
 """workers.grid.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
-PROFILE_COLUMNS: tuple[str, ...] = ("profile_format", "profile_path", "profile_bytes",
+PROFILE_COLUMNS: tuple[str, ...] = ("profile_path", "profile_bytes", "profile_format",
                                     "profile_summary", "profile_error")
 """Result columns of a profiled trial (workers.result.TrialProfile's fields, prefixed)."""
 

@@ -40,7 +40,7 @@ function trialRow(t, repeated) {
     num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
     num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss),
     num(GS.num(t.max_rel_err), t.verified_seq_len ? `verified on ${t.verified_seq_len} tokens` : null),
-    GS.el("td", {}, t.device_name || ""),
+    GS.el("td", {}, t.device_name || ""), Profiles.cell(t),
     GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
 }
 
@@ -64,6 +64,7 @@ function showSweep(s, trials) {
     ` · layouts ${(s.spec.layouts || ["contiguous"]).join(", ")}` +
     ` · kernels ${(s.spec.kernels || ["reference"]).join(", ")}` +
     (s.spec.repeats > 1 ? ` · ${s.spec.repeats} repeats of every point` : "") +
+    (s.spec.profile ? " · profiled (one extra step per trial)" : "") +
     (s.spec.one_chip_baseline && s.spec.chips.includes(1) ? " · one-chip baseline (mode none) shared by every mode" : "");
   document.getElementById("sweep-error").textContent = s.error || "";
   document.getElementById("cancel").hidden = GS.FINAL_SWEEP.has(s.status) || s.status === "cancelling";
@@ -77,6 +78,7 @@ async function refresh() {
     const repeated = sweep.spec.repeats > 1;
     document.querySelector("#trials tbody").replaceChildren(...trials.data.map((t) => trialRow(t, repeated)));
     Plots.drawAll(sweep, trials.data);
+    Profiles.show(trials.data);
     document.body.dataset.sweepStatus = sweep.status;
     if (GS.FINAL_SWEEP.has(sweep.status) && timer !== null) {
       clearInterval(timer);
