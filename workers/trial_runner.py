@@ -156,8 +156,12 @@ class TrialRunner:
         leaves the measurements standing and says why."""
         if not trial.profile:
             return None
-        captured = ray.get(group.actors[0].take_profile.remote(),
-                           timeout=self.options.worker_start_timeout_s)
+        try:
+            captured = ray.get(group.actors[0].take_profile.remote(),
+                               timeout=self.options.worker_start_timeout_s)
+        except Exception as err:  # noqa: BLE001 - the trial's measurements stand without it
+            return TrialProfile(format="none", error=f"process 0's profile could not be "
+                                                     f"fetched: {type(err).__name__}: {err}")
         if captured is None:
             return TrialProfile(format="none", error="process 0 kept no profile of the step")
         try:

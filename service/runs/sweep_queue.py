@@ -30,6 +30,7 @@ from service.runs import sweep_run
 from service.runs.db_sink import DatabaseSink, replay_spool
 from service.runs.ray_setup import RayConnection
 from service.runs.spool import Spool
+from workers.options import DriverOptions
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,9 @@ class Scheduler:
                 runner_id=self.runner_id,
                 max_concurrent_trials=self._settings.max_concurrent_trials,
                 poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
-                stop_event=self._stop)
+                stop_event=self._stop,
+                # profile traces go where this service's API serves them from
+                driver_options=DriverOptions(artifact_dir=self._settings.artifact_dir))
         finally:
             with self._lock:
                 self._current = None

@@ -127,3 +127,37 @@ def test_plans_cannot_be_profiled_and_profile_must_be_a_boolean(profile_client):
     assert item["loc"] == ["body", "profile"] and "boolean" in item["msg"]
     sweeps = profile_client.get("/api/sweeps").json()["count"]
     assert sweeps == 1  # nothing half-written
+
+
+@pytest.mark.timeout(240)  # a real sweep: the scheduler, Ray workers, the profiler (~9 s)
+def test_a_profiled_sweep_runs_end_to_end_through_the_scheduler(local_ray, tmp_path):
+    """POST a profile: true sweep to a service with its scheduler: the torch trial's trace
+    lands under the service's artifact directory and downloads as torch.profiler wrote it."""
+    import time
+
+    import httpx
+
+    from service.core.config import Settings
+
+    from .conftest import serving
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'e2e.db'}", scheduler_poll_s=0.2,
+                        cpu_chips=4, artifact_dir=str(tmp_path / "artifacts"))
+    with serving(settings) as base:
+        created = httpx.post(f"{base}/api/sweeps", json={
+            **TINY_SWEEP, "chips": [2], "one_chip_baseline": False, "profile": True})
+        assert created.status_code == 201, created.text
+        sweep_id, deadline = created.json()["id"], time.monotonic() + 200
+        while httpx.get(f"{base}/api/sweeps/{sweep_id}").json()["status"] != "finished":
+            assert time.monotonic() < deadline, "the sweep did not finish"
+            time.sleep(0.5)
+        (trial,) = httpx.get(f"{base}/api/sweeps/{sweep_id}/trials").json()["data"]
+        assert trial["status"] == "succeeded", trial["error"]
+        assert trial["measured_steps"] == TINY_SWEEP["steps"]
+        profile = trial["profile"]
+        assert profile["error"] is None and profile["summary"]["collective_s"] > 0
+        download = httpx.get(base + profile["url"])
+    assert download.status_code == 200 and len(download.content) == profile["bytes"]
+    names = {e.get("name") for e in json.loads(gzip.decompress(download.content))["traceEvents"]}
+    assert {"aten::mm", "_AllGather"} <= names
+    assert list((tmp_path / "artifacts" / "profiles").glob("*/*.pt.trace.json.gz"))
