@@ -8,6 +8,7 @@ trial (same key, same settings) holds the new measurement beside the profile.
 
 from __future__ import annotations
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from service.db import crud
@@ -54,12 +55,18 @@ def queue_profile_sweep(*, session: Session, trial_id: int) -> Sweep | None:
     trial = session.get(Trial, trial_id)
     if trial is None:
         return None
-    spec = point_spec(trial, crud.stored_spec(session.get(Sweep, trial.sweep_id).spec))
+    try:
+        spec = point_spec(trial, crud.stored_spec(session.get(Sweep, trial.sweep_id).spec))
+    except ValidationError as err:  # a preset or chip type this version no longer knows
+        raise NotProfilable(f"trial {trial.id} ({trial.key}) cannot be run by this version: "
+                            f"{err.errors()[0]['msg']}") from err
     trials = expand_trials(spec)
-    same = [t for t in trials if t.key == _unrepeated(trial.key)]
-    if len(trials) != 1 or len(same) != 1:  # the spec must span exactly the trial's point
-        raise RuntimeError(f"trial {trial.id} ({trial.key}): its one-point sweep expands to "
-                           f"{[t.key for t in trials]}")
+    if [t.key for t in trials] != [_unrepeated(trial.key)]:  # exactly the trial's point
+        raise NotProfilable(f"trial {trial.id} ({trial.key}) cannot be rebuilt by this "
+                            f"version: its point expands to {[t.key for t in trials]}")
+    if trials[0].skip_reason is not None:
+        raise NotProfilable(f"trial {trial.id} ({trial.key}) cannot run any more: "
+                            f"{trials[0].skip_reason}")
     return crud.create_sweep(session=session, sweep_create=spec, trials=trials)
 
 
