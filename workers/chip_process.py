@@ -88,6 +88,7 @@ class ChipProcess:
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
         """This process's CPTrainReport of the trial's training step."""
+        self.profiler = None
         try:
             with process_probe.address_space_cap(
                     process_probe.memory_cap_for(self.kind, memory_limit_bytes)):
@@ -100,6 +101,23 @@ class ChipProcess:
                                        source, memory_limit_bytes) from None
         finally:
             gc.collect()
+
+    def step_profiler(self, trial: TrialSpec, *, device: str = "cpu"):
+        """run_cp_training's after_timed_steps for `trial`: None unless trial.profile; process
+        0 profiles the extra step, the others run it (workers.profiling)."""
+        if not trial.profile:
+            return None
+        from .profiling import StepProfiler
+
+        self.profiler = StepProfiler(framework=trial.framework, enabled=self.index == 0,
+                                     device=device)
+        return self.profiler
+
+    def take_profile(self):
+        """The CapturedProfile of the last run's extra step (process 0; None elsewhere, or
+        when the trial was not profiled); handed over once."""
+        profiler, self.profiler = getattr(self, "profiler", None), None
+        return None if profiler is None else profiler.captured
 
     # The framework's half.
 

@@ -136,6 +136,9 @@ class TrialSpec(BaseModel):
     verify: bool
     timeout_s: float
     skip_reason: str | None = None
+    profile: bool = False
+    """Run one extra step under the framework's profiler after the measured ones and keep its
+    trace (SweepSpec.profile; workers.profiling); not part of the key: the point is the same."""
     repeat: int = Field(default=0, ge=0)
     """Which run of its grid point this is (0 … SweepSpec.repeats − 1)."""
     repeats: int = Field(default=1, ge=1)
@@ -245,7 +248,8 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 verify=spec.verify and chips > 1 and kind == "measure",  # 1 chip: own reference
                 timeout_s=spec.trial_timeout_s, repeat=repeat,
                 repeats=spec.repeats if kind == "measure" else 1,
-                baseline_key=baseline_key, skip_reason=skip_reasons[point]))
+                baseline_key=baseline_key, skip_reason=skip_reasons[point],
+                profile=spec.profile and kind == "measure"))
     return trials
 
 

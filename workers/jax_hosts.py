@@ -107,7 +107,7 @@ class JaxHostActor(ChipProcess):
         return run_cp_training(trial.to_model_config(), trial.to_train_config(), mesh=mesh,
                                axis=MESH_AXIS, batch_axis=batch_axis, cp=trial.cp_settings(),
                                steps=trial.steps, warmup_steps=trial.warmup_steps,
-                               verify=trial.verify)
+                               verify=trial.verify, after_timed_steps=self.step_profiler(trial))
 
     def _peak_memory(self) -> tuple[int | None, str]:
         """Per chip, labelled: the device peak on GPU/TPU, on CPU the process's RSS mark

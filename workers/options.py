@@ -7,6 +7,7 @@ from typing import Literal
 
 from .compile_cache import default_jax_cache_dir
 from .environment import SweepSource
+from .profile_store import default_artifact_dir
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -42,6 +43,10 @@ class DriverOptions:
     """JAX's persistent compilation cache of the trial processes (a directory on each host, or
     a path all hosts share); "" turns it off. Default: $GDN_SWEEP_JAX_CACHE_DIR, else
     ~/.cache/gdn-sweep/jax-compile (workers.compile_cache)."""
+    artifact_dir: str = dataclasses.field(default_factory=default_artifact_dir)
+    """Where the driver stores trial artifacts (profile traces) that results refer to by a
+    relative path. Default: $GDN_SWEEP_ARTIFACT_DIR, else ~/.cache/gdn-sweep/artifacts (the
+    service's Settings.artifact_dir reads the same variable, so it serves what was stored)."""
     cpu_peak_calibration_s: float = 0.5
     """Seconds of GEMM timing for the MFU denominator of CPU chips, by the trial's own
     processes under their affinity, once per (node, framework, dtype, cores) per sweep."""

@@ -92,6 +92,23 @@ class AttemptRecord(BaseModel):
     finished_at: dt.datetime | None = None
 
 
+class TrialProfile(BaseModel):
+    """The profile of one extra step run after the measured ones (SweepSpec.profile;
+    workers.profiling): in no metric above. The trace file lies under the artifact directory
+    (DriverOptions.artifact_dir) at `path`."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str | None = None
+    """Relative to the artifact directory; None when the profiler failed (see error)."""
+    bytes: int | None = None
+    format: str
+    """workers.profiling: chrome_trace_json_gz (torch) or xprof_run_tar_gz (JAX)."""
+    summary: dict = Field(default_factory=dict)
+    """workers.profile_summary.summarise_trace: top ops by self time; compute, collective and
+    idle seconds of the profiled step."""
+    error: str | None = None
+
+
 class TrialResult(BaseModel):
     """A trial's outcome, handed to the sink when it ends (whatever the status)."""
 
@@ -109,5 +126,7 @@ class TrialResult(BaseModel):
     """What the trial measured in (workers.environment: packages, project commit, device
     runtime, hosts, the sweep's source); None when no worker process ran it (skipped before
     placement, or its workers never started)."""
+    profile: TrialProfile | None = None
+    """The profiled extra step (trials of a sweep with profile: true that succeeded)."""
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None

@@ -192,6 +192,12 @@ class SweepSpec(BaseModel):
     one chip per mode, as sweeps stored before the baseline existed ran (migration 0003 marks
     them so).
     Either way a sweep whose `chips` lacks 1 has no baseline: none is added for it."""
+    profile: StrictBool = Field(default=False, description="run one extra step after the "
+                                "measured ones under jax.profiler / torch.profiler and keep its "
+                                "trace with the trial (in no metric)")
+    """True: every measured trial runs one more step after its timed ones, under its
+    framework's profiler on process 0, and its result keeps the trace file and a summary (top
+    ops; compute, collective and idle time). Trial keys do not change."""
     admit_over_memory: StrictBool = Field(default=False, description="run grid points "
                                           "predicted not to fit the chip's memory (else they "
                                           "are recorded skipped, with the prediction)")

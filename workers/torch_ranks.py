@@ -79,7 +79,8 @@ class TorchRankActor(ChipProcess):
         return run_cp_training(trial.to_model_config(), trial.to_train_config(),
                                group=self.group, cp=trial.cp_settings(), steps=trial.steps,
                                warmup_steps=trial.warmup_steps, device=self.device,
-                               verify=trial.verify)
+                               verify=trial.verify,
+                               after_timed_steps=self.step_profiler(trial, device=self.device))
 
     def _peak_memory(self) -> tuple[int | None, str]:
         """gdn_core's measurement: CUDA's allocator peak, or this process's RSS mark, both

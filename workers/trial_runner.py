@@ -28,7 +28,8 @@ from .failures import classify, kernel_oom_kill_seen
 from .grid import TrialSpec
 from .options import DriverOptions
 from .placement import ChipRequest, TrialChips
-from .result import AttemptRecord, TrialMetrics, TrialResult
+from .profile_store import store_profile
+from .result import AttemptRecord, TrialMetrics, TrialProfile, TrialResult
 from .warm_pool import WarmPool
 from .worker_group import WorkerGroup, WorkerGroupContext
 
@@ -50,6 +51,7 @@ class _Attempt:
     hosts: tuple[str, ...] = ()
     versions: dict | None = None
     environment: dict | None = None
+    profile: TrialProfile | None = None
 
 
 def now() -> dt.datetime:
@@ -97,7 +99,7 @@ class TrialRunner:
             return TrialResult(trial=trial, status=outcome.status, error=error,
                                metrics=outcome.metrics, attempts=attempt,
                                attempt_history=history, hosts=list(outcome.hosts),
-                               versions=outcome.versions or {},
+                               versions=outcome.versions or {}, profile=outcome.profile,
                                environment=outcome.environment, started_at=started,
                                finished_at=now())
 
@@ -130,7 +132,8 @@ class TrialRunner:
                 result = _Attempt(status="succeeded", metrics=measured.model_copy(update={
                                       "gdn_kernel": kernels["gdn"],
                                       "attention_kernel": kernels["attention"]}),
-                                  hosts=_hosts(group), versions=group.versions)
+                                  hosts=_hosts(group), versions=group.versions,
+                                  profile=self._profile(trial, group))
         except _Stopped as stop:
             self._discard(group)
             return _Attempt(status=stop.status, error=stop.error, hosts=_hosts(group),
@@ -165,6 +168,28 @@ class TrialRunner:
                                  accelerator_type=trial.accelerator_type,
                                  device_name=device_name, host_count=group.host_count,
                                  source=self.source)
+
+    def _profile(self, trial: TrialSpec, group: WorkerGroup) -> TrialProfile | None:
+        """The profiled extra step of a succeeded trial (trial.profile): process 0's capture,
+        its trace stored under DriverOptions.artifact_dir. A trace that cannot be stored
+        leaves the measurements standing and says why."""
+        if not trial.profile:
+            return None
+        try:
+            captured = ray.get(group.actors[0].take_profile.remote(),
+                               timeout=self.options.worker_start_timeout_s)
+        except Exception as err:  # noqa: BLE001 - the trial's measurements stand without it
+            return TrialProfile(format="none", error=f"process 0's profile could not be "
+                                                     f"fetched: {type(err).__name__}: {err}")
+        if captured is None:
+            return TrialProfile(format="none", error="process 0 kept no profile of the step")
+        try:
+            return store_profile(captured, artifact_dir=self.options.artifact_dir,
+                                 trial_key=trial.key)
+        except OSError as err:
+            return TrialProfile(format=captured.format, summary=captured.summary,
+                                error=f"the trace could not be stored under "
+                                      f"{self.options.artifact_dir}: {err}")
 
     def _plan_attempt(self, trial: TrialSpec, attempt: int) -> _Attempt:
         """Compile the trial's step in a one-CPU Ray task (plan_runner); no chips, no run."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -130,9 +131,20 @@ def compiled_peak_bytes(compiled) -> int | None:
                + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
 
 
+class TimedSteps(NamedTuple):
+    """What run_timed_steps ran: every loss, the measured steps' times, and the state after the
+    last step (params, opt_state: the donated inputs' successors, for a further step)."""
+
+    losses: list[float]
+    step_times_s: list[float]
+    params: Any
+    opt_state: Any
+
+
 def run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT, *, steps: int,
-                    warmup_steps: int, loss_to_host=float) -> tuple[list[float], list[float]]:
-    """Run warmup_steps + steps of a compiled step; return (every loss, measured step times).
+                    warmup_steps: int, loss_to_host=float) -> TimedSteps:
+    """Run warmup_steps + steps of a compiled step; return every loss, the measured step times
+    and the final state.
 
     Each step's outputs are blocked on before its timer stops; params/opt_state are donated
     and threaded through. loss_to_host turns the (possibly sharded) loss into a float.
@@ -147,7 +159,17 @@ def run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT, *, steps
         losses.append(loss_to_host(loss))
         if i >= warmup_steps:
             step_times_s.append(elapsed)
-    return losses, step_times_s
+    return TimedSteps(losses, step_times_s, params, opt_state)
+
+
+def one_more_step(compiled, timed: TimedSteps, inputs_BT, targets_BT) -> Callable[[], None]:
+    """A callable that runs one further step from the state `timed` ended in (outputs blocked
+    on, nothing recorded): the untimed step a profiler may wrap (run_cp_training's
+    after_timed_steps). Call it once: the state is donated."""
+    def step() -> None:
+        jax.block_until_ready(compiled(timed.params, timed.opt_state, inputs_BT, targets_BT))
+
+    return step
 
 
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
@@ -175,8 +197,9 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
     compile_time_s = time.perf_counter() - start
     estimate = compiled_peak_bytes(compiled)
 
-    losses, step_times_s = run_timed_steps(compiled, params, opt_state, inputs_BT, targets_BT,
-                                           steps=steps, warmup_steps=warmup_steps)
+    losses, step_times_s, *_ = run_timed_steps(compiled, params, opt_state, inputs_BT,
+                                               targets_BT, steps=steps,
+                                               warmup_steps=warmup_steps)
     peak_bytes, source = device_memory.jax_peak_memory(devices, baseline=baseline)
     return TrainReport(losses=losses, step_times_s=step_times_s, peak_memory_bytes=peak_bytes,
                        memory_source=source, estimated_memory_bytes=estimate,

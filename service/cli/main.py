@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -104,6 +105,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     except ValidationError as err:
         print(validation_text(err).replace("\n", "; "), file=sys.stderr)
         return EXIT_BAD_INPUT
+    # profile traces go where a service on the same settings serves them from
+    options = dataclasses.replace(options, artifact_dir=settings.artifact_dir)
     new = args.new or args.cluster
     if args.db:
         from service.core.config import Settings

@@ -20,6 +20,8 @@
     GDN_SWEEP_RAY_INCLUDE_DASHBOARD   start a local Ray's dashboard (default: if installed)
     GDN_SWEEP_LOG_LEVEL               debug, info (default), warning, error
     GDN_SWEEP_LOG_FORMAT              text (default: time level logger message key=value…) or json
+    GDN_SWEEP_ARTIFACT_DIR            where profile traces are stored and served from (default
+                                      ~/.cache/gdn-sweep/artifacts; the sweep driver writes there)
     GDN_SWEEP_API_THREADS             threads per API worker serving requests, and requests let
                                       in at once (default 4); the database pool holds as many
                                       connections, plus 4
@@ -33,6 +35,8 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from workers.profile_store import default_artifact_dir
 
 NameList = Annotated[list[str], NoDecode]
 """A list read from the environment as comma-separated names (or a JSON list)."""
@@ -96,6 +100,11 @@ class Settings(BaseSettings):
     spool_dir: str = "~/.cache/gdn-sweep/spool"
     """Local directory where trial results wait for the database (service/spool.py); a
     restarted service stores what its dead predecessor left there before resuming."""
+    artifact_dir: str = Field(default_factory=default_artifact_dir)
+    """Directory of trial artifacts (profile traces; results hold paths relative to it). The
+    driver of a sweep writes where its DriverOptions.artifact_dir says, which reads the same
+    GDN_SWEEP_ARTIFACT_DIR: give the service and `gdn-sweep run --db` the same value (on a
+    cluster, a path the head node writes)."""
     max_request_bytes: int = Field(default=1024 * 1024, ge=1)
     """Largest request body accepted; a longer one is refused with 413 (declared or streamed)."""
     allowed_hosts: NameList = ["127.0.0.1", "localhost", "::1"]

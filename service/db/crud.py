@@ -88,10 +88,11 @@ def get_sweep(*, session: Session, sweep_id: int) -> Sweep | None:
 def sweep_trials(*, session: Session, sweep_id: int) -> list[TrialSpec]:
     """The sweep's trials as its rows hold them, in grid order: what a runner hands the
     driver (the grid is not expanded again). ValueError for a row this version cannot run."""
-    repeats = stored_spec(session.get(Sweep, sweep_id).spec).repeats
+    spec = stored_spec(session.get(Sweep, sweep_id).spec)
     rows = session.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id))
     # a plan runs once whatever the repeats (expand_trials)
-    return [trial_spec(row, repeats=repeats if row.kind == "measure" else 1) for row in rows]
+    return [trial_spec(row, repeats=spec.repeats if row.kind == "measure" else 1,
+                       profile=spec.profile) for row in rows]
 
 
 def list_sweeps(*, session: Session, offset: int, limit: int,

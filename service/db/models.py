@@ -235,6 +235,15 @@ class Result(Base):
         ForeignKey("environments.id", name="fk_results_environment_id"), index=True)
     """What the trial measured in (environments); NULL for results stored before migration
     0012 and for trials no worker process ran."""
+    profile_format: Mapped[str | None] = mapped_column(String(32))
+    """Set when the trial was profiled (workers.result.TrialProfile): one extra step after the
+    measured ones, in no metric here. chrome_trace_json_gz (torch) or xprof_run_tar_gz (JAX)."""
+    profile_path: Mapped[str | None] = mapped_column(String(500))
+    """The trace file, relative to Settings.artifact_dir (NULL when the profiler failed)."""
+    profile_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    profile_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Top ops by self time; compute, collective and idle seconds of the profiled step."""
+    profile_error: Mapped[str | None] = mapped_column(Text)
 
     trial: Mapped[Trial] = relationship(back_populates="result")
 
@@ -386,8 +395,11 @@ FACT_COLUMNS: tuple[str, ...] = (
     "kernels", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 
-TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats"})
+TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile"})
 """workers.grid.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
+PROFILE_COLUMNS: tuple[str, ...] = ("profile_path", "profile_bytes", "profile_format",
+                                    "profile_summary", "profile_error")
+"""Result columns of a profiled trial (workers.result.TrialProfile's fields, prefixed)."""
 
 
 def trial_row(*, sweep_id: int, spec: TrialSpec, status: str,
@@ -397,11 +409,12 @@ def trial_row(*, sweep_id: int, spec: TrialSpec, status: str,
                  **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
 
 
-def trial_spec(row: Trial, *, repeats: int) -> TrialSpec:
+def trial_spec(row: Trial, *, repeats: int, profile: bool = False) -> TrialSpec:
     """The TrialSpec `row` was written from (trial_row's inverse), given its sweep's `repeats`
-    (1 for plans), the one field no trial column holds. ValueError if the fields no longer
-    make the row's key: results find their row by key."""
-    spec = TrialSpec(repeats=repeats, **{name: getattr(row, name)
+    (1 for plans) and `profile` (measured trials only), the fields no trial column holds.
+    ValueError if the fields no longer make the row's key: results find their row by key."""
+    spec = TrialSpec(repeats=repeats, profile=profile and row.kind == "measure",
+                     **{name: getattr(row, name)
                                          for name in TrialSpec.model_fields
                                          if name not in TRIAL_SPEC_ONLY})
     if spec.key != row.key:

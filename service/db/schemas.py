@@ -81,6 +81,22 @@ class AttemptPublic(BaseModel):
     finished_at: UTCDatetime | None = None
 
 
+class ProfilePublic(BaseModel):
+    """A profiled trial's extra step (SweepSpec.profile): where its trace is served, and what
+    it says. The step ran after the measured ones: no metric includes it."""
+
+    url: str | None = None
+    """GET it for the trace file (None when the profiler failed: see error)."""
+    bytes: int | None = None
+    format: str
+    """chrome_trace_json_gz (torch: Perfetto / chrome://tracing / TensorBoard) or
+    xprof_run_tar_gz (JAX: a TensorBoard profile run; `xprof --logdir` after unpacking)."""
+    summary: dict = {}
+    """wall_s, busy_s, idle_s, compute_s, collective_s (seconds of the profiled step) and
+    top_ops [{name, category, self_s, count}] by self time (workers.profile_summary)."""
+    error: str | None = None
+
+
 class _TrialOutcome(BaseModel):
     """A trial as its row holds it, and its result's outcome: TrialPublic less the metrics."""
 
@@ -144,6 +160,8 @@ class _TrialOutcome(BaseModel):
     environment_id: int | None = None
     """The environment it measured in (GET /api/environments/{id}); None before it ran, for
     trials no worker process ran, and for results stored before environments were kept."""
+    profile: ProfilePublic | None = None
+    """Set when the trial ran with profile: true (None otherwise)."""
     created_at: UTCDatetime
     started_at: UTCDatetime | None = None
     finished_at: UTCDatetime | None = None
@@ -165,6 +183,16 @@ class TrialPublic(TrialMetrics, _TrialOutcome):
 _TRIALS = TypeAdapter(list[TrialPublic])
 
 
+def _profile(data: dict) -> dict | None:
+    """ProfilePublic's fields from a row's profile_* columns (popped), or None."""
+    fmt, path = data.pop("profile_format", None), data.pop("profile_path", None)
+    values = dict(format=fmt, bytes=data.pop("profile_bytes", None),
+                  summary=data.pop("profile_summary", None) or {},
+                  error=data.pop("profile_error", None),
+                  url=None if path is None else f"/api/trials/{data['id']}/profile")
+    return None if fmt is None else values
+
+
 def trials_from_mappings(rows, attempts: dict[int, list] | None = None) -> list[TrialPublic]:
     """TrialPublic from rows of `crud.public_trial_columns()` (or equivalent dicts), with
     each trial's attempts from `attempts` (trial id → AttemptPublic-shaped rows)."""
@@ -184,6 +212,7 @@ def trials_from_mappings(rows, attempts: dict[int, list] | None = None) -> list[
             data["scaling_efficiency"] = mine / baseline
             data["speedup_vs_one_chip"] = mine * data["chips"] / baseline
         data["attempt_history"] = (attempts or {}).get(data["id"], [])
+        data["profile"] = _profile(data)
         out.append(data)
     return _TRIALS.validate_python(out)
 

@@ -43,6 +43,7 @@ from service.db.errors import (
 )
 from service.db.models import (
     METRIC_COLUMNS,
+    PROFILE_COLUMNS,
     Result,
     Trial,
     TrialAttempt,
@@ -302,7 +303,7 @@ def _record(session: Session, sweep_id: int, result: TrialResult) -> bool:
         finished_at=result.finished_at or utcnow(),
         environment_id=(None if result.environment is None else
                         environment_id(session=session, body=result.environment)),
-        **{name: metrics.get(name) for name in METRIC_COLUMNS})
+        **{name: metrics.get(name) for name in METRIC_COLUMNS}, **_profile_values(result))
     if trial.status == "cancelled":  # a resumed run retried it: its one row is replaced
         session.execute(update(Result).where(Result.trial_id == trial.id).values(**values))
         session.execute(delete(TrialAttempt).where(TrialAttempt.trial_id == trial.id))
@@ -315,6 +316,16 @@ def _record(session: Session, sweep_id: int, result: TrialResult) -> bool:
     trial.status = result.status
     session.commit()
     return True
+
+
+def _profile_values(result: TrialResult) -> dict:
+    """The PROFILE_COLUMNS of a result (all None when the trial was not profiled)."""
+    profile = result.profile
+    if profile is None:
+        return dict.fromkeys(PROFILE_COLUMNS)
+    return dict(profile_format=profile.format, profile_path=profile.path,
+                profile_bytes=profile.bytes, profile_summary=profile.summary,
+                profile_error=_plain(profile.error))
 
 
 def _plain(text: str | None) -> str | None:

@@ -177,7 +177,10 @@ class Scheduler:
                 runner_id=self.runner_id,
                 max_concurrent_trials=self._settings.max_concurrent_trials,
                 poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
-                stop_event=self._stop, driver_options=DriverOptions(source=source))
+                stop_event=self._stop,
+                # profile traces go where this service's API serves them from
+                driver_options=DriverOptions(source=source,
+                                             artifact_dir=self._settings.artifact_dir))
         finally:
             with self._lock:
                 self._current = None

@@ -51,6 +51,6 @@ def test_0013_old_schedules_have_no_webhook_and_alerts_are_unique(empty_url):  #
     assert not inspect(engine).has_table("regression_alerts")
     engine.dispose()
     command.upgrade(config, "head")
-    assert current_revision(empty_url) == head_revision() == "0013_regression_alerts"
+    assert current_revision(empty_url) == head_revision()
     assert {"webhook_url", "webhook_status", "webhook_error", "webhook_at"} <= _columns(
         empty_url, "schedules")

@@ -10,10 +10,10 @@ import typing
 import pytest
 from sqlalchemy import BigInteger, Float, Integer, String, Text
 
-from service.db.models import (METRIC_COLUMNS, Result, Trial, result_for, trial_row, trial_spec,
-                               utcnow)
+from service.db.models import (METRIC_COLUMNS, PROFILE_COLUMNS, Result, Trial, result_for,
+                               trial_row, trial_spec, utcnow)
 from service.db.schemas import TrialPublic
-from workers.result import TrialMetrics
+from workers.result import TrialMetrics, TrialProfile
 from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
 
@@ -48,10 +48,16 @@ def test_every_metric_is_a_nullable_results_column_of_its_type(name):
 
 def test_results_has_no_metric_column_trial_metrics_lacks():
     other = {"trial_id", "status", "error", "attempts", "hosts", "versions", "environment_id",
-             "started_at", "finished_at",
+             "started_at", "finished_at", *PROFILE_COLUMNS,
              *(c.key for c in Result.__table__.columns if c.key in Trial.__table__.columns)}
     extra = {c.key for c in Result.__table__.columns} - other - set(METRIC_COLUMNS)
     assert not extra, f"results columns that are no TrialMetrics field: {sorted(extra)}"
+
+
+def test_profile_columns_are_the_fields_of_trial_profile():
+    """A profile is no metric (one extra step, after the measured ones): its own columns."""
+    assert PROFILE_COLUMNS == tuple(f"profile_{name}" for name in TrialProfile.model_fields)
+    assert all(Result.__table__.columns[c].nullable for c in PROFILE_COLUMNS)
 
 
 def test_trial_public_has_every_metric_after_the_trials_own_fields():

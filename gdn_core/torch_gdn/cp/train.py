@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -236,7 +237,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
                     steps: int, warmup_steps: int = 1, device: str | torch.device = "cpu",
                     verify: bool = False,
                     verify_memory_budget_bytes: int | None = None,
-                    gdn_kernel: GDNKernelName | None = None) -> CPTrainReport:
+                    gdn_kernel: GDNKernelName | None = None,
+                    after_timed_steps: Callable[[Callable[[], None]], None] | None = None
+                    ) -> CPTrainReport:
     """Train under CP on one fixed synthetic batch; call on every rank of `group` (cp.chips
     ranks: cp.dp replicas × cp.cp_chips, group rank r in replica r // cp_chips, cp.mesh).
 
@@ -269,6 +272,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     kernel cannot serve a hybrid decoder's attention (resolve_torch_attention_kernel).
     gdn_kernel="reference" (tests) runs the reference rule kernel as fla's CPU stand-in through
     the same composition instead of resolving fla; only with cp.kernels 'fused'.
+    after_timed_steps: called once after everything is measured with a callable that runs one
+    more step (device synchronised; in no figure of the report), e.g. to wrap it in a
+    profiler. Every rank must call that callable: the step's collectives span the group.
     """
     if steps < 1 or warmup_steps < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup_steps={warmup_steps} >= 0")
@@ -340,12 +346,22 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     # into global losses, read back to the host only then.
     losses = _global_sum(shares, group=group)
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
+    weight_bytes = weight_sync_bytes(model, optimizer, train_cfg, group=group)
+    if after_timed_steps is not None:  # after every figure is read: the extra step is in none
+        def one_more_step() -> None:
+            dist.barrier(group=group)
+            train_step(model, optimizer, inputs_Bt, targets_Bt,
+                       global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
+                       dtype=train_cfg.dtype, grad_sync=grad_sync)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        after_timed_steps(one_more_step)
     return CPTrainReport(
         losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
         mode=cp.mode, chips=chips, dp=cp.dp,
         cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
-        grad_sync_bytes_per_step=counted_grad_bytes + weight_sync_bytes(
-            model, optimizer, train_cfg, group=group),
+        grad_sync_bytes_per_step=counted_grad_bytes + weight_bytes,
         comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
         verified_seq_len=verified_seq_len,
         attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=cp.layout)

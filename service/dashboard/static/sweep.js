@@ -41,7 +41,7 @@ function trialRow(t, repeated) {
     num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss),
     num(GS.num(t.max_rel_err), t.verified_seq_len ? `verified on ${t.verified_seq_len} tokens` : null),
     GS.el("td", {}, t.device_name || ""),
-    num(t.environment_id === null ? "" : "#" + t.environment_id),
+    num(t.environment_id === null ? "" : "#" + t.environment_id), Profiles.cell(t),
     GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
 }
 
@@ -65,6 +65,7 @@ function showSweep(s, trials) {
     ` · layouts ${(s.spec.layouts || ["contiguous"]).join(", ")}` +
     ` · kernels ${(s.spec.kernels || ["reference"]).join(", ")}` +
     (s.spec.repeats > 1 ? ` · ${s.spec.repeats} repeats of every point` : "") +
+    (s.spec.profile ? " · profiled (one extra step per trial)" : "") +
     (s.spec.one_chip_baseline && s.spec.chips.includes(1) ? " · one-chip baseline (mode none) shared by every mode" : "");
   document.getElementById("sweep-error").textContent = s.error || "";
   document.getElementById("cancel").hidden = GS.FINAL_SWEEP.has(s.status) || s.status === "cancelling";
@@ -79,6 +80,7 @@ async function refresh() {
     document.querySelector("#trials tbody").replaceChildren(...trials.data.map((t) => trialRow(t, repeated)));
     Plots.drawAll(sweep, trials.data);
     await Environments.show(trials.data);
+    Profiles.show(trials.data);
     document.body.dataset.sweepStatus = sweep.status;
     if (GS.FINAL_SWEEP.has(sweep.status) && timer !== null) {
       clearInterval(timer);

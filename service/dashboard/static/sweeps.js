@@ -44,6 +44,7 @@ function formBody() {
     warmup_steps: Number(value("warmup_steps")),
     accelerator: { kind: value("accelerator_kind"), type: value("accelerator_type") },
     verify: document.getElementById("verify").checked,
+    profile: document.getElementById("profile").checked,
     trial_timeout_s: Number(value("trial_timeout_s")),
     repeats: Number(value("repeats")),
   };
