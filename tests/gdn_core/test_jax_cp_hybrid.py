@@ -134,7 +134,10 @@ def one_chip_step(train_cfg):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("D, mode, attn_cp, layout, sharding, remat", [
-    (2, "p2p", "ring", "zigzag", "replicated", "none"),
+    # All in the slow tier (12 s and up): the default tier's hybrid cases are
+    # test_each_mode_attn_cp_and_layout_equals_one_chip_on_2_chips, its optimizer steps
+    # test_jax_cp_train.py's.
+    pytest.param(2, "p2p", "ring", "zigzag", "replicated", "none", marks=pytest.mark.slow),
     pytest.param(2, "log_scan", "ring", "zigzag", "fsdp", "full", marks=pytest.mark.slow),
     pytest.param(4, "p2p", "ulysses", "zigzag", "zero1", "gdn", marks=pytest.mark.slow),
     pytest.param(4, "all_gather", "all_gather_kv", "contiguous", "replicated", "none",

@@ -368,7 +368,8 @@ def test_run_cp_training_across_two_processes():
         assert report["grad_sync_bytes_per_step"] == 2 * 3 * 4 * parameter_count() // 4
 
 
-CORRELATED_CASES = [("p2p", "fsdp", "full"), ("ulysses", "replicated", "none"),
+CORRELATED_CASES = [("p2p", "fsdp", "full"),
+                    pytest.param("ulysses", "replicated", "none", marks=pytest.mark.slow),
                     pytest.param("all_gather", "zero1", "gdn", marks=pytest.mark.slow),
                     pytest.param("log_scan", "replicated", "full", marks=pytest.mark.slow)]
 

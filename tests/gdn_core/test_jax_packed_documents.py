@@ -41,6 +41,10 @@ CFG = GDNConfig(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head
 TOL = 1e-4
 FAST = {"xla_backend_optimization_level": 0}
 CHIPS = [2, pytest.param(4, marks=pytest.mark.slow)]
+# zigzag by default: its shards hold two pieces each, so a document crosses more shard edges
+# than under contiguous (slow: another compile of every mode, ~7 s).
+CP_LAYOUTS = [pytest.param(layout, marks=[] if layout == "zigzag" else pytest.mark.slow)
+              for layout in LAYOUTS]
 
 
 def boundary_sets(D: int) -> dict[str, tuple[int, ...]]:
@@ -161,7 +165,7 @@ def cp_rules(D: int, layout: str):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("D", CHIPS, ids="D{}".format)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", CP_LAYOUTS)
 def test_packed_cp_rule_matches_one_chip(layout, D):
     results = cp_rules(D, layout)
     for name, cu in boundary_sets(D).items():
@@ -225,7 +229,7 @@ def test_packed_layer_equals_documents_alone():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("D", CHIPS, ids="D{}".format)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", CP_LAYOUTS)
 def test_packed_cp_layer_matches_one_chip(layout, D):
     mesh = Mesh(np.array(jax.devices()[:D]), ("cp",))
     order = shard_order(chips=D, seq_len=CASE.T, layout=layout)

@@ -68,6 +68,7 @@ def test_remat_full_keeps_one_hidden_state_per_layer():
     assert growth["full"] < growth["gdn"] < growth["none"] / 3
 
 
+@pytest.mark.slow  # 11 s; remat's gradients in the default tier: test_jax_cp_train.py (p2p, fsdp, full)
 @pytest.mark.timeout(120)
 def test_remat_leaves_loss_and_grads_unchanged():
     model_cfg = model(2)

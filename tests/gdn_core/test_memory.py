@@ -182,10 +182,12 @@ HYBRID_POINTS = {name: Point(D, "p2p", "replicated", "none", "float32", 1024 // 
                              attn_cp)
                  for name, D, attn_cp in (("one chip", 1, "all_gather_kv"), ("ring", 4, "ring"),
                                           ("all_gather_kv", 4, "all_gather_kv"))}
-# The points the orderings below use run by default; the other modes and bf16 are `slow`
-# (each an XLA compile of its own).
-POINTS = [ONE_CHIP, ONE_CHIP_FULL, TWO_CHIPS, *WIDE_SHARDINGS.values(), *HYBRID_POINTS.values(),
+# The points the orderings below use run by default; the hybrid points (~9 s each; the
+# default tier's hybrid memory check is test_torch_prediction_within_bounds_of_its_allocator),
+# the other modes and bf16 are `slow` (each an XLA compile of its own).
+POINTS = [ONE_CHIP, ONE_CHIP_FULL, TWO_CHIPS, *WIDE_SHARDINGS.values(),
           *(pytest.param(p, id=str(p), marks=pytest.mark.slow) for p in (
+              *HYBRID_POINTS.values(),
               Point(2, "log_scan", "zero1", "full", "float32", 512),
               Point(4, "ulysses", "fsdp", "full", "float32", 256),
               Point(8, "all_gather", "fsdp", "gdn", "float32", 256),
@@ -253,6 +255,7 @@ def test_differences_match_xla():
         assert predicted == pytest.approx(xla, rel=0.2), (str(a), str(b), predicted, xla)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_attention_cp_differences_match_xla():
     # What all_gather_kv holds beyond ring (every attention layer's gathered K/V; predicted

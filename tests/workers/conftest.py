@@ -3,8 +3,9 @@
 The local Ray has 8 virtual CPU chips on 2 CPUs (`cpu_chip` resources): more chips than cores,
 so trials of up to 8 chips fit (chips share cores; `gdn-sweep run` would advertise one per core
 and warn). test_cpu_partition.py builds a Ray with one chip per core for what needs a real
-partition. The two-node test module shuts it down and builds its own cluster; the next module
-that asks for `local_ray` starts a fresh one.
+partition. The modules that build a Ray of their own (their `STARTS_ITS_OWN_RAY`) shut the
+shared one down, so they run after every other workers module: one shared start, not one after
+each of them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,16 @@ from workers.grid import TrialSpec
 from workers.sweep_spec import SweepSpec
 
 OUR_ACTOR_CLASSES = ("TorchRankActor", "JaxHostActor")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Move the workers modules that start their own Ray after the rest (a stable sort of the
+    workers items among their own positions; other items stay where they are)."""
+    places = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/workers/")]
+    ordered = sorted((items[i] for i in places),
+                     key=lambda item: getattr(item.module, "STARTS_ITS_OWN_RAY", False))
+    for i, item in zip(places, ordered, strict=True):
+        items[i] = item
 
 
 @pytest.fixture(scope="module")

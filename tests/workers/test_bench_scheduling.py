@@ -10,6 +10,7 @@ from workers.options import DriverOptions
 from .conftest import assert_no_leaks
 
 
+@pytest.mark.slow  # 15-21 s: a benchmark's own check, cold and warm trials
 @pytest.mark.timeout(180)
 def test_the_bench_decomposes_cold_and_warm_trials(local_ray, capsys):
     row = bench_shape("torch", 2, seq_len=64, steps=2, repeats=2, options=DriverOptions())

@@ -19,6 +19,8 @@ from workers.worker_group import WorkerGroup, WorkerGroupContext
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
+STARTS_ITS_OWN_RAY = True  # tests/workers/conftest.py runs this module after the others
+
 HOST_CORES = cpu_cores.usable_cores()
 
 
@@ -180,7 +182,9 @@ def test_warm_group_keeps_its_cores_and_a_dead_one_frees_them(ray_one_chip_per_c
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("framework", ["torch", "jax"])
+# JAX: 28 s (a 1024-token trial's compile); the bound itself, whatever the framework:
+# test_metrics.py.
+@pytest.mark.parametrize("framework", ["torch", pytest.param("jax", marks=pytest.mark.slow)])
 def test_one_chip_mfu_is_at_most_one(ray_one_chip_per_core, framework):
     sink = MemorySink()
     spec = tiny_spec(frameworks=[framework], chips=[1], seq_lens=[1024],
@@ -212,6 +216,7 @@ def test_sweep_asking_more_chips_than_cores_is_warned(ray_one_chip_per_core, cap
     assert warning in caplog.text
 
 
+@pytest.mark.slow  # 12 s; warm groups in the default tier: test_warm_pool.py
 @pytest.mark.timeout(180)
 def test_concurrent_trials_of_one_shape_on_all_chips_share_the_warm_group(
         ray_one_chip_per_core):

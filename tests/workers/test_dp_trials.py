@@ -34,6 +34,7 @@ def test_torch_pure_data_parallel_beside_cp_on_two_chips(local_ray):
     assert pure.metrics.cp_comm_bytes_per_step_per_chip == 0  # replicas exchange no state
 
 
+@pytest.mark.slow  # 22 s cold; JAX's (dp, cp) mesh by default: tests/gdn_core/test_jax_dp_cp.py
 @pytest.mark.timeout(240)
 def test_jax_pure_data_parallel_on_a_two_axis_mesh(local_ray):
     results = run_sweep(tiny_spec(frameworks=["jax"], modes=["p2p"], chips=[2], dp=[2],

@@ -21,6 +21,8 @@ from workers.process_probe import free_port
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
+STARTS_ITS_OWN_RAY = True  # tests/workers/conftest.py runs this module after the others
+
 
 def _gone(pids, timeout_s: float = 30.0) -> list[int]:
     """The pids still alive (zombies count as gone) after waiting up to timeout_s."""
@@ -33,6 +35,7 @@ def _gone(pids, timeout_s: float = 30.0) -> list[int]:
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # 15 s: a fault run (waits out a rendezvous timeout)
 @pytest.mark.timeout(240)
 def test_rank_that_never_arrives_times_out_and_its_peers_are_killed(local_ray):
     stopped: list[int] = []

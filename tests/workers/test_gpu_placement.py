@@ -20,6 +20,8 @@ from workers import jax_hosts, torch_ranks
 from workers.placement import ChipRequest, TrialChips, cuda_device_index
 from workers.worker_group import kill_actors
 
+STARTS_ITS_OWN_RAY = True  # tests/workers/conftest.py runs this module after the others
+
 GPUS_PER_NODE = 2
 
 

@@ -41,6 +41,7 @@ SPEC = dict(kinds=["measure", "plan"], frameworks=["jax"], modes=["p2p"], chips=
             seq_lens=[128])
 
 
+@pytest.mark.slow  # 16 s: a measured JAX trial and its plan
 @pytest.mark.timeout(400)
 def test_a_plan_trial_beside_the_measured_one_compiles_the_same_program(local_ray):
     """A plan compiles the same program the measured trial runs: XLA's estimate and the

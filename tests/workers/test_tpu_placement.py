@@ -20,6 +20,8 @@ from workers import jax_hosts
 from workers.placement import TPU_WORKER_ID_LABEL, ChipRequest, TrialChips, tpu_worker_id
 from workers.worker_group import kill_actors
 
+STARTS_ITS_OWN_RAY = True  # tests/workers/conftest.py runs this module after the others
+
 SLICE = "fake-v5p-16"
 REQUEST = ChipRequest(framework="jax", chips=8, accelerator_kind="tpu", accelerator_type="v5p")
 

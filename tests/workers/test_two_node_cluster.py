@@ -19,6 +19,8 @@ from workers.process_probe import free_port
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
+STARTS_ITS_OWN_RAY = True  # tests/workers/conftest.py runs this module after the others
+
 
 @pytest.fixture(scope="module")
 def two_nodes():
