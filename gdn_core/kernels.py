@@ -102,7 +102,8 @@ def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: st
     (every reason found, joined by "; "). gdn_head_k_dim / gdn_chunk_size (the GDN layers'
     key head width and chunk size), where given, are checked against what fla-core serves.
     packed_documents (the step packs its sequences, TrainConfig.documents): a fused kernel
-    that takes no document boundaries cannot serve it (_packed_documents_problem). Pure rules: no kernel is imported, only versions looked up and fla-core's presence
+    that takes no document boundaries cannot serve it (_packed_documents_problem). Pure
+    rules: no kernel is imported, only versions looked up and fla-core's presence
     checked, so it runs where the trial runs (the worker knows its device and packages)
     before anything is built."""
     _check_point(framework, kernels, device_kind)

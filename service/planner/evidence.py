@@ -88,9 +88,9 @@ packing), so trials on packed documents, whose attention is other work, are not 
 
 def load_observations(session: Session, *, preset: str, accelerator_type: str,
                       sweep_ids: list[int] | None = None) -> list[Observation]:
-    """Succeeded single-document (PLANNED_DOCUMENTS) trials of `preset`: measured ones on `accelerator_type` (canonical, as
-    CapacityRequest has it), and every plan (a compile is XLA:CPU's wherever it ran; its
-    estimate is labelled so)."""
+    """Succeeded single-document (PLANNED_DOCUMENTS) trials of `preset`: measured ones on
+    `accelerator_type` (canonical, as CapacityRequest has it), and every plan (a compile is
+    XLA:CPU's wherever it ran; its estimate is labelled so)."""
     stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset,
                                    Result.documents == PLANNED_DOCUMENTS)
     if sweep_ids:
