@@ -94,13 +94,16 @@ def jax_fused_gdn_name() -> str:
 def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: str,
                     head_dim: int | None, has_attention: bool,
                     gdn_head_k_dim: int | None = None,
-                    gdn_chunk_size: int | None = None) -> ResolvedKernels:
+                    gdn_chunk_size: int | None = None,
+                    packed_documents: bool = False) -> ResolvedKernels:
     """The implementations a step of `framework` runs under `kernels` on a `device_kind` chip
     ("cpu" | "gpu" | "tpu") in `dtype`, with attention layers of `head_dim` if
     `has_attention`; KernelUnavailable(reason) when a fused kernel cannot serve the point
     (every reason found, joined by "; "). gdn_head_k_dim / gdn_chunk_size (the GDN layers'
     key head width and chunk size), where given, are checked against what fla-core serves.
-    Pure rules: no kernel is imported, only versions looked up and fla-core's presence
+    packed_documents (the step packs its sequences, TrainConfig.documents): a fused kernel
+    that takes no document boundaries cannot serve it (_packed_documents_problem). Pure
+    rules: no kernel is imported, only versions looked up and fla-core's presence
     checked, so it runs where the trial runs (the worker knows its device and packages)
     before anything is built."""
     _check_point(framework, kernels, device_kind)
@@ -116,6 +119,11 @@ def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: st
                               **(gdn_shape if i == 0 else {})))
         except KernelUnavailable as err:
             reasons.append(str(err))
+            continue
+        problem = _packed_documents_problem(framework, i, device_kind) if packed_documents \
+            else None
+        if problem is not None:
+            reasons.append(f"{problem}; use documents: [single] or kernels: [reference]")
     if reasons:
         raise KernelUnavailable("; ".join(reasons))
     return ResolvedKernels(gdn=names[0], attention=names[1] if has_attention else None)
@@ -131,6 +139,20 @@ def attention_kernel_name(framework: str, kernels: str, *, device_kind: str, dty
     if kernels == "reference":
         return REFERENCE_ATTENTION[framework]
     return _FUSED[framework][1](device_kind=device_kind, dtype=dtype, head_dim=head_dim)
+
+
+def _packed_documents_problem(framework: str, part: int, device_kind: str) -> str | None:
+    """Why the fused kernel of `part` (0: the GDN rule, 1: attention) cannot serve packed
+    documents on a device_kind chip, or None where it can: the step would raise on the first
+    forward, so the trial is skipped with the reason before anything is built instead."""
+    if framework == "torch" and part == 0:
+        return ("fla-core's chunk_gated_delta_rule is not yet composed with packed documents "
+                "(cu_seqlens) under CP")
+    if framework == "jax" and part == 1 and device_kind in ("gpu", "tpu"):
+        kernel = "cuDNN" if device_kind == "gpu" else "splash"
+        return (f"{kernel} attention as bound here takes no mask, so it cannot serve packed "
+                "documents (cu_seqlens)")
+    return None  # JAX's GDN is the reference; SDPA flash and XLA attend per document pair
 
 
 def _check_point(framework: str, kernels: str, device_kind: str) -> None:

@@ -7,7 +7,8 @@ software and its memory cgroup's OOM-kill count (process_probe), measures its GE
 that affinity, and runs a trial's training step under the rank memory cap, turning an
 out-of-memory error into RankOutOfMemoryError with the peak it reached. The framework's half
 says how: its device name, its GEMM, its training step and its peak memory. Before a trial
-runs, each process resolves the trial's `kernels` where the device and packages are known.
+runs, each process resolves the trial's `kernels` where the device and packages are known
+(packed documents included: a fused kernel that takes no document boundaries is refused).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class ChipProcess:
         installed packages: {"gdn": …, "attention": …} (gdn_core.kernels.resolve_kernels), or
         {"unavailable": the reason} when a fused kernel cannot serve the trial here."""
         from gdn_core.kernels import KernelUnavailable, resolve_kernels
+        from gdn_core.packing import SINGLE_DOCUMENT
 
         model_cfg = trial.to_model_config()
         hybrid = model_cfg.layers == "hybrid"
@@ -81,7 +83,8 @@ class ChipProcess:
             resolved = resolve_kernels(
                 trial.framework, trial.kernels, device_kind=self.kind, dtype=trial.dtype,
                 head_dim=model_cfg.attention.head_dim if hybrid else None, has_attention=hybrid,
-                gdn_head_k_dim=model_cfg.gdn.head_k_dim, gdn_chunk_size=model_cfg.gdn.chunk_size)
+                gdn_head_k_dim=model_cfg.gdn.head_k_dim, gdn_chunk_size=model_cfg.gdn.chunk_size,
+                packed_documents=trial.documents != SINGLE_DOCUMENT)
         except KernelUnavailable as err:
             return {"unavailable": str(err)}
         return {"gdn": resolved.gdn, "attention": resolved.attention}

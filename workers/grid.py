@@ -6,11 +6,11 @@ planner does not compile, or a measured point predicted not to fit its chip
 (memory_admission, unless the sweep sets `admit_over_memory`).
 
 One chip is the same work whatever the CP mode, so the chips=1 points of a sweep run once per
-(framework, seq_len, dtype, param_sharding, remat, layers, kernels, repeat) as trials of mode "none"
-(no attn_cp, layout contiguous): the one-chip baseline that every mode's chips > 1 trials
-name in `baseline_key`. A pure data-parallel mesh (dp = chips: one chip per replica, no CP)
-runs once the same way. What gdn_core runs for a trial's names (mode "none", attn_cp None) is
-decided in one place, trial_cp_settings.
+(framework, seq_len, dtype, param_sharding, remat, layers, kernels, documents, repeat) as
+trials of mode "none" (no attn_cp, layout contiguous): the one-chip baseline that every
+mode's chips > 1 trials name in `baseline_key`. A pure data-parallel mesh (dp = chips: one
+chip per replica, no CP) runs once the same way. What gdn_core runs for a trial's names (mode
+"none", attn_cp None) is decided in one place, trial_cp_settings.
 
 `dp` (data-parallel replicas) splits a trial's `chips` into dp replicas of chips / dp CP chips
 (gdn_core.cp_modes.CPSettings): the shape rules, attention CP and layout apply to the CP
@@ -28,6 +28,11 @@ stored sweeps' keys stay what they were (resume finds them) and no two points co
 one-chip baseline included (a fused trial's speed-up is against the fused one chip). Whether a
 fused kernel can serve a point depends on the device and packages of the worker that runs it,
 so it is resolved there (trial_runner), not here; plans compile the reference step only.
+
+`documents` (gdn_core.packing: single | uniform:LO-HI) is a step setting like dtype: every
+point, plans and the one-chip baseline included (a packed trial's speed-up is against the
+packed one chip), runs its step with TrainConfig.documents; the boundaries come from the
+step's seed, so every process and the baseline pack the same documents.
 """
 
 from __future__ import annotations
@@ -42,11 +47,12 @@ from gdn_core.cp_layout import Layout, check_layout
 from gdn_core.cp_modes import (CP_MODES, AttnCPMode, CPMode, CPSettings,
                                check_attention_cp_shape, check_cp_shape, check_dp)
 from gdn_core.kernels import DEFAULT_KERNELS, Kernels
+from gdn_core.packing import SINGLE_DOCUMENT
 from gdn_core.presets import get_preset
 from gdn_core.train_config import ParamSharding, Remat, TrainConfig
 
 from .memory_admission import memory_problem
-from .sweep_spec import AcceleratorKind, DType, Framework, SweepSpec, TrialKind
+from .sweep_spec import AcceleratorKind, Documents, DType, Framework, SweepSpec, TrialKind
 
 TrialMode = Literal["none", CPMode]
 """A trial's mode: a CP mode, or "none" for the one-chip baseline (no context parallelism)."""
@@ -57,6 +63,10 @@ rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step
 ONE_CHIP_ATTN_CP: AttnCPMode = "all_gather_kv"
 """What gdn_core runs for the attention layers of a trial without attn_cp (the one-chip
 hybrid baseline): all_gather_kv on one chip gathers nothing, plain causal attention."""
+MAX_KEY_CHARS = 200
+"""Longest trial key: the width of the trials.key column (service/db/models.py; a test checks
+they agree). Every other dimension's longest values fit in 181 characters; a long documents
+value on top of them may not, and such a point is refused rather than cut."""
 
 
 def trial_cp_settings(*, mode: TrialMode, attn_cp: AttnCPMode | None, layout: Layout,
@@ -73,16 +83,17 @@ def trial_cp_settings(*, mode: TrialMode, attn_cp: AttnCPMode | None, layout: La
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
               param_sharding: str, remat: str, repeat: int | None = None,
               kind: str = "measure", layers: str = "gdn_only", attn_cp: str | None = None,
-              layout: str = "contiguous", kernels: str = DEFAULT_KERNELS, dp: int = 1) -> str:
+              layout: str = "contiguous", kernels: str = DEFAULT_KERNELS, dp: int = 1,
+              documents: str = SINGLE_DOCUMENT) -> str:
     """Identity of a grid point within its sweep (used to resume and to refuse duplicates):
     every grid dimension, so no two points collide. A dimension added after keys were first
     stored is named only when it differs from what every trial ran before it existed: plan
     trials start with `plan/`, `/dp=n` (n > 1 replicas) follows the chips, and
     `/layers=hybrid`, `/attn_cp=…` (hybrid trials with attention CP), `/layout=zigzag`,
-    `/kernels=fused` and `/repeat=r` (repeats > 1) follow the step settings — so keys of
-    sweeps that have none of them stay as they were, and resume finds them. The omitted
-    values are fixed (dp 1, gdn_only, no attn_cp, contiguous, reference), so keys stay
-    distinct."""
+    `/kernels=fused`, `/documents=…` (packed) and `/repeat=r` (repeats > 1) follow the step
+    settings — so keys of sweeps that have none of them stay as they were, and resume finds
+    them. The omitted values are fixed (dp 1, gdn_only, no attn_cp, contiguous, reference,
+    single), so keys stay distinct."""
     mesh = f"chips={chips}" if dp == 1 else f"chips={chips}/dp={dp}"
     key = (f"{framework}/{mode}/{mesh}/seq_len={seq_len}"
            f"/dtype={dtype}/param_sharding={param_sharding}/remat={remat}")
@@ -95,6 +106,8 @@ def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str
         key += f"/layout={layout}"
     if kernels != DEFAULT_KERNELS:
         key += f"/kernels={kernels}"
+    if documents != SINGLE_DOCUMENT:
+        key += f"/documents={documents}"
     return key if repeat is None else f"{key}/repeat={repeat}"
 
 
@@ -129,6 +142,8 @@ class TrialSpec(BaseModel):
     kernels: Kernels = DEFAULT_KERNELS
     """reference (this project's code) or fused (library kernels; gdn_core.kernels), resolved
     on the worker that runs the trial."""
+    documents: Documents = SINGLE_DOCUMENT
+    """How each sequence is packed (TrainConfig.documents; gdn_core.packing)."""
     steps: int
     warmup_steps: int
     accelerator_kind: AcceleratorKind
@@ -165,6 +180,10 @@ class TrialSpec(BaseModel):
         if self.mode == "none" and (self.attn_cp is not None or self.layout != "contiguous"):
             raise ValueError(f"mode='none' (one chip, no context parallelism) takes no attn_cp "
                              f"or layout, got attn_cp={self.attn_cp!r}, layout={self.layout!r}")
+        if len(self.key) > MAX_KEY_CHARS:
+            raise ValueError(f"the trial key {self.key!r} has {len(self.key)} characters, over "
+                             f"the {MAX_KEY_CHARS} a stored key holds; use a shorter documents "
+                             f"value ({self.documents!r}) or fewer non-default settings")
         return self
 
     @property
@@ -175,7 +194,7 @@ class TrialSpec(BaseModel):
                          param_sharding=self.param_sharding, remat=self.remat,
                          repeat=self.repeat if self.repeats > 1 else None, kind=self.kind,
                          layers=self.layers, attn_cp=self.attn_cp, layout=self.layout,
-                         kernels=self.kernels, dp=self.dp)
+                         kernels=self.kernels, dp=self.dp, documents=self.documents)
 
     @property
     def global_batch_size(self) -> int:
@@ -195,7 +214,8 @@ class TrialSpec(BaseModel):
     def to_train_config(self) -> TrainConfig:
         """The training-step settings this trial runs with."""
         return TrainConfig(batch_size=self.batch_size, seq_len=self.seq_len, dtype=self.dtype,
-                           param_sharding=self.param_sharding, remat=self.remat)
+                           param_sharding=self.param_sharding, remat=self.remat,
+                           documents=self.documents)
 
 
 def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
@@ -216,10 +236,10 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
             continue  # a compile says the same every time
         seen_once = set()
         for (framework, kernels, layers, mode, attn_cp, layout, (chips, dp), seq_len, dtype,
-             param_sharding, remat) in spec.grid(kind):
+             param_sharding, remat, documents) in spec.grid(kind):
             settings = dict(framework=framework, seq_len=seq_len, dtype=dtype,
                             param_sharding=param_sharding, remat=remat, layers=layers,
-                            kernels=kernels)
+                            kernels=kernels, documents=documents)
             if spec.runs_once(chips, dp):
                 if (chips, dp, *settings.values()) in seen_once:
                     continue
@@ -242,7 +262,7 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 batch_size=spec.batch_size, preset=model_cfg.name,
                 num_layers=model_cfg.num_layers, vocab_size=model_cfg.vocab_size, dtype=dtype,
                 param_sharding=param_sharding, remat=remat, layers=layers, attn_cp=attn_cp,
-                layout=layout, kernels=kernels, steps=spec.steps,
+                layout=layout, kernels=kernels, documents=documents, steps=spec.steps,
                 warmup_steps=spec.warmup_steps, accelerator_kind=spec.accelerator.kind,
                 accelerator_type=spec.accelerator.type,
                 verify=spec.verify and chips > 1 and kind == "measure",  # 1 chip: own reference
@@ -278,7 +298,7 @@ def cp_shape_problem(model_cfg: ModelConfig, cp: CPSettings, *, seq_len: int) ->
 
 def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kind: str,
                  framework: str, seq_len: int, dtype: str, param_sharding: str, remat: str,
-                 layers: str, kernels: str) -> str | None:
+                 layers: str, kernels: str, documents: str) -> str | None:
     """Why the point cannot run: a shape its CP modes or layout cannot split, a plan of what
     the JAX planner does not compile (only the gdn_only contiguous step), or (unless
     spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —
@@ -293,10 +313,10 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kin
     if spec.admit_over_memory or kind == "plan":
         return None
     train_cfg = TrainConfig(batch_size=spec.batch_size, seq_len=seq_len, dtype=dtype,
-                            param_sharding=param_sharding, remat=remat)
+                            param_sharding=param_sharding, remat=remat, documents=documents)
     return memory_problem(model_cfg, train_cfg, cp, framework=framework,
                           accelerator=spec.accelerator)
 
 
-__all__ = ["ONE_CHIP_ATTN_CP", "ONE_CHIP_CP_MODE", "TRIAL_MODES", "TrialMode", "TrialSpec",
-           "cp_shape_problem", "expand_trials", "trial_cp_settings", "trial_key"]
+__all__ = ["MAX_KEY_CHARS", "ONE_CHIP_ATTN_CP", "ONE_CHIP_CP_MODE", "TRIAL_MODES", "TrialMode",
+           "TrialSpec", "cp_shape_problem", "expand_trials", "trial_cp_settings", "trial_key"]

@@ -3,6 +3,10 @@
 A torch report covers one rank (one chip); a JAX report covers one process's chips (its
 memory figure is already per chip). Per step the slowest process sets the pace, so step_time
 is the median over measured steps of the max over processes.
+
+Model FLOPs (MFU's numerator) count attention per packed document when the trial packs its
+sequences (trial_documents: the boundaries its step drew from its seed), since the step never
+computes attention between documents; counting T² pairs would inflate MFU.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from gdn_core.flops.maxtext import maxtext_model_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
 from gdn_core.memory.step import predict_step_memory
+from gdn_core.packing import document_boundaries
 from gdn_core.train_config import CPTrainReport
 
 from .grid import TrialSpec
@@ -113,6 +118,15 @@ def _largest(reports: Sequence[CPTrainReport], field: str):
     return max(known, key=lambda r: getattr(r, field)) if known else None
 
 
+def trial_documents(trial: TrialSpec):
+    """cu_seqlens of the trial's packed documents (int32 [N+1]): the boundaries its training
+    step draws (packing.document_boundaries from its TrainConfig's seed and seq_len, every
+    row alike), None for one document per sequence."""
+    train_cfg = trial.to_train_config()
+    return document_boundaries(train_cfg.documents, seq_len=train_cfg.seq_len,
+                               seed=train_cfg.seed)
+
+
 def memory_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport]) -> dict:
     """The memory figures of TrialMetrics, each kept apart with its own source: measured
     (max over processes; a JAX report's figure is already per chip), XLA's estimate (JAX),
@@ -150,13 +164,15 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
     compile_times = [t for t in (getattr(r, "compile_time_s", None) for r in reports)
                      if t is not None]
     # MFU's numerator is the model's cost whatever kernel ran; HFU's counts what `kernels` ran
-    model_flops = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len).total
+    documents = trial_documents(trial)
+    model_flops = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len,
+                                       cu_seqlens=documents).total
     cp = trial.cp_settings()
     hardware_flops = hardware_flops_per_step(model_cfg, mode=cp.mode, chips=cp.cp_chips,
                                              batch=batch, seq_len=seq_len,
                                              framework=trial.framework, remat=trial.remat,
                                              attn_cp=cp.attn_cp, layout=cp.layout,
-                                             kernels=cp.kernels).total
+                                             kernels=cp.kernels, cu_seqlens=documents).total
     losses = reports[0].losses  # the global loss: the same on every process
     measured = losses[trial.warmup_steps:] or losses
     errs = [r.max_rel_err for r in reports if r.max_rel_err is not None]
@@ -189,4 +205,4 @@ def trial_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport], *,
 
 __all__ = ["ChipPeak", "UtilisationAboveOneError", "cpu_chip_peak", "cpu_chip_peaks",
            "datasheet_peak", "memory_metrics", "per_step_times_s", "step_time_s",
-           "trial_metrics", "trial_peak", "utilisation"]
+           "trial_documents", "trial_metrics", "trial_peak", "utilisation"]

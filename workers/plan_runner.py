@@ -26,6 +26,7 @@ from gdn_core.memory.step import predict_step_memory
 from .compile_cache import jax_cache_env
 from .environment import process_environment
 from .grid import TrialSpec
+from .metrics import trial_documents
 from .process_probe import software_versions
 from .result import TrialMetrics
 
@@ -34,12 +35,14 @@ ERROR_TAIL_CHARS = 2000
 
 def plan_request(trial: TrialSpec) -> dict:
     """What `python -m gdn_core.jax_gdn.plan --request` takes for `trial` (the planner
-    compiles the gdn_only contiguous step: its CP settings are the mode and chips)."""
+    compiles the gdn_only contiguous step: its CP settings are the mode and chips; its packed
+    documents are a constant of the step's program, compiled like any other setting)."""
     cp = trial.cp_settings()
     return {"preset": trial.preset, "num_layers": trial.num_layers,
             "vocab_size": trial.vocab_size, "seq_len": trial.seq_len, "chips": cp.chips,
             "mode": cp.mode, "batch_size": trial.batch_size, "dtype": trial.dtype,
-            "param_sharding": trial.param_sharding, "remat": trial.remat}
+            "param_sharding": trial.param_sharding, "remat": trial.remat,
+            "documents": trial.documents}
 
 
 def plan_in_fresh_process(request: dict, *, budget_bytes: int | None = None,
@@ -87,19 +90,20 @@ def plan_metrics(trial: TrialSpec, plan: dict) -> TrialMetrics:
     and prediction; nothing measured (no step time, MFU or peak)."""
     model_cfg, cp = trial.to_model_config(), trial.cp_settings()
     batch, seq_len = trial.batch_size, trial.seq_len
+    documents = trial_documents(trial)  # attention counted per document, as in trial_metrics
     predicted = predict_step_memory(model_cfg.stand_in, trial.to_train_config(), mode=cp.mode,
                                     chips=cp.chips, framework="jax", attn_cp=cp.attn_cp,
                                     layout=cp.layout)
     cp_bytes, sync_bytes = plan["cp_comm_bytes_per_step"], plan["grad_sync_bytes_per_step"]
     return TrialMetrics(
         model_flops_per_step=float(model_flops_per_step(
-            model_cfg, batch=batch, seq_len=seq_len).total),
+            model_cfg, batch=batch, seq_len=seq_len, cu_seqlens=documents).total),
         maxtext_flops_per_step=float(maxtext_model_flops_per_step(
             model_cfg, batch=batch, seq_len=seq_len).total),
         hardware_flops_per_step=float(hardware_flops_per_step(
             model_cfg, mode=cp.mode, chips=cp.chips, batch=batch, seq_len=seq_len,
             framework="jax", remat=trial.remat, attn_cp=cp.attn_cp, layout=cp.layout,
-            kernels=cp.kernels).total),
+            kernels=cp.kernels, cu_seqlens=documents).total),
         compiled_flops_per_step_per_chip=float(plan["matmul_flops_per_chip"]),
         compile_time_s=plan["compile_time_s"],
         estimated_memory_bytes_per_chip=plan["estimated_memory_bytes"],

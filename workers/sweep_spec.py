@@ -34,6 +34,7 @@ from gdn_core.config import Layers
 from gdn_core.cp_layout import LAYOUTS, Layout
 from gdn_core.cp_modes import ATTN_CP_MODES, AttnCPMode, CPMode
 from gdn_core.kernels import DEFAULT_KERNELS, KERNELS, Kernels
+from gdn_core.packing import DOCUMENTS_HELP, SINGLE_DOCUMENT, check_documents
 from gdn_core.presets import PRESETS
 from gdn_core.train_config import ComputeDType, ParamSharding, Remat
 
@@ -88,8 +89,20 @@ def _not_blank(text: str) -> str:
 
 PlainText = Annotated[StrictStr, BeforeValidator(check_plain_text)]
 """A string without control characters or unpaired surrogates (check_plain_text)."""
+
 Name = Annotated[StrictStr, Field(min_length=1, max_length=200),
                  BeforeValidator(check_plain_text), AfterValidator(_not_blank)]
+
+
+def _known_documents(documents: str) -> str:
+    check_documents(documents)  # ValueError naming the value and what is accepted
+    return documents
+
+
+Documents = Annotated[StrictStr, Field(max_length=40), BeforeValidator(check_plain_text),
+                      AfterValidator(_known_documents)]
+"""A packing of each sequence (gdn_core.packing): single, or uniform:LO-HI. 40 characters hold
+any LO-HI up to MAX_SEQ_LEN; a trial key must still fit its column (grid.MAX_KEY_CHARS)."""
 
 
 def _grid_list(field: str, default: str):
@@ -135,10 +148,11 @@ class AcceleratorSpec(BaseModel):
 class SweepSpec(BaseModel):
     """A grid of trials: kinds × frameworks × kernels × layers × modes × attn_cps (hybrid
     only) × layouts × meshes (chips × dp, where dp divides chips) × seq_lens × dtypes ×
-    param_shardings × remats, for one model and batch (per data-parallel replica),
-    each measured point run `repeats` times (chips=1 once for all modes, attn_cps and layouts:
-    the one-chip baseline; a pure data-parallel mesh, dp = chips, likewise once). Plan trials
-    are JAX's reference step only and made once: a compile says the same every time."""
+    param_shardings × remats × documents, for one model and batch (per data-parallel
+    replica), each measured point run `repeats` times (chips=1 once for all modes, attn_cps
+    and layouts: the one-chip baseline; a pure data-parallel mesh, dp = chips, likewise once).
+    Plan trials are JAX's reference step only and made once: a compile says the same every
+    time."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: Name
@@ -178,6 +192,10 @@ class SweepSpec(BaseModel):
         description=f"implementations ({', '.join(KERNELS)}): reference is this project's "
                     "torch / JAX code; fused runs library kernels where they compose with CP "
                     "(a point none can serve is recorded skipped with the reason)")
+    documents: list[Documents] = Field(
+        default=[SINGLE_DOCUMENT], min_length=1,
+        description=f"how each sequence is packed: {DOCUMENTS_HELP}; the GDN state and "
+                    "attention restart at each document boundary")
     steps: StrictInt = Field(default=3, ge=1, le=10_000)
     warmup_steps: StrictInt = Field(default=1, ge=0, le=1_000)
     accelerator: AcceleratorSpec = AcceleratorSpec()
@@ -188,10 +206,10 @@ class SweepSpec(BaseModel):
     show how much a measurement varies between runs; keys gain `/repeat=r` when > 1."""
     one_chip_baseline: StrictBool = True
     """True: chips=1 runs once per (framework, seq_len, dtype, param_sharding, remat, kernels,
-    repeat) as mode "none", the baseline every mode's rows refer to (`baseline_key`). False:
-    one chip per mode, as sweeps stored before the baseline existed ran (migration 0003 marks
-    them so).
-    Either way a sweep whose `chips` lacks 1 has no baseline: none is added for it."""
+    documents, repeat) as mode "none", the baseline every mode's rows refer to
+    (`baseline_key`). False: one chip per mode, as sweeps stored before the baseline existed
+    ran (migration 0003 marks them so). Either way a sweep whose `chips` lacks 1 has no
+    baseline: none is added for it."""
     profile: StrictBool = Field(default=False, description="run one extra step after the "
                                 "measured ones under jax.profiler / torch.profiler and keep its "
                                 "trace with the trial (in no metric)")
@@ -217,13 +235,13 @@ class SweepSpec(BaseModel):
         return sorted(set(values))
 
     @field_validator("kinds", "dtypes", "param_shardings", "remats", "layers", "attn_cps",
-                     "layouts", "kernels", mode="before")
+                     "layouts", "kernels", "documents", mode="before")
     @classmethod
     def _one_value_is_a_list(cls, value):
         return [value] if isinstance(value, str) else value
 
     @field_validator("kinds", "frameworks", "modes", "dtypes", "param_shardings", "remats",
-                     "layers", "attn_cps", "layouts", "kernels")
+                     "layers", "attn_cps", "layouts", "kernels", "documents")
     @classmethod
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
@@ -289,15 +307,15 @@ class SweepSpec(BaseModel):
 
     def grid(self, kind: str = "measure"):
         """Every grid point of `kind` as (framework, kernels, layers, mode, attn_cp, layout,
-        (chips, dp), seq_len, dtype, param_sharding, remat), in a stable order (before the
-        baseline folds meshes without CP into one mode, and before repeats: see
+        (chips, dp), seq_len, dtype, param_sharding, remat, documents), in a stable order
+        (before the baseline folds meshes without CP into one mode, and before repeats: see
         grid.expand_trials); attn_cp is None for gdn_only."""
         for framework, kernels, layers in itertools.product(
                 self.frameworks_of(kind), self.kernels_of(kind), self.layers):
             yield from itertools.product(
                 [framework], [kernels], [layers], self.modes, self.attn_cps_of(layers),
                 self.layouts, self.meshes, self.seq_lens, self.dtypes, self.param_shardings,
-                self.remats)
+                self.remats, self.documents)
 
     @property
     def has_baseline(self) -> bool:
@@ -319,19 +337,19 @@ class SweepSpec(BaseModel):
 
     def grid_size_of(self, kind: str) -> int:
         """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × kernels (plans:
-        reference) × seq_lens × dtypes × param_shardings × remats × Σ over layers of (modes ×
-        attn_cps (hybrid) × layouts × meshes, where a mesh that runs once (runs_once: the
-        one-chip baseline, pure data parallel) counts once)."""
+        reference) × seq_lens × dtypes × param_shardings × remats × documents × Σ over layers
+        of (modes × attn_cps (hybrid) × layouts × meshes, where a mesh that runs once
+        (runs_once: the one-chip baseline, pure data parallel) counts once)."""
         once = sum(self.runs_once(chips, dp) for chips, dp in self.meshes)
         per_mode = len(self.meshes) - once
         points = sum(len(self.modes) * len(self.attn_cps_of(layers)) * len(self.layouts)
                      * per_mode + once for layers in self.layers)
         settings = math.prod(len(values) for values in (
             self.frameworks_of(kind), self.kernels_of(kind), self.seq_lens, self.dtypes,
-            self.param_shardings, self.remats))
+            self.param_shardings, self.remats, self.documents))
         return (self.repeats if kind == "measure" else 1) * settings * points
 
 
-__all__ = ["AcceleratorKind", "AcceleratorSpec", "DType", "FRAMEWORKS", "Framework",
+__all__ = ["AcceleratorKind", "AcceleratorSpec", "DType", "Documents", "FRAMEWORKS", "Framework",
            "MAX_CHIPS", "MAX_SEQ_LEN", "ModelSpec", "Name", "PlainText", "SweepSpec",
            "TRIAL_KINDS", "TrialKind", "check_plain_text", "known_preset"]

@@ -11,6 +11,11 @@ weighted add of a value row (AV), head_dim MACs each. MaxText counts half the sq
 T²/2 (its `causal_attention_flops = noncausal / 2`, maxtext.py); the difference, T/2 pairs, is
 kept in the MaxText figure so each convention is exactly its own.
 
+Packed documents (`cu_seqlens`, int [N+1], 0 … T: gdn_core.attention_documents) make attention
+block-diagonal causal: a query sees only its own document's earlier keys, so the pairs are
+Σ_i d_i·(d_i + 1)/2 over the document lengths d_i = c_{i+1} − c_i, not P(T)
+(document_causal_pairs). The same boundaries hold for every batch row.
+
 Letters: B batch, T tokens, E hidden size, H query heads, G key/value heads, hd head_dim,
 D chips, t = T/D local tokens, s = T/(2D) tokens of a zigzag segment.
 """
@@ -19,6 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from collections.abc import Sequence
+
+from ..attention_documents import cu_seqlens_values
 from ..cp_layout import check_layout, segments
 from ..cp_modes import check_attn_cp
 from .conventions import FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_positive
@@ -28,6 +36,18 @@ def causal_pairs(seq_len: int) -> int:
     """(query, key) pairs a causal mask keeps in a sequence of seq_len tokens: T·(T + 1)/2."""
     check_positive(seq_len=seq_len)
     return seq_len * (seq_len + 1) // 2
+
+
+def document_causal_pairs(seq_len: int, cu_seqlens: Sequence[int] | None = None) -> int:
+    """(query, key) pairs block-diagonal causal attention keeps in one packed sequence:
+    Σ_i d_i·(d_i + 1)/2 over its documents' lengths d_i (cu_seqlens, int [N+1], 0 … seq_len;
+    an empty document keeps none); None: one document, causal_pairs(seq_len). ValueError
+    naming the boundaries unless they run non-decreasing from 0 to seq_len."""
+    check_positive(seq_len=seq_len)
+    if cu_seqlens is None:
+        return causal_pairs(seq_len)
+    cu = cu_seqlens_values(cu_seqlens, seq_len=seq_len)
+    return sum((end - start) * (end - start + 1) // 2 for start, end in zip(cu, cu[1:]))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,9 +61,10 @@ class AttentionLayerFlops:
     o_proj: int
     """2·B·T·H·hd·E."""
     scores: int
-    """QKᵀ over the causal pairs: 2·B·H·hd·P(T)."""
+    """QKᵀ over the causal pairs: 2·B·H·hd·P, P = P(T) (one document per row) or the packed
+    documents' Σ d_i·(d_i + 1)/2 (document_causal_pairs)."""
     weighted_values: int
-    """AV over the causal pairs: 2·B·H·hd·P(T)."""
+    """AV over the causal pairs: 2·B·H·hd·P."""
 
     @property
     def projections(self) -> int:
@@ -60,13 +81,16 @@ class AttentionLayerFlops:
 
 
 def attention_layer_flops(*, batch: int, seq_len: int, hidden_size: int, num_heads: int,
-                          num_kv_heads: int, head_dim: int) -> AttentionLayerFlops:
+                          num_kv_heads: int, head_dim: int,
+                          cu_seqlens: Sequence[int] | None = None) -> AttentionLayerFlops:
     """Count the forward FLOPs of one gated full-attention layer (Qwen3.5 / Qwen3-Next):
-    q_proj yields H query heads and an H·hd output gate, GQA k/v with G heads, causal."""
+    q_proj yields H query heads and an H·hd output gate, GQA k/v with G heads, causal — per
+    packed document when cu_seqlens (every row's boundaries) is given: the projections are
+    per token and unchanged, QKᵀ and AV cover document_causal_pairs."""
     check_positive(batch=batch, seq_len=seq_len, hidden_size=hidden_size, num_heads=num_heads,
                    num_kv_heads=num_kv_heads, head_dim=head_dim)
     tokens, E, H, G, hd = batch * seq_len, hidden_size, num_heads, num_kv_heads, head_dim
-    pair_macs = batch * H * hd * causal_pairs(seq_len)
+    pair_macs = batch * H * hd * document_causal_pairs(seq_len, cu_seqlens)
     return AttentionLayerFlops(
         q_proj=FLOPS_PER_MAC * tokens * E * 2 * H * hd,
         kv_proj=FLOPS_PER_MAC * tokens * E * 2 * G * hd,
@@ -135,4 +159,5 @@ def attention_cp_extra_flops(attn_cp: str, *, chips: int, batch: int, seq_len: i
 
 
 __all__ = ["AttentionLayerFlops", "attention_cp_extra_flops", "attention_imbalance",
-           "attention_layer_flops", "causal_pairs", "computed_pairs", "rank_causal_pairs"]
+           "attention_layer_flops", "causal_pairs", "computed_pairs", "document_causal_pairs",
+           "rank_causal_pairs"]

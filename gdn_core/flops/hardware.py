@@ -6,7 +6,11 @@ transitions and state scan and its chunk padding, or fla's inverse and recomputa
 modes' extra work over the single-chip rule (fold, prefix, state application, shard padding),
 what remat and the chunked loss recompute, the reference's (I + L)⁻¹ work in place of the
 dense-apply convention, and the pairs attention CP computes beyond the causal count
-(attention.py).
+(attention.py). Under packed documents (cu_seqlens) the model part counts attention per
+document, and the pairs attention CP computes beyond them are not counted: the kernels skip
+the pairs between documents, and what they still compute inside a visible pair depends on the
+framework (torch cuts pairs to the visible sub-pairs, JAX masks a partly visible pair whole),
+so HFU is a lower bound there rather than an overcount that could pass 1.
 Conventions and letters: the package docstring (gdn_core.flops).
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 from ..config import ModelConfig
 from ..cp_layout import check_layout
@@ -165,14 +170,15 @@ class RecomputeFlops:
 
 def recompute_flops(model_cfg: ModelConfig, *, remat: str, batch: int, seq_len: int,
                     cp_overhead: CPOverheadFlops, rule_forward: int,
-                    attention_cp: int = 0) -> RecomputeFlops:
+                    attention_cp: int = 0,
+                    cu_seqlens: Sequence[int] | None = None) -> RecomputeFlops:
     """Count what `remat` and the chunked loss recompute; cp_overhead is the step's GDN CP
     work, rule_forward the rule's forward as its kernel runs it (all GDN layers) and
     attention_cp the attention layers' CP work (fwd + bwd, so its forward is a
-    FWD_BWD_MULTIPLIER-th)."""
+    FWD_BWD_MULTIPLIER-th); cu_seqlens the packed documents (model_forward_flops)."""
     if remat not in ("none", "full", "gdn"):
         raise ValueError(f"remat={remat!r} is not one of: none, full, gdn")
-    forward = model_forward_flops(model_cfg, batch=batch, seq_len=seq_len)
+    forward = model_forward_flops(model_cfg, batch=batch, seq_len=seq_len, cu_seqlens=cu_seqlens)
     cp_forward = cp_overhead.forward
     layers = {
         "none": 0,
@@ -264,7 +270,8 @@ class HardwareFlops:
     solve: SolveFlops
     attention_cp: int = 0
     """Hybrid decoder: pairs attention CP computes beyond the causal count
-    (attention.attention_cp_extra_flops), fwd + bwd, all attention layers."""
+    (attention.attention_cp_extra_flops), fwd + bwd, all attention layers; 0 under packed
+    documents (not modelled: the module docstring)."""
 
     @property
     def total(self) -> int:
@@ -275,7 +282,8 @@ class HardwareFlops:
 def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
                             seq_len: int, framework: str, remat: str = "none",
                             attn_cp: str = "all_gather_kv", layout: str = "contiguous",
-                            kernels: str = "reference") -> HardwareFlops:
+                            kernels: str = "reference",
+                            cu_seqlens: Sequence[int] | None = None) -> HardwareFlops:
     """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd),
     recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not),
     the GDN rule as `kernels` runs it on `framework` ("jax" or "torch", required: they run
@@ -284,7 +292,8 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
     `layout`, counted alike for both kernels (the causal pairs plus what attention CP computes
     beyond them). The GDN CP work is counted for contiguous shards under either layout
     (zigzag's second segment per chip adds one state composition per chip and layer, not
-    counted).
+    counted). cu_seqlens: the packed documents of every row, as model_flops_per_step takes
+    them (attention CP's extra pairs then uncounted: the module docstring).
 
     Raises ValueError, like the CP modes, for a shape `mode`, `attn_cp` or `layout` cannot
     split over `chips`.
@@ -298,9 +307,10 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
     if attention_layers:
         a = model_cfg.attention
         check_attention_cp_shape(attn_cp=attn_cp, chips=chips, num_heads=a.num_heads)
-        attention_cp = attention_cp_extra_flops(
-            attn_cp, chips=chips, batch=batch, seq_len=seq_len, num_heads=a.num_heads,
-            head_dim=a.head_dim, num_layers=attention_layers, layout=layout)
+        if cu_seqlens is None:  # packed documents: not modelled (the module docstring)
+            attention_cp = attention_cp_extra_flops(
+                attn_cp, chips=chips, batch=batch, seq_len=seq_len, num_heads=a.num_heads,
+                head_dim=a.head_dim, num_layers=attention_layers, layout=layout)
     no_solve = SolveFlops(framework=framework, ran_forward=0, ran_backward=0, ran_recompute=0,
                           counted=0)
     if gdn_layers == 0:  # every layer full attention (full_attention_interval 1)
@@ -318,8 +328,9 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
                  solve_flops(framework, mode=mode, chips=chips, remat=remat, **shape))
     recompute = recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
                                 cp_overhead=overhead, rule_forward=rule.ran_forward,
-                                attention_cp=attention_cp)
-    return HardwareFlops(model=model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len),
+                                attention_cp=attention_cp, cu_seqlens=cu_seqlens)
+    model = model_flops_per_step(model_cfg, batch=batch, seq_len=seq_len, cu_seqlens=cu_seqlens)
+    return HardwareFlops(model=model,
                          rule=rule, cp_overhead=overhead, recompute=recompute, solve=solve,
                          attention_cp=attention_cp)
 

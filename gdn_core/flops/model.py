@@ -2,8 +2,11 @@
 
 The GDN rule in the standard chunked form, one GDN layer (projections, conv, rule), the SwiGLU
 MLP, the LM head and, in the hybrid decoder, its full-attention layers (attention.py); forward,
-or × 3 for a step. It depends on the model and the tokens only: never on the kernel that runs
-the rule (`kernels`), the chip count or the CP mode, so MFU moves only with the step time.
+or × 3 for a step. It depends on the model and the tokens only (how they are packed into
+documents included: attention is counted per document, attention.document_causal_pairs, while
+the GDN rule and every per-token matmul are linear in T and unchanged): never on the kernel
+that runs the rule (`kernels`), the chip count or the CP mode, so MFU moves only with the step
+time.
 What an implementation runs beyond it is hardware FLOPs (rule.py, hardware.py).
 Conventions and letters: the package docstring (gdn_core.flops).
 """
@@ -11,6 +14,7 @@ Conventions and letters: the package docstring (gdn_core.flops).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from .attention import attention_layer_flops
@@ -191,9 +195,11 @@ def layer_counts(model_cfg: ModelConfig) -> tuple[int, int]:
     return pattern.count(LINEAR_ATTENTION), pattern.count(FULL_ATTENTION)
 
 
-def model_forward_flops(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> ModelFlops:
+def model_forward_flops(model_cfg: ModelConfig, *, batch: int, seq_len: int,
+                        cu_seqlens: Sequence[int] | None = None) -> ModelFlops:
     """Count the forward FLOPs of the whole model on a global batch of batch × seq_len tokens
-    (every layer's MLP; GDN work in the GDN layers, attention in the full-attention layers)."""
+    (every layer's MLP; GDN work in the GDN layers, attention in the full-attention layers,
+    per packed document when cu_seqlens, every row's boundaries, is given)."""
     gdn, (layers, attention_layers) = model_cfg.gdn, layer_counts(model_cfg)
     layer = gdn_layer_flops(batch=batch, seq_len=seq_len, hidden_size=gdn.hidden_size,
                             num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
@@ -201,7 +207,7 @@ def model_forward_flops(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> 
                             conv_kernel_size=gdn.conv_kernel_size, chunk_size=gdn.chunk_size)
     mlp = swiglu_mlp_flops(batch=batch, seq_len=seq_len, hidden_size=gdn.hidden_size,
                            intermediate_size=model_cfg.intermediate_size)
-    attention = _attention_layer(model_cfg, batch=batch, seq_len=seq_len)
+    attention = _attention_layer(model_cfg, batch=batch, seq_len=seq_len, cu_seqlens=cu_seqlens)
     return ModelFlops(
         gdn_rule=layers * layer.rule,
         gdn_projections=layers * layer.projections,
@@ -215,25 +221,31 @@ def model_forward_flops(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> 
     )
 
 
-def _attention_layer(model_cfg: ModelConfig, *, batch: int, seq_len: int):
+def _attention_layer(model_cfg: ModelConfig, *, batch: int, seq_len: int,
+                     cu_seqlens: Sequence[int] | None):
     """One full-attention layer's forward FLOPs (None for a GDN-only decoder)."""
     if layer_counts(model_cfg)[1] == 0:
         return None
     a = model_cfg.attention
     return attention_layer_flops(batch=batch, seq_len=seq_len, hidden_size=model_cfg.hidden_size,
                                  num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
-                                 head_dim=a.head_dim)
+                                 head_dim=a.head_dim, cu_seqlens=cu_seqlens)
 
 
-def model_flops_per_step(model_cfg: ModelConfig, *, batch: int, seq_len: int) -> ModelFlops:
+def model_flops_per_step(model_cfg: ModelConfig, *, batch: int, seq_len: int,
+                         cu_seqlens: Sequence[int] | None = None) -> ModelFlops:
     """Count model_flops_per_step: 3 × forward (forward + backward), global batch, no CP work.
 
     MFU's numerator. It takes no kernel, framework or CP argument: a reference and a fused
     trial of the same point count the same model FLOPs (their hardware FLOPs differ:
     hardware.hardware_flops_per_step). Divide by the chip count for a per-chip figure.
+    cu_seqlens: the packed documents of every row (the step's packing.document_boundaries),
+    None for one document per row; only the attention core depends on it (a step on
+    packed documents never computes attention between them, so counting T² pairs would
+    inflate its MFU).
     """
-    return scaled(model_forward_flops(model_cfg, batch=batch, seq_len=seq_len),
-                  FWD_BWD_MULTIPLIER)
+    return scaled(model_forward_flops(model_cfg, batch=batch, seq_len=seq_len,
+                                      cu_seqlens=cu_seqlens), FWD_BWD_MULTIPLIER)
 
 
 __all__ = ["GDNLayerFlops", "GDNRuleFlops", "ModelFlops", "depthwise_conv_flops",

@@ -166,7 +166,8 @@ def _configs(request: dict):
     train_cfg = TrainConfig(batch_size=request.get("batch_size", 1), seq_len=request["seq_len"],
                             dtype=request.get("dtype", "bfloat16"),
                             param_sharding=request.get("param_sharding", "replicated"),
-                            remat=request.get("remat", "none"))
+                            remat=request.get("remat", "none"),
+                            documents=request.get("documents", "single"))
     return model_cfg, train_cfg
 
 
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     process (dp of them replicas of D/dp CP chips each)."""
     parser = argparse.ArgumentParser(prog="python -m gdn_core.jax_gdn.plan")
     parser.add_argument("--request", required=True, help="JSON: preset, seq_len, mode, chips, "
-                        "dp, batch_size, dtype, param_sharding, remat, num_layers, vocab_size")
+                        "dp, batch_size, dtype, param_sharding, remat, documents, num_layers, "
+                        "vocab_size")
     parser.add_argument("--budget-bytes", type=int, help="bisect seq_len for this budget")
     parser.add_argument("--max-seq-len", type=int, help="upper end of the search (with a budget)")
     args = parser.parse_args(argv)

@@ -69,6 +69,9 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.add_argument("--layout", action="append", choices=LAYOUTS)
     p.add_argument("--kernels", action="append", choices=KERNELS,
                    help="reference (this project's code) or fused (library kernels)")
+    p.add_argument("--documents", action="append",
+                   help="how sequences were packed: single, or uniform:LO-HI; repeat for "
+                        "several")
     p.add_argument("--repeat", action="append", type=int,
                    help="run of a repeated grid point (0, 1, …)")
     p.add_argument("--sweep-id", type=int)
@@ -82,7 +85,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
         framework=a.framework, mode=a.mode, chips=a.chips, dp=a.dp, seq_len_min=a.seq_len_min,
         seq_len_max=a.seq_len_max, accelerator=a.accelerator, dtype=a.dtype,
         param_sharding=a.param_sharding, remat=a.remat, layers=a.layers, attn_cp=a.attn_cp,
-        layout=a.layout, kernels=a.kernels, repeat=a.repeat, sweep_id=a.sweep_id,
+        layout=a.layout, kernels=a.kernels, documents=a.documents, repeat=a.repeat,
+        sweep_id=a.sweep_id,
         sort=a.sort, limit=a.limit if a.limit is not None or a.csv else 50))
 
     p = sub.add_parser("db", help="database maintenance")

@@ -114,6 +114,9 @@ class Trial(Base):
     kernels: Mapped[str] = mapped_column(String(16), default="reference",
                                          server_default=text("'reference'"))
     """reference (this project's code) or fused (library kernels; gdn_core.kernels)."""
+    documents: Mapped[str] = mapped_column(String(40), default="single",
+                                           server_default=text("'single'"))
+    """How each sequence is packed: single, or uniform:LO-HI (gdn_core.packing)."""
     steps: Mapped[int] = mapped_column(Integer)
     warmup_steps: Mapped[int] = mapped_column(Integer)
     accelerator_kind: Mapped[str] = mapped_column(String(8))
@@ -184,6 +187,8 @@ class Result(Base):
                                         server_default=text("'contiguous'"))
     kernels: Mapped[str] = mapped_column(String(16), default="reference",
                                          server_default=text("'reference'"))
+    documents: Mapped[str] = mapped_column(String(40), default="single",
+                                           server_default=text("'single'"))
     accelerator_kind: Mapped[str] = mapped_column(String(8))
     accelerator_type: Mapped[str] = mapped_column(String(32))
     repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
@@ -392,7 +397,7 @@ tests/service/test_models.py checks that Result has each, nullable, of the field
 FACT_COLUMNS: tuple[str, ...] = (
     "sweep_id", "kind", "framework", "mode", "chips", "dp", "seq_len", "batch_size", "preset",
     "num_layers", "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout",
-    "kernels", "accelerator_kind", "accelerator_type", "repeat")
+    "kernels", "documents", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile"})

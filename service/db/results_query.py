@@ -30,7 +30,8 @@ from service.db.crud import public_trials
 from service.db.models import Result
 from service.db.schemas import TrialPublic
 from workers.grid import TrialMode
-from workers.sweep_spec import AcceleratorKind, DType, Framework, TrialKind, check_plain_text
+from workers.sweep_spec import (AcceleratorKind, Documents, DType, Framework, TrialKind,
+                                check_plain_text)
 
 SORT_FIELDS = {
     "tokens_per_s_per_chip": Result.tokens_per_s_per_chip, "mfu": Result.mfu,
@@ -46,7 +47,7 @@ SORT_FIELDS = {
     "dp": Result.dp,
     "mode": Result.mode, "framework": Result.framework, "preset": Result.preset,
     "layers": Result.layers, "attn_cp": Result.attn_cp, "layout": Result.layout,
-    "kernels": Result.kernels,
+    "kernels": Result.kernels, "documents": Result.documents,
     "sweep_id": Result.sweep_id, "repeat": Result.repeat, "id": Result.trial_id,
 }
 """Accepted `sort` keys (comma-separated; a leading '-' sorts descending)."""
@@ -84,6 +85,8 @@ class ResultFilters(BaseModel):
     layout: list[Layout] = Field(default=[], description="contiguous or zigzag")
     kernels: list[Kernels] = Field(default=[], description="reference (this project's code) "
                                    "or fused (library kernels)")
+    documents: list[Documents] = Field(default=[], description="how sequences were packed: "
+                                       "single, or uniform:LO-HI")
     repeat: list[DbInt] = Field(default=[], description="run of a repeated grid point (0, 1, …)")
     device_name: list[FilterText] = Field(default=[],
                                           description="the chip as its runtime names it")
@@ -126,6 +129,7 @@ def _where(filters: ResultFilters) -> list:
                            (filters.remat, Result.remat), (filters.repeat, Result.repeat),
                            (filters.layers, Result.layers), (filters.attn_cp, Result.attn_cp),
                            (filters.layout, Result.layout), (filters.kernels, Result.kernels),
+                           (filters.documents, Result.documents),
                            (filters.device_name, Result.device_name),
                            (filters.memory_source, Result.memory_source)):
         if values:
@@ -193,7 +197,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("batch_size", "batch"), ("global_batch_size", "global_batch"),
     ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
     ("layers", "layers"), ("attn_cp", "attn_cp"), ("layout", "layout"),
-    ("kernels", "kernels"),
+    ("kernels", "kernels"), ("documents", "documents"),
     ("accelerator", "accel"), ("repeat", "rep"), ("tokens_per_s_per_chip", "tok/s/chip"),
     ("scaling_efficiency", "vs_1chip"), ("step_time_s", "step_s"), ("step_time_min_s", "min_s"),
     ("step_time_max_s", "max_s"), ("measured_steps", "n"), ("mfu", "mfu"),

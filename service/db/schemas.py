@@ -12,6 +12,7 @@ from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
 from gdn_core.kernels import DEFAULT_KERNELS, KERNELS
+from gdn_core.packing import SINGLE_DOCUMENT
 from service.core.cron import check_cron, check_timezone
 from service.core.environment_diff import EnvironmentChange
 from workers.result import TrialMetrics
@@ -142,6 +143,10 @@ class _TrialOutcome(BaseModel):
     kernels: str = DEFAULT_KERNELS
     """reference (this project's code) or fused (library kernels); what they resolved to is
     in gdn_kernel and attention_kernel."""
+    documents: str = SINGLE_DOCUMENT
+    """How each sequence was packed: single, or uniform:LO-HI (documents of LO … HI tokens;
+    attention and the GDN state restart at each boundary). Model FLOPs and MFU count
+    attention per document."""
     steps: int
     warmup_steps: int
     accelerator: str

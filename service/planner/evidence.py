@@ -8,6 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gdn_core.hardware import canonical_accelerator_type
+from gdn_core.packing import SINGLE_DOCUMENT
 from service.db.models import Result
 from workers.grid import trial_cp_settings
 
@@ -80,12 +81,18 @@ def evidence_for(session: Session, request) -> list[Observation]:
                              accelerator_type=request.accelerator, sweep_ids=request.sweep_id)
 
 
+PLANNED_DOCUMENTS = SINGLE_DOCUMENT
+"""How the planner's answers pack sequences: one document each (its requests name no
+packing), so trials on packed documents, whose attention is other work, are not fitted."""
+
+
 def load_observations(session: Session, *, preset: str, accelerator_type: str,
                       sweep_ids: list[int] | None = None) -> list[Observation]:
-    """Succeeded trials of `preset`: measured ones on `accelerator_type` (canonical, as
-    CapacityRequest has it), and every plan (a compile is XLA:CPU's wherever it ran; its
-    estimate is labelled so)."""
-    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset)
+    """Succeeded single-document (PLANNED_DOCUMENTS) trials of `preset`: measured ones on
+    `accelerator_type` (canonical, as CapacityRequest has it), and every plan (a compile is
+    XLA:CPU's wherever it ran; its estimate is labelled so)."""
+    stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset,
+                                   Result.documents == PLANNED_DOCUMENTS)
     if sweep_ids:
         stmt = stmt.where(Result.sweep_id.in_(sweep_ids))
     rows = session.execute(stmt.order_by(Result.trial_id)).all()  # plain rows, no ORM objects

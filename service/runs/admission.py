@@ -54,7 +54,8 @@ def _breakdown(s: SweepSpec) -> str:
             f"{kind}: repeats {repeats} × frameworks {len(s.frameworks_of(kind))} × kernels "
             f"{len(s.kernels_of(kind))} × seq_lens "
             f"{len(s.seq_lens)} × dtypes {len(s.dtypes)} × param_shardings "
-            f"{len(s.param_shardings)} × remats {len(s.remats)} × ({per_layers})")
+            f"{len(s.param_shardings)} × remats {len(s.remats)} × documents "
+            f"{len(s.documents)} × ({per_layers})")
     return "; ".join(parts)
 
 

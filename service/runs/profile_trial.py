@@ -41,6 +41,7 @@ def point_spec(trial: Trial, sweep_spec: SweepSpec) -> SweepSpec:
                         vocab_size=trial.vocab_size),
         batch_size=trial.batch_size, dtypes=[trial.dtype],
         param_shardings=[trial.param_sharding], remats=[trial.remat], kernels=[trial.kernels],
+        documents=[trial.documents],
         steps=trial.steps, warmup_steps=trial.warmup_steps,
         accelerator=AcceleratorSpec(kind=trial.accelerator_kind, type=trial.accelerator_type),
         verify=trial.verify, trial_timeout_s=trial.timeout_s, repeats=1,

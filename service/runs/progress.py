@@ -11,6 +11,7 @@ from typing import TextIO
 
 from sqlalchemy import select
 
+from gdn_core.packing import SINGLE_DOCUMENT
 from service.db.models import Result, Trial
 from workers.events import TrialFinished
 from workers.result import TrialResult
@@ -54,15 +55,16 @@ class SummaryRow:
     seq_len: int
     settings: str
     """What else tells trials of one (framework, mode, chips, seq_len) apart (dp > 1
-    replicas among them)."""
+    replicas and packed documents among them)."""
     status: str
     tokens_per_s_per_chip: float | None
     mfu: float | None
     peak_memory_bytes_per_chip: int | None
 
 
-def _settings_text(kind, dtype, param_sharding, remat, repeat, dp) -> str:
+def _settings_text(kind, dtype, param_sharding, remat, repeat, dp, documents) -> str:
     parts = ([f"dp {dp}"] if dp > 1 else []) + [dtype, param_sharding, remat] \
+        + ([f"documents {documents}"] if documents != SINGLE_DOCUMENT else []) \
         + ([f"repeat {repeat}"] if repeat else []) \
         + (["plan"] if kind == "plan" else [])
     return " ".join(parts)
@@ -72,12 +74,13 @@ def db_rows(session, sweep_id: int) -> list[SummaryRow]:
     """The summary of a sweep in the database: each trial row and its result."""
     found = session.execute(
         select(Trial.framework, Trial.mode, Trial.chips, Trial.seq_len, Trial.kind, Trial.dtype,
-               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.status,
+               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.documents,
+               Trial.status,
                Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip)
         .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
     return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len,
                        _settings_text(r.kind, r.dtype, r.param_sharding, r.remat, r.repeat,
-                                      r.dp),
+                                      r.dp, r.documents),
                        r.status, r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
             for r in found]
 
@@ -90,7 +93,7 @@ def _result_rows(trials: list[TrialSpec], results: dict[str, TrialResult]) -> li
         rows.append(SummaryRow(
             trial.framework, trial.mode, trial.chips, trial.seq_len,
             _settings_text(trial.kind, trial.dtype, trial.param_sharding, trial.remat,
-                           trial.repeat, trial.dp),
+                           trial.repeat, trial.dp, trial.documents),
             result.status if result is not None else "pending",
             metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
             metrics and metrics.peak_memory_bytes_per_chip))
@@ -109,7 +112,7 @@ def _bytes(value: int | None) -> str:
 def summary_table(rows: list[SummaryRow]) -> str:
     """One line per trial, sorted by framework, mode, chips, seq_len: status, tokens/s/chip,
     MFU, peak memory per chip. A settings column only when the sweep varies dp, dtype,
-    sharding, remat, repeats or kind (it then tells rows of one grid point apart)."""
+    sharding, remat, documents, repeats or kind (it then tells rows of one grid point apart)."""
     rows = sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len, r.settings))
     with_settings = len({r.settings for r in rows}) > 1
     header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),

@@ -167,3 +167,31 @@ def test_skip_reason_survives_pickling_and_cp_settings_carry_kernels():
     assert CPSettings(mode="p2p", chips=2, kernels="fused").kernels == "fused"
     with pytest.raises(ValueError, match=r"kernels='bogus' is not one of: reference, fused"):
         CPSettings(mode="p2p", chips=2, kernels="bogus")
+
+
+# ---------------------------------------------------------------- packed documents (issue 24)
+
+@pytest.mark.parametrize("device_kind, kernel", [("gpu", "cuDNN"), ("tpu", "splash")])
+def test_jax_fused_attention_without_a_mask_refuses_packed_documents(device_kind, kernel):
+    with pytest.raises(KernelUnavailable, match=rf"{kernel} attention as bound here takes no "
+                                                r"mask.*use documents: \[single\] or kernels: "
+                                                r"\[reference\]"):
+        resolve_kernels("jax", "fused", device_kind=device_kind, dtype="bfloat16",
+                        head_dim=128, has_attention=True, packed_documents=True)
+    resolve_kernels("jax", "fused", device_kind=device_kind, dtype="bfloat16", head_dim=128,
+                    has_attention=True)  # one document per sequence: served
+
+
+def test_packed_documents_are_served_where_the_kernels_take_boundaries(fla):
+    fla(True)
+    for framework in ("jax", "torch"):  # XLA attention (CPU), GDN-only JAX, SDPA flash
+        resolve_kernels(framework, "reference", device_kind="gpu", dtype="bfloat16",
+                        head_dim=64, has_attention=True, packed_documents=True)
+    resolve_kernels("jax", "fused", device_kind="cpu", dtype="float32", head_dim=64,
+                    has_attention=True, packed_documents=True)
+    resolve_kernels("jax", "fused", device_kind="gpu", dtype="bfloat16", head_dim=None,
+                    has_attention=False, packed_documents=True)
+    with pytest.raises(KernelUnavailable, match="fla-core's chunk_gated_delta_rule is not yet "
+                                                "composed with packed documents"):
+        resolve_kernels("torch", "fused", device_kind="gpu", dtype="bfloat16", head_dim=64,
+                        has_attention=True, packed_documents=True)

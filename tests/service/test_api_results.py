@@ -308,3 +308,50 @@ def test_gdn_sweep_results_filters_by_dp_given_as_a_comma_list(db_url, session_f
     with pytest.raises(SystemExit):
         gdn_sweep(["results", "--db", db_url, "--dp", "two"])
     assert "not a comma-separated list of integers" in capfd.readouterr().err
+
+
+def test_documents_are_a_filter_a_sort_key_a_column_and_a_csv_field(client, session_factory):
+    """A sweep over single and packed documents: each packed trial's key ends /documents=…
+    (single keys are as they were), its row and CSV line say how it was packed."""
+    sweep = seed_sweep(session_factory, name="packed", modes=["p2p"], chips=[1, 2],
+                       seq_lens=[64], documents=["single", "uniform:8-24"])
+    assert client.get("/api/results").json()["count"] == 4
+    packed = client.get("/api/results", params={"documents": "uniform:8-24",
+                                                "sort": "chips"}).json()["data"]
+    assert [(t["mode"], t["chips"], t["documents"]) for t in packed] == [
+        ("none", 1, "uniform:8-24"), ("p2p", 2, "uniform:8-24")]
+    assert all(t["key"].endswith("/documents=uniform:8-24") for t in packed)
+    assert packed[1]["baseline_trial_id"] == packed[0]["id"]  # the packed one chip
+    single = client.get("/api/results", params={"documents": "single"}).json()["data"]
+    assert {t["documents"] for t in single} == {"single"}
+    assert not any("/documents=" in t["key"] for t in single)
+    rows = list(csv.DictReader(io.StringIO(client.get(
+        "/api/results", params={"format": "csv", "sort": "documents,chips"}).text)))
+    assert [(r["chips"], r["documents"]) for r in rows] == [
+        ("1", "single"), ("2", "single"), ("1", "uniform:8-24"), ("2", "uniform:8-24")]
+    header = list(rows[0])
+    assert header.index("documents") == header.index("kernels") + 1
+    trials = client.get(f"/api/sweeps/{sweep}/trials").json()["data"]
+    assert sorted(t["documents"] for t in trials) == ["single"] * 2 + ["uniform:8-24"] * 2
+    assert client.get(f"/api/sweeps/{sweep}").json()["spec"]["documents"] == [
+        "single", "uniform:8-24"]
+    assert "documents" in client.get("/api/options").json()["result_sort_fields"]
+
+
+def test_gdn_sweep_results_filters_by_documents_and_shows_the_column(db_url, session_factory,
+                                                                     capfd):
+    from service.cli.main import main as gdn_sweep
+
+    seed_sweep(session_factory, name="packed", modes=["p2p"], chips=[2], seq_lens=[64],
+               documents=["single", "uniform:8-24"])
+    capfd.readouterr()
+    assert gdn_sweep(["results", "--db", db_url, "--documents", "uniform:8-24", "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capfd.readouterr().out)))
+    assert [(r["chips"], r["documents"]) for r in rows] == [("2", "uniform:8-24")]
+    assert gdn_sweep(["results", "--db", db_url, "--documents", "single",
+                      "--documents", "uniform:8-24"]) == 0
+    table = capfd.readouterr().out.splitlines()
+    assert "documents" in table[0].split() and table[-1] == "2 of 2 succeeded trial(s) matching"
+    assert sorted("uniform:8-24" in line for line in table[1:-1]) == [False, True]
+    assert gdn_sweep(["results", "--db", db_url, "--documents", "uniform:9"]) == 2
+    assert "documents='uniform:9' is not single" in capfd.readouterr().err

@@ -204,3 +204,22 @@ def test_a_dp_dividing_no_chip_count_is_422_naming_it_and_writes_nothing(client,
         "name": "nightly dp", "cron": "0 2 * * *", "spec": sweep_body(chips=[2], dp=[4])})
     assert_422_naming(scheduled, ["body", "spec"], "dp=[4] divides none of chips=[2]")
     assert row_counts(session_factory) == (0, 0, 0)
+
+
+def test_a_bad_documents_value_is_422_naming_it_and_what_is_accepted_and_writes_nothing(
+        client, session_factory):
+    r = client.post("/api/sweeps", json=sweep_body(documents=["single", "uniform:64-8"]))
+    assert_422_naming(r, ["body", "documents", 1], "documents='uniform:64-8': lengths need "
+                                                   "1 <= LO <= HI")
+    unknown = client.post("/api/sweeps", json=sweep_body(documents="zipf:1.1"))
+    assert_422_naming(unknown, ["body", "documents", 0],
+                      "documents='zipf:1.1' is not single (one document per sequence) or "
+                      "uniform:LO-HI")
+    too_long = client.post("/api/sweeps", json=sweep_body(documents=["uniform:" + "1" * 40]))
+    assert_422_naming(too_long, ["body", "documents", 0], "at most 40 characters")
+    scheduled = client.post("/api/schedules", json={
+        "name": "nightly packed", "cron": "0 2 * * *", "spec": sweep_body(documents=["x"])})
+    assert_422_naming(scheduled, ["body", "spec", "documents", 0], "documents='x'")
+    filtered = client.get("/api/results", params={"documents": "uniform:9"})
+    assert_422_naming(filtered, ["query", "documents", 0], "documents='uniform:9'")
+    assert row_counts(session_factory) == (0, 0, 0)

@@ -26,6 +26,7 @@ from sqlalchemy import func, select
 from service.cli.main import main as cli_main
 from service.db.engine import make_engine, make_session_factory, upgrade_database
 from service.db.models import Sweep, Trial
+from workers.result_sink import read_jsonl
 
 from .conftest import TINY_SWEEP
 
@@ -147,6 +148,29 @@ def test_an_invalid_sweep_exits_2_naming_the_field(tmp_path, migrated_db, path):
     assert "sweep.yaml: not a valid sweep:" in done.stderr and "modes" in done.stderr
     assert "(got 'sideways')" in done.stderr  # the bad value, beside what is accepted
     assert wrote_nothing(tmp_path, path, migrated_db)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS)
+def test_a_sweep_file_with_a_bad_documents_value_exits_2_naming_it(tmp_path, migrated_db,
+                                                                  path):
+    sweep = write_sweep(tmp_path, {**TINY_SWEEP, "documents": ["single", "uniform:9"]})
+    done = cli_run(tmp_path, sweep, path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "sweep.yaml: not a valid sweep:" in done.stderr and "documents" in done.stderr
+    assert "documents='uniform:9' is not single" in done.stderr
+    assert wrote_nothing(tmp_path, path, migrated_db)
+
+
+@pytest.mark.timeout(60)
+def test_a_sweep_file_asks_for_packed_documents_and_records_them(tmp_path):
+    # seq_len 64 over 3 chips is skipped: the point is recorded without starting Ray
+    sweep = write_sweep(tmp_path, {**TINY_SWEEP, "chips": [3], "documents": "uniform:8-24"})
+    done = cli_run(tmp_path, sweep, "jsonl")
+    assert done.returncode == 0, done.stderr
+    (record,) = [r for _, r in read_jsonl(tmp_path / "cli.jsonl").results]
+    assert record.trial.documents == "uniform:8-24"
+    assert record.trial.key.endswith("/documents=uniform:8-24") and record.status == "skipped"
 
 
 @pytest.mark.timeout(90)

@@ -81,6 +81,11 @@ def test_create_a_sweep_in_the_form_and_see_it_plotted(live_server, page):
     assert page.inner_text("#grid-size").startswith(f"{1 * 2 * 2} trials")
     page.fill("#dp", "1")
     assert page.inner_text("#grid-size").startswith("12 trials")
+    # documents: a step setting like the rest, the baseline included
+    assert page.input_value("#documents") == "single"
+    page.fill("#documents", "single, uniform:8-24")
+    assert page.inner_text("#grid-size").startswith("24 trials")
+    page.fill("#documents", "single")
     page.fill("#repeats", "1")
     page.uncheck("input[name=remats][value=full]")
     assert page.is_checked("input[name=dtypes][value=float32]")
@@ -409,6 +414,31 @@ def test_results_show_dp_and_the_global_batch(seeded_server, session_factory, pa
     }""")
     assert "dp=1&dp=2" in page.url
     assert _column(page, "#results", "chips") == ["4", "4"]
+
+
+@pytest.mark.timeout(60)
+def test_results_and_the_sweep_page_show_packed_documents(seeded_server, session_factory,
+                                                          page):
+    sweep_id = seed_sweep(session_factory, modes=["p2p"], chips=[1, 2], seq_lens=[64],
+                          documents=["single", "uniform:8-24"])
+    page.goto(f"{seeded_server}/results?documents=uniform:8-24&sort=chips")
+    page.wait_for_selector("#results tbody tr")
+    assert page.input_value("#f-documents") == "uniform:8-24"
+    assert list(zip(_column(page, "#results", "chips"), _column(page, "#results", "documents"))) \
+        == [("1", "uniform:8-24"), ("2", "uniform:8-24")]
+    _assert_fits_the_window(page, "#results")
+    page.fill("#f-documents", "single, uniform:8-24")
+    page.click("#filters button[type=submit]")
+    page.wait_for_function("() => document.querySelectorAll('#results tbody tr').length === 4")
+    assert sorted(_column(page, "#results", "documents")) == ["single"] * 2 + ["uniform:8-24"] * 2
+
+    page.goto(f"{seeded_server}/sweeps/{sweep_id}")
+    page.wait_for_selector("#plot-throughput g.trace.scatter")
+    settings = _column(page, "#trials", "settings")
+    assert sum(text.endswith(" · documents uniform:8-24") for text in settings) == 2
+    assert "documents single, uniform:8-24" in page.inner_text("#sweep-spec")
+    series = page.evaluate("document.getElementById('plot-throughput').data.map(t => t.name)")
+    assert {"torch p2p", "torch p2p documents=uniform:8-24"} <= set(series)
 
 
 @pytest.mark.timeout(60)

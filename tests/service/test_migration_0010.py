@@ -26,7 +26,8 @@ def _insert_0009_sweep(url: str) -> None:
     spec = SweepSpec.model_validate(OLD_SPEC)
     old = expand_trials(spec)
     stored = spec.model_dump(mode="json")
-    stored.pop("dp")  # as 0009's code stored it: no such field
+    for field in ("dp", "documents"):  # as 0009's code stored it: no such fields
+        stored.pop(field)
     _sql(url, "INSERT INTO sweeps (id, name, status, spec, trials_total, trials_skipped, "
          "created_at) VALUES (1000, 'old', 'running', :spec, :n, 0, '2026-01-01')",
          spec=json.dumps(stored), n=len(old))

@@ -8,13 +8,15 @@ import types
 import typing
 
 import pytest
+from pydantic import TypeAdapter
 from sqlalchemy import BigInteger, Float, Integer, String, Text
 
 from service.db.models import (METRIC_COLUMNS, PROFILE_COLUMNS, Result, Trial, result_for,
                                trial_row, trial_spec, utcnow)
 from service.db.schemas import TrialPublic
 from workers.result import TrialMetrics, TrialProfile
-from workers.grid import expand_trials
+from workers.grid import MAX_KEY_CHARS, expand_trials
+from workers.sweep_spec import Documents
 from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
@@ -73,10 +75,12 @@ def test_a_trial_row_reads_back_as_the_trial_spec_it_was_written_from():
     spec = SweepSpec.model_validate({
         **TINY_SWEEP, "frameworks": ["jax"], "kinds": ["measure", "plan"],
         "chips": [1, 2, 3, 4], "dp": [1, 2], "layers": ["gdn_only", "hybrid"],
-        "kernels": ["reference", "fused"], "repeats": 2})
+        "kernels": ["reference", "fused"], "documents": ["single", "uniform:8-24"],
+        "repeats": 2})
     trials = expand_trials(spec)
     assert any(t.skip_reason for t in trials) and any(t.kind == "plan" for t in trials)
     assert {t.kernels for t in trials} == {"reference", "fused"}
+    assert {t.documents for t in trials} == {"single", "uniform:8-24"}
     assert {(t.chips, t.dp) for t in trials} == {(1, 1), (2, 1), (2, 2), (3, 1), (4, 1), (4, 2)}
     rows = [trial_row(sweep_id=1, spec=t, status="pending", created_at=utcnow()) for t in trials]
     assert [trial_spec(row, repeats=2 if row.kind == "measure" else 1) for row in rows] == trials
@@ -106,3 +110,25 @@ def test_a_trial_row_and_its_result_hold_dp_and_the_public_trial_the_global_batc
     fields = list(TrialPublic.model_fields)
     assert fields.index("dp") == fields.index("chips") + 1
     assert fields.index("global_batch_size") == fields.index("batch_size") + 1
+
+
+def test_a_packed_trials_row_result_and_public_trial_hold_its_documents():
+    spec = SweepSpec.model_validate({**TINY_SWEEP, "documents": ["uniform:8-24"]})
+    (trial,) = expand_trials(spec)
+    row = trial_row(sweep_id=1, spec=trial, status="pending", created_at=utcnow())
+    assert row.documents == "uniform:8-24" and row.key.endswith("/documents=uniform:8-24")
+    row.id = 7
+    assert result_for(row, status="succeeded").documents == "uniform:8-24"
+    public = TrialPublic.model_validate({
+        **{c.key: getattr(row, c.key) for c in Trial.__table__.columns},
+        "accelerator": row.accelerator_type})
+    assert public.documents == "uniform:8-24"
+
+
+def test_the_key_and_documents_columns_hold_what_the_workers_allow():
+    """workers.grid refuses a key longer than the column; the spec a documents value longer."""
+    assert Trial.__table__.c.key.type.length == MAX_KEY_CHARS
+    assert Trial.__table__.c.baseline_key.type.length == MAX_KEY_CHARS
+    documents_bound = TypeAdapter(Documents).json_schema()["maxLength"]
+    assert Trial.__table__.c.documents.type.length == documents_bound
+    assert Result.__table__.c.documents.type.length == documents_bound

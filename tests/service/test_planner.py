@@ -428,3 +428,19 @@ def assert_pareto_front(front: list, candidates: list) -> None:
     timed = [c for c in rows if c["fits"] and c["tokens_per_s"]["value"]]
     assert front and not any(beats(c, p) for p in front for c in timed)
     assert all(any(beats(p, c) for p in front) for c in timed if c not in front)
+
+
+@pytest.mark.timeout(60)
+def test_the_planner_rests_on_single_document_trials_only(session_factory):
+    """Packed trials skip the attention between documents: another workload than the planner's
+    requests (one document per sequence) name, so they are no evidence for it."""
+    from .seed import seed_sweep
+
+    seed_sweep(session_factory, name="packed", frameworks=["jax"], modes=["p2p"], chips=[1, 2],
+               seq_lens=[256], documents=["single", "uniform:16-64"])
+    with session_factory() as session:
+        packed = set(session.scalars(select(Result.trial_id).where(
+            Result.documents == "uniform:16-64")))
+        observations = load_observations(session, preset="tiny", accelerator_type="cpu")
+    assert len(packed) == 2 and len(observations) == 2
+    assert not packed & {o.trial_id for o in observations}

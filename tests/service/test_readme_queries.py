@@ -43,9 +43,13 @@ SWEEPS = (
     # hides `dp` would look like one of them
     {**TINY_SWEEP, "name": "readme: data parallel", "modes": ["p2p"], "chips": [4],
      "dp": [2], "seq_lens": [TARGET_SEQ_LEN]},
+    # 2 chips on packed documents: beside the single-document trials of those chips, a row
+    # that hides `documents` would look like one of them
+    {**TINY_SWEEP, "name": "readme: packed documents", "modes": ["p2p"], "chips": [2],
+     "seq_lens": [TARGET_SEQ_LEN], "documents": ["uniform:16-64"]},
 )
-CONFIG = ("framework", "kernels", "mode", "dp", "param_sharding", "remat", "num_layers",
-          "batch_size")
+CONFIG = ("framework", "kernels", "mode", "dp", "documents", "param_sharding", "remat",
+          "num_layers", "batch_size")
 """What a configuration is, besides its chip count and the preset, chip type and dtype."""
 
 
@@ -136,8 +140,8 @@ def test_every_documented_statement_parses_and_returns_rows(planner_db):
         assert answer(planner_db, statement), f"no rows from:\n{statement}"
 
 
-FIT_ROW = ("framework", "kernels", "mode", "chips", "dp", "param_sharding", "remat",
-           "num_layers", "batch_size")
+FIT_ROW = ("framework", "kernels", "mode", "chips", "dp", "documents", "param_sharding",
+           "remat", "num_layers", "batch_size")
 
 
 @pytest.mark.timeout(300)
@@ -155,12 +159,15 @@ def test_the_fit_query_has_one_row_per_configuration(planner_db):
     assert len({(mode, chips) for _, _, mode, chips, *_ in keys}) < len(keys)
     # p2p on 4 chips as one CP group and as 2 replicas: without `dp` they would look alike
     assert {dp for _, _, mode, chips, dp, *_ in keys if (mode, chips) == ("p2p", 4)} == {1, 2}
+    # torch p2p on 2 chips, packed and not: without `documents` they would look alike
+    assert {documents for framework, _, mode, chips, _, documents, *_ in keys
+            if (framework, mode, chips) == ("torch", "p2p", 2)} == {"single", "uniform:16-64"}
 
 
 @pytest.mark.timeout(300)
 def test_the_fastest_query_names_the_best_trial_per_sequence_length(planner_db):
     found = answer(planner_db, documented("The fastest measured"))
-    point = ("seq_len", "param_sharding", "remat", "num_layers")
+    point = ("seq_len", "documents", "param_sharding", "remat", "num_layers")
     best = defaultdict(float)
     for result in measured_results(planner_db, "succeeded"):
         key = columns(result, point)
@@ -205,12 +212,15 @@ def test_the_fewest_chips_query_gives_the_throughput_there(planner_db):
         assert row["tokens_per_s_per_chip"] == best.tokens_per_s_per_chip > 0
         assert row["tokens_per_s"] == pytest.approx(best.tokens_per_s_per_chip * row["chips"])
     # torch p2p ran the target on 2 chips three times (and on 4): the best of the three
-    (torch_p2p,) = [row for row in found
-                    if (row["framework"], row["mode"], row["dp"]) == ("torch", "p2p", 1)]
+    (torch_p2p,) = [row for row in found if (row["framework"], row["mode"], row["dp"],
+                                             row["documents"]) == ("torch", "p2p", 1, "single")]
     assert torch_p2p["chips"] == 2
     # as 2 replicas, p2p ran it on 4 chips only: its own configuration, its own row
     (replicated,) = [row for row in found if row["dp"] == 2]
     assert (replicated["framework"], replicated["mode"], replicated["chips"]) == (
         "torch", "p2p", 4)
-    assert sum(r.chips == 2 and (r.framework, r.mode) == ("torch", "p2p")
+    assert sum(r.chips == 2 and (r.framework, r.mode, r.documents) == ("torch", "p2p", "single")
                for r in ran_target) == 3
+    # on packed documents, its own configuration and row
+    (packed,) = [row for row in found if row["documents"] == "uniform:16-64"]
+    assert (packed["framework"], packed["mode"], packed["chips"]) == ("torch", "p2p", 2)

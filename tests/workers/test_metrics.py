@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from gdn_core.flops.hardware import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.hardware import PeakMeasurement
 from gdn_core.memory.step import predict_step_memory
+from gdn_core.packing import document_boundaries
 from gdn_core.presets import get_preset
 from gdn_core.train_config import CPTrainReport
 from workers import metrics
@@ -217,3 +219,32 @@ def test_a_dp_mesh_counts_every_replicas_tokens_and_flops_over_all_its_chips():
     assert m.predicted_memory_bytes_per_chip == predict_step_memory(
         model_cfg, trial.to_train_config(), mode="p2p", chips=2, dp=2,
         framework=trial.framework).total
+
+
+@pytest.mark.timeout(30)
+def test_a_packed_trials_model_flops_count_attention_per_document():
+    """documents=uniform:…: the model FLOPs are the single-document trial's less exactly the
+    attention pairs between its documents (the boundaries its step draws from its seed), so
+    its MFU at the same step time is lower, and at most 1; HFU never falls below MFU."""
+    spec = tiny_spec(modes=["p2p"], chips=[2], seq_lens=[64], layers=["hybrid"],
+                     model={"preset": "tiny", "num_layers": 2},
+                     documents=["single", "uniform:8-24"])
+    single, packed = [t for t in expand_trials(spec) if t.chips == 2]
+    assert (single.documents, packed.documents) == ("single", "uniform:8-24")
+    cu = metrics.trial_documents(packed)
+    assert cu.tolist() == document_boundaries("uniform:8-24", seq_len=64, seed=0).tolist()
+    assert metrics.trial_documents(single) is None
+    reports = [dataclasses.replace(_report([0.5, 0.5], 100, "rss", 10), attn_cp="all_gather_kv")
+               for _ in range(2)]
+    peak = metrics.ChipPeak(1e9, "test", "float32")
+    m_single = metrics.trial_metrics(single, reports, peak=peak)
+    m_packed = metrics.trial_metrics(packed, reports, peak=peak)
+    lengths = np.diff(cu)
+    skipped_pairs = 64 * 65 // 2 - int(sum(d * (d + 1) // 2 for d in lengths))
+    attention = get_preset("tiny").attention
+    qk_and_av, attention_layers, forward_and_backward = 2, 1, 3
+    difference = (forward_and_backward * attention_layers * qk_and_av * 2 * attention.num_heads
+                  * attention.head_dim * skipped_pairs)
+    assert m_single.model_flops_per_step - m_packed.model_flops_per_step == difference > 0
+    assert m_packed.mfu < m_single.mfu <= 1
+    assert m_packed.hfu >= m_packed.mfu

@@ -9,7 +9,7 @@ const DEFAULT_SORT = "-tokens_per_s_per_chip";  // the API's: left out of the li
 
 const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
                  "layers", "attn_cp", "layout", "kernels"];
-const LISTS = ["chips", "dp", "repeat"];  // comma-separated in the form
+const LISTS = ["chips", "dp", "documents", "repeat"];  // comma-separated in the form
 const NUMBERS = ["seq_len_min", "seq_len_max", "sweep_id"];
 const FORM_PARAMS = new Set([...SELECTS, ...LISTS, ...NUMBERS, "sort", "offset"]);
 const NOT_KEPT = new Set(["limit", "format"]);
@@ -71,6 +71,7 @@ function resultRow(t) {
     GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
     GS.el("td", {}, t.remat), GS.el("td", {}, t.layers), GS.el("td", {}, t.attn_cp || ""),
     GS.el("td", {}, t.layout), GS.el("td", {}, t.kernels || "reference"),
+    GS.el("td", {}, t.documents || "single"),
     GS.el("td", {}, t.gdn_kernel || ""), GS.el("td", {}, t.attention_kernel || ""),
     num(t.repeat), GS.el("td", {}, t.accelerator),
     GS.el("td", {}, t.device_name || ""), GS.attempts(t),

@@ -23,6 +23,7 @@ function trialRow(t, repeated) {
                    (t.layers === "hybrid" ? ` · hybrid${t.attn_cp ? ", attn " + t.attn_cp : ""}` : "") +
                    (t.layout === "zigzag" ? " · zigzag" : "") +
                    (t.kernels === "fused" ? " · fused" : "") +
+                   ((t.documents || "single") !== "single" ? ` · documents ${t.documents}` : "") +
                    (repeated ? ` · repeat ${t.repeat}` : "");
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
                        "data-attempts": t.attempt_history.length },
@@ -64,6 +65,7 @@ function showSweep(s, trials) {
     ((s.spec.layers || []).includes("hybrid") ? ` · attention CP ${s.spec.attn_cps.join(", ")}` : "") +
     ` · layouts ${(s.spec.layouts || ["contiguous"]).join(", ")}` +
     ` · kernels ${(s.spec.kernels || ["reference"]).join(", ")}` +
+    ` · documents ${(s.spec.documents || ["single"]).join(", ")}` +
     (s.spec.repeats > 1 ? ` · ${s.spec.repeats} repeats of every point` : "") +
     (s.spec.profile ? " · profiled (one extra step per trial)" : "") +
     (s.spec.one_chip_baseline && s.spec.chips.includes(1) ? " · one-chip baseline (mode none) shared by every mode" : "");

@@ -19,6 +19,10 @@ function intList(text) {
   return text.split(/[\s,]+/).filter(Boolean).map((t) => (/^-?\d+$/.test(t) ? Number(t) : t));
 }
 
+function textList(text) {
+  return text.split(/[\s,]+/).filter(Boolean);
+}
+
 function optionalInt(id) {
   const value = document.getElementById(id).value.trim();
   return value === "" ? null : Number(value);
@@ -40,6 +44,7 @@ function formBody() {
     chips: intList(value("chips")), dp: intList(value("dp")), seq_lens: intList(value("seq_lens")), model,
     batch_size: Number(value("batch_size")), dtypes: checkedValues("dtypes"),
     param_shardings: checkedValues("param_shardings"), remats: checkedValues("remats"),
+    documents: textList(value("documents")),
     steps: Number(value("steps")),
     warmup_steps: Number(value("warmup_steps")),
     accelerator: { kind: value("accelerator_kind"), type: value("accelerator_type") },
@@ -68,7 +73,8 @@ function showGridSize() {
   const points = b.layers.reduce((total, layers) => total + b.modes.length *
     (layers === "hybrid" ? b.attn_cps.length : 1) * b.layouts.length * (all.length - once) + once, 0);
   const settings = (frameworks, kernels) => [frameworks, kernels, b.seq_lens, b.dtypes, b.param_shardings,
-                                             b.remats].reduce((product, values) => product * values.length, 1);
+                                             b.remats, [...new Set(b.documents)]]
+    .reduce((product, values) => product * values.length, 1);
   const n = b.kinds.reduce((total, kind) => total + (kind === "plan"
     ? settings(b.frameworks.filter((f) => f === "jax"), b.kernels.filter((k) => k === "reference"))
     : (b.repeats || 1) * settings(b.frameworks, b.kernels)) * points, 0);
