@@ -285,17 +285,27 @@ def _copy_database(source: str, target: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_plan_fit_bisects_compiles_for_the_longest_sequence_that_fits(capsys):
+def test_plan_fit_bisects_compiles_for_the_longest_sequence_that_fits(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'fit.db'}"
     base = ["plan", "--fit", "--preset", "tiny", "--num-layers", "1", "--seq-len", "512",
-            "--accelerator", "cpu", "--dtype", "float32", "--chips", "2", "--mode", "p2p"]
+            "--accelerator", "cpu", "--dtype", "float32", "--chips", "2", "--mode", "p2p",
+            "--db", url]
     assert gdn_sweep([*base, "--chip-memory-gib", "1000"]) == 0
-    row = capsys.readouterr().out.strip().splitlines()[-1].split()
-    assert row[:4] == ["p2p", "2", "replicated", "none"] and row[4] == "512" and row[6] == "-"
+    *_, row, recorded = capsys.readouterr().out.strip().splitlines()
+    row = row.split()
+    assert row[:5] == ["p2p", "2", "1", "replicated", "none"] and row[5] == "512"
+    assert row[7] == "-" and f"recorded {row[-1]} compile(s) as plan trials" in recorded
     assert gdn_sweep([*base, "--chip-memory-gib", "0.000001"]) == 0
-    row = capsys.readouterr().out.strip().splitlines()[-1].split()
-    assert row[4] == "none" and row[6] == "32"  # not even one chunk per chip fits
-    assert gdn_sweep([*base[:-4], "--chips", "2"]) == 2  # cpu needs a memory size
+    *_, row, _ = capsys.readouterr().out.strip().splitlines()
+    row = row.split()
+    assert row[5] == "none" and row[7] == "32"  # not even one chunk per chip fits
+    assert gdn_sweep([*base[:-6], "--chips", "2"]) == 2  # cpu needs a memory size
     assert "--chip-memory-gib" in capsys.readouterr().err
+    # every compile is a plan trial: a plan at 512 tokens on 2 chips rests on its estimate
+    plans = [r for r in _rows(url) if r.kind == "plan"]
+    assert {r.seq_len for r in plans} >= {32, 512} and {r.status for r in plans} == {"succeeded"}
+    answer = _answer(url, seq_len=512, max_chips=2)
+    assert _candidate(answer, 2).memory_bytes_per_chip.basis == "estimated"
 
 
 @pytest.mark.timeout(60)
