@@ -158,7 +158,13 @@ def format_answer(answer, *, rows: int) -> str:
 def _validate(session, sweep_id: int, out: TextIO) -> int:
     from service.db.models import Sweep
     from service.planner.evidence import load_observations
-    from service.planner.validate import summary, validate
+    from service.planner.validate import (
+        MEMORY_GOAL,
+        STEP_TIME_GOAL,
+        STEP_TIME_MEDIAN_GOAL,
+        summary,
+        validate,
+    )
 
     sweep = session.get(Sweep, sweep_id)
     if sweep is None:
@@ -175,23 +181,29 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
               "seq_lens of succeeded trials)", file=sys.stderr)
         return 2
     out.write(f"sweep {sweep_id} ({preset} on {accelerator}): {len(observations)} succeeded "
-              f"trial(s), {len(rows)} held-out figure(s)\n")
-    out.write(f"{'held out':<24} {'trial':>6} {'figure':<22} {'predicted':>14} "
-              f"{'observed':>14} {'error':>8}  basis\n")
+              f"trial(s), {len(rows)} held-out figure(s); goals: memory ≤ "
+              f"{100 * MEMORY_GOAL:.0f}% every point, step time median ≤ "
+              f"{100 * STEP_TIME_MEDIAN_GOAL:.0f}%, worst ≤ {100 * STEP_TIME_GOAL:.0f}%\n")
+    out.write(f"{'held out':<24} {'trial':>6} {'point':<36} {'figure':<22} {'predicted':>11} "
+              f"{'observed':>11} {'error':>8}  basis\n")
     for r in rows:
         error = "n/a" if r.error is None else f"{100 * r.error:.1f}%"
         predicted = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
-        out.write(f"{r.holdout:<24} {r.trial_id:>6} {r.figure:<22} {predicted:>14} "
-                  f"{r.observed:>14,.4g} {error:>8}  {r.basis}\n")
+        point = r.point.split("/", 2)[-1].rsplit("/seq_len=", 1)[0]  # framework, mode, mesh
+        out.write(f"{r.holdout:<24} {r.trial_id:>6} {point:<36} {r.figure:<22} "
+                  f"{predicted:>11} {r.observed:>11,.4g} {error:>8}  {r.basis}"
+                  f"{'  OVER GOAL' if r.over_goal else ''}\n")
     out.write("\nsummary (memory: error on the part above the fitted constant):\n")
     for s in summary(rows):
         median = "n/a" if s["median_error"] is None else f"{100 * s['median_error']:.1f}%"
         worst = "n/a" if s["max_error"] is None else f"{100 * s['max_error']:.1f}%"
         verdict = "-" if s["median_meets_goal"] is None else (
-            f"median {'meets' if s['median_meets_goal'] else 'misses'}, "
-            f"{s['within_goal']}/{s['trials']} points within")
-        out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} trial(s)  median "
-                  f"{median:>7}  max {worst:>7}  goal {100 * s['goal']:.0f}% ({verdict})\n")
+            f"median {'meets' if s['median_meets_goal'] else 'misses'}, worst "
+            f"{'meets' if s['every_point_meets_goal'] else 'misses'}; {s['within_goal']}/"
+            f"{s['trials']} points within {100 * s['goal']:.0f}%")
+        out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} point(s)  median "
+                  f"{median:>7} (goal {100 * s['median_goal']:.0f}%)  worst {worst:>7} "
+                  f"(goal {100 * s['goal']:.0f}%)  {verdict}\n")
     out.write(json.dumps({"summary": summary(rows)}) + "\n")
     return 0
 

@@ -198,14 +198,17 @@ def _step(request, model_cfg, point: Point, on_chip, exact, compute: TimeCurve |
         return Figure(value=None, basis="refused", note=why)
     if point.chips > max(links.chips_max, 1) and basis == "interpolated":
         basis, why = "extrapolated", f"beyond the {links.chips_max} chips the links were fitted on"
-    rounds = dependent_rounds(point.mode, point.chips, num_layers=model_cfg.num_layers,
-                              remat=point.remat)
-    seconds = compute.seconds_at(per_chip) + (links.seconds(comm_bytes, rounds)
+    seconds = compute.seconds_at(per_chip) + (links.seconds(comm_bytes, _rounds(point, model_cfg))
                                               if point.chips > 1 else 0.0)
     return Figure(value=seconds, basis=basis,
                   trial_ids=sorted({*compute.trial_ids, *links.trial_ids}),
                   note=f"compute at {compute.flops_per_s:.3g} FLOP/s per chip; links: "
                        f"{links.source}" + (f"; {why}" if why else ""))
+
+
+def _rounds(point: Point, model_cfg) -> int:
+    return dependent_rounds(point.mode, point.cp_chips, num_layers=model_cfg.num_layers,
+                            remat=point.remat, dp=point.dp)
 
 
 def _peak(request: CapacityRequest, group) -> float | None:
@@ -295,7 +298,8 @@ def _mesh_figures(request, model_cfg, point: Point, observations, group, local: 
              and o.cp_mode == point.mode]
     comm, mesh_step = mesh_comm_and_step(
         group=group, mode=point.mode, modes=request.modes, cp=point.cp_chips, dp=point.dp,
-        local_tokens=local, replica_comm=comm, replica_step=step, links=links, recorded=exact)
+        local_tokens=local, replica_comm=comm, replica_step=step, links=links, recorded=exact,
+        extra_rounds=_rounds(point, model_cfg) - _rounds(point.replica(), model_cfg))
     if any(o.memory_bytes is not None for o in exact):
         memory = predict_memory(request, model_cfg, point, [], exact)
     else:

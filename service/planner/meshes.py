@@ -92,11 +92,14 @@ def weight_bytes(group: Sequence[Observation], *, modes: Sequence[str], chips: i
 def mesh_comm_and_step(*, group: Sequence[Observation], mode: str, modes: Sequence[str],
                        cp: int, dp: int, local_tokens: int, replica_comm: Figure,
                        replica_step: Figure, links: LinkFit,
-                       recorded: Sequence[Observation] = ()) -> tuple[Figure, Figure]:
+                       recorded: Sequence[Observation] = (), extra_rounds: int = 0
+                       ) -> tuple[Figure, Figure]:
     """The mesh's (bytes per chip, step time): the replica's CP bytes and step, plus the
     weight traffic grown from cp chips to dp × cp chips and its time at the link fit.
     `recorded`: trials of exactly the mesh (a plan's compiled HLO, a measured trial's count):
-    their bytes replace the derived ones, and their weight bytes the grown ones."""
+    their bytes replace the derived ones, and their weight bytes the grown ones.
+    `extra_rounds`: dependent rounds the mesh has beyond its replica's (the gradient
+    reduction a one-chip replica does not make)."""
     at_replica = weight_bytes(group, modes=[mode, *modes], chips=cp,
                               local_tokens=local_tokens)
     known = [o for o in recorded if o.cp_comm_bytes is not None
@@ -121,11 +124,13 @@ def mesh_comm_and_step(*, group: Sequence[Observation], mode: str, modes: Sequen
                         None if replica_comm.value is None else replica_comm.value + extra,
                         f"dp={dp}: + {extra / 2**20:,.1f} MiB of weight sync over {dp * cp} "
                         "chips")
-    seconds = links.seconds(extra, rounds=0)
+    seconds = links.seconds(extra, rounds=extra_rounds)
     step = _derived(replica_step, None if replica_step.value is None
                     else replica_step.value + seconds,
                     f"dp={dp}: the cp={cp} replica's step + {seconds * 1e3:,.2f} ms for "
-                    f"{extra / 2**20:,.1f} MiB more weight sync at {links.source}")
+                    f"{extra / 2**20:,.1f} MiB more weight sync"
+                    + (f" and {extra_rounds} more round(s)" if extra_rounds else "")
+                    + f" at {links.source}")
     if known:
         step = step.model_copy(update={"trial_ids": sorted({*step.trial_ids,
                                                             known[0].trial_id})})

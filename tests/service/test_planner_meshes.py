@@ -51,3 +51,98 @@ def test_a_dp_mesh_with_a_plan_trial_rests_on_the_plans_estimate(session_factory
     pure = by_mesh[4, 4]  # no plan of dp 4: the replica's figures moved by what dp changes
     assert pure["memory_bytes_per_chip"]["basis"] == "extrapolated"
     assert "dp=4" in pure["memory_bytes_per_chip"]["note"]
+
+
+RATE, BYTES_PER_S, LATENCY_S = 2e9, 5e8, 2e-4
+STATE_BYTES, WEIGHT_BYTES = 65_536, 400_000
+MESHES = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2)]
+
+
+def _synthetic(seq_lens=(256, 512), extra=lambda chips: 0.0) -> list:
+    """Measured trials of a dp × cp sweep (tiny, p2p) with known structure: step time = the
+    FLOPs per chip at RATE + (CP + gradient bytes) ÷ BYTES_PER_S + dependent rounds ×
+    LATENCY_S (+ extra(chips) × the compute, to break it); CP bytes grow as p2p's do (one
+    state at 2 chips, two beyond), gradient bytes as (N − 1)/N over all N chips; memory is the
+    prediction + an affine residual in the local shard (what the fits assume)."""
+    from gdn_core.flops.hardware import hardware_flops_per_step
+    from gdn_core.memory.step import predict_step_memory
+    from gdn_core.presets import get_preset
+    from gdn_core.train_config import TrainConfig
+    from service.planner.evidence import Observation
+    from service.planner.fits import dependent_rounds
+
+    model = get_preset("tiny", num_layers=1)
+    observations = []
+    for seq_len in seq_lens:
+        for chips, dp in MESHES:
+            cp = chips // dp
+            flops = hardware_flops_per_step(model, mode="p2p", chips=cp, batch=dp,
+                                            seq_len=seq_len, framework="jax").total
+            cp_bytes = {1: 0, 2: STATE_BYTES}.get(cp, 2 * STATE_BYTES)
+            sync = WEIGHT_BYTES * (chips - 1) // chips
+            compute = flops / chips / RATE
+            step = (compute * (1 + extra(chips)) + (cp_bytes + sync) / BYTES_PER_S
+                    + dependent_rounds("p2p", cp, num_layers=1, remat="none", dp=dp) * LATENCY_S)
+            predicted = predict_step_memory(model, TrainConfig(seq_len=seq_len, dtype="float32"),
+                                            mode="p2p", chips=cp, dp=dp, framework="jax").total
+            observations.append(Observation(
+                trial_id=len(observations) + 1, sweep_id=1, kind="measure", framework="jax",
+                mode="none" if cp == 1 else "p2p", kernels="reference", chips=chips, dp=dp,
+                seq_len=seq_len, batch_size=1, preset="tiny", num_layers=1, dtype="float32",
+                param_sharding="replicated", remat="none", accelerator_type="cpu",
+                step_time_s=step, hardware_flops_per_step=float(flops), peak_flops_per_chip=None,
+                memory_bytes=predicted + 3_000_000 + 200 * seq_len // cp,
+                memory_source="xla_memory_analysis", memory_is_peak=False,
+                peak_memory_bytes=None, peak_memory_source=None,
+                predicted_memory_bytes=predicted, cp_comm_bytes=cp_bytes, grad_sync_bytes=sync))
+    return observations
+
+
+@pytest.mark.timeout(60)
+def test_validate_predicts_the_held_out_chip_count_of_a_linear_dp_x_cp_sweep():
+    """Where the data is exactly what the fits assume, the largest chip count (dp 1 × cp 4
+    and dp 2 × cp 2), held out, is predicted from the 2-chip meshes to round-off: the link
+    fit tells bandwidth from latency across dp 1 × cp 2 and dp 2 × cp 1."""
+    from service.planner.fits import fit_compute, fit_links
+    from service.planner.validate import summary, validate
+
+    observations = _synthetic()
+    small = [o for o in observations if o.chips < 4]
+    links = fit_links(small, fit_compute([o for o in small if o.dp == 1]),
+                      accelerator_type="cpu", mode="p2p")
+    assert links.bytes_per_s == pytest.approx(BYTES_PER_S, rel=1e-6)
+    assert links.latency_s == pytest.approx(LATENCY_S, rel=1e-6)
+    assert "dp×cp 1×2, 2×1" in links.source
+
+    rows = validate(observations)
+    held = {(r.point, r.figure): r for r in rows if r.holdout == "largest chips (4)"}
+    assert {p.split("/seq_len=")[0] for p, _ in held} == {
+        "measure/jax/p2p/chips=4", "measure/jax/p2p/chips=4/dp=2"}
+    assert len(held) == 2 * 2 * 2  # two meshes × two lengths × memory and step time
+    for row in rows:
+        assert row.error is not None and row.error < 1e-3, row
+        assert not row.over_goal
+    overall = {s["figure"]: s for s in summary(rows) if s["basis"] == "all"}
+    for figure in ("memory_bytes_per_chip", "step_time_s"):
+        assert overall[figure]["median_meets_goal"] and overall[figure]["every_point_meets_goal"]
+
+
+@pytest.mark.timeout(60)
+def test_validate_flags_a_held_out_chip_count_the_linear_model_cannot_reach():
+    """Contention that grows with the chip count (compute × (1 + 0.1 · (chips − 1)²)) is in
+    no fit (the link fit absorbs some of it at 2 chips): the 4-chip points held out miss,
+    the worst by far more than the goal, and are flagged; the summary says both step-time
+    goals are missed, while memory (still affine) meets its goal."""
+    from service.planner.validate import STEP_TIME_GOAL, summary, validate
+
+    rows = validate(_synthetic(extra=lambda chips: 0.1 * (chips - 1) ** 2))
+    steps = [r for r in rows if r.figure == "step_time_s"]
+    four = [r for r in steps if r.holdout == "largest chips (4)"]
+    worst = max(steps, key=lambda r: r.error)
+    assert worst in four and worst.over_goal and worst.error > 3 * STEP_TIME_GOAL
+    assert sum(r.over_goal for r in four) >= 3
+    assert all(r.over_goal == (r.error > STEP_TIME_GOAL) for r in steps)
+    overall = {s["figure"]: s for s in summary(rows) if s["basis"] == "all"}
+    assert overall["step_time_s"]["median_meets_goal"] is False
+    assert overall["step_time_s"]["every_point_meets_goal"] is False
+    assert overall["memory_bytes_per_chip"]["every_point_meets_goal"] is True
