@@ -184,13 +184,12 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
               f"trial(s), {len(rows)} held-out figure(s); goals: memory ≤ "
               f"{100 * MEMORY_GOAL:.0f}% every point, step time median ≤ "
               f"{100 * STEP_TIME_MEDIAN_GOAL:.0f}%, worst ≤ {100 * STEP_TIME_GOAL:.0f}%\n")
-    out.write(f"{'held out':<24} {'trial':>6} {'point':<36} {'figure':<22} {'predicted':>11} "
+    out.write(f"{'held out':<22} {'trial':>5} {'point':<48} {'figure':<22} {'predicted':>11} "
               f"{'observed':>11} {'error':>8}  basis\n")
     for r in rows:
         error = "n/a" if r.error is None else f"{100 * r.error:.1f}%"
         predicted = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
-        point = r.point.split("/", 2)[-1].rsplit("/seq_len=", 1)[0]  # framework, mode, mesh
-        out.write(f"{r.holdout:<24} {r.trial_id:>6} {point:<36} {r.figure:<22} "
+        out.write(f"{r.holdout:<22} {r.trial_id:>5} {r.point:<48} {r.figure:<22} "
                   f"{predicted:>11} {r.observed:>11,.4g} {error:>8}  {r.basis}"
                   f"{'  OVER GOAL' if r.over_goal else ''}\n")
     out.write("\nsummary (memory: error on the part above the fitted constant):\n")

@@ -146,3 +146,43 @@ def test_validate_flags_a_held_out_chip_count_the_linear_model_cannot_reach():
     assert overall["step_time_s"]["median_meets_goal"] is False
     assert overall["step_time_s"]["every_point_meets_goal"] is False
     assert overall["memory_bytes_per_chip"]["every_point_meets_goal"] is True
+
+
+DP_SWEEP = {"name": "validate: dp × cp", "kinds": ["measure"], "frameworks": ["jax"],
+            "modes": ["p2p"], "chips": [1, 2, 4], "dp": [1, 2], "seq_lens": [256, 512],
+            "model": {"preset": "tiny", "num_layers": 1}, "steps": 3, "warmup_steps": 1,
+            "accelerator": {"kind": "cpu", "type": "cpu"}, "trial_timeout_s": 300}
+
+
+@pytest.mark.slow  # ten measured JAX trials, up to 4 virtual chips on 2 cores
+@pytest.mark.timeout(900)
+def test_validate_a_measured_dp_x_cp_sweep(tmp_path, local_ray, capsys):
+    """A real dp × cp sweep (chips 1, 2, 4 × dp 1, 2) run by `gdn-sweep run`'s code, then
+    `gdn-sweep plan --validate`: every mesh of 4 chips is held out and predicted, each
+    figure's error printed with the median and the worst (whatever they are on this host:
+    the goals are judged, not assumed)."""
+    import json
+
+    import yaml
+
+    from service.cli.main import main as gdn_sweep
+    from service.core.config import Settings
+    from service.runs.run_command import run_sweep_into_db
+
+    url = f"sqlite:///{tmp_path / 'dp.db'}"
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(DP_SWEEP))
+    settings = Settings(database_url=url, max_concurrent_trials=1)
+    assert run_sweep_into_db(path, settings=settings, progress=False) == 0
+    capsys.readouterr()
+    assert gdn_sweep(["plan", "--db", url, "--validate", "1"]) == 0
+    out = capsys.readouterr().out
+    print(out)  # the figures, for the record (pytest -s)
+    held = [line for line in out.splitlines() if line.startswith("largest chips (4)")]
+    assert any(" measure/jax/p2p/chips=4/seq_len=" in line for line in held)
+    assert any(" measure/jax/p2p/chips=4/dp=2/seq_len=" in line for line in held)
+    summary = json.loads(out.strip().splitlines()[-1])["summary"]
+    overall = {s["figure"]: s for s in summary if s["basis"] == "all"}
+    for figure in ("memory_bytes_per_chip", "step_time_s"):
+        assert overall[figure]["trials"] >= 4 and overall[figure]["median_error"] is not None
+        assert overall[figure]["median_meets_goal"] in (True, False)
