@@ -187,7 +187,7 @@ def fit_links(observations: Sequence[Observation], compute: TimeCurve | None, *,
         (inverse_bw, latency), *_ = np.linalg.lstsq(np.stack([comm, rounds], 1), left,
                                                     rcond=None)
         if inverse_bw > 0 and latency >= 0:
-            return LinkFit(bytes_per_s=1 / inverse_bw, latency_s=float(latency),
+            return LinkFit(bytes_per_s=float(1 / inverse_bw), latency_s=float(latency),
                            source=f"fitted to {what}", chips_max=chips_max, trial_ids=ids)
     # One direction (or a fit that came out unphysical): latency from the prior.
     beyond = left - rounds * prior.latency_s
