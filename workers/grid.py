@@ -300,16 +300,15 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kin
                  framework: str, seq_len: int, dtype: str, param_sharding: str, remat: str,
                  layers: str, kernels: str, documents: str) -> str | None:
     """Why the point cannot run: a shape its CP modes or layout cannot split, a plan of what
-    the JAX planner does not compile (only the gdn_only contiguous step), or (unless
-    spec.admit_over_memory) a measured point's predicted memory per chip above the chip's —
-    a plan allocates nothing, so any size may be planned."""
+    the JAX planner does not compile (only the gdn_only contiguous step, on any dp × cp mesh),
+    or (unless spec.admit_over_memory) a measured point's predicted memory per chip above the
+    chip's — a plan allocates nothing, so any size may be planned."""
     problem = cp_shape_problem(model_cfg, cp, seq_len=seq_len)
     if problem is not None:
         return problem
-    if kind == "plan" and (layers != "gdn_only" or cp.layout != "contiguous" or cp.dp > 1):
-        return (f"plan trials compile the gdn_only contiguous JAX step on a CP-only mesh "
-                f"(gdn_core.jax_gdn.plan); layers={layers!r}, layout={cp.layout!r}, dp={cp.dp} "
-                f"is not planned; use kinds: [measure]")
+    if kind == "plan" and (layers != "gdn_only" or cp.layout != "contiguous"):
+        return (f"plan trials compile the gdn_only contiguous JAX step (gdn_core.jax_gdn.plan); "
+                f"layers={layers!r}, layout={cp.layout!r} is not planned; use kinds: [measure]")
     if spec.admit_over_memory or kind == "plan":
         return None
     train_cfg = TrainConfig(batch_size=spec.batch_size, seq_len=seq_len, dtype=dtype,

@@ -35,12 +35,13 @@ ERROR_TAIL_CHARS = 2000
 
 def plan_request(trial: TrialSpec) -> dict:
     """What `python -m gdn_core.jax_gdn.plan --request` takes for `trial` (the planner
-    compiles the gdn_only contiguous step: its CP settings are the mode and chips; its packed
-    documents are a constant of the step's program, compiled like any other setting)."""
+    compiles the gdn_only contiguous step: its CP settings are the mode, all the mesh's
+    chips and its dp replicas, batch_size sequences each; its packed documents are a constant
+    of the step's program, compiled like any other setting)."""
     cp = trial.cp_settings()
     return {"preset": trial.preset, "num_layers": trial.num_layers,
             "vocab_size": trial.vocab_size, "seq_len": trial.seq_len, "chips": cp.chips,
-            "mode": cp.mode, "batch_size": trial.batch_size, "dtype": trial.dtype,
+            "dp": cp.dp, "mode": cp.mode, "batch_size": trial.batch_size, "dtype": trial.dtype,
             "param_sharding": trial.param_sharding, "remat": trial.remat,
             "documents": trial.documents}
 
@@ -81,19 +82,22 @@ def compile_plan(request: dict, *, timeout_s: float, compile_cache_dir: str = ""
 
 def estimate_source(trial: TrialSpec, plan: dict) -> str:
     target = "CPU" if trial.accelerator_kind == "cpu" else trial.accelerator_type
+    mesh = f" (dp {trial.dp} × cp {trial.chips // trial.dp})" if trial.dp > 1 else ""
     return (f"xla_memory_analysis: XLA:{plan['backend'].split()[0].upper()} compile for "
-            f"{trial.chips} virtual chips (an estimate of a {target} chip's)")
+            f"{trial.chips} virtual chips{mesh} (an estimate of a {target} chip's)")
 
 
 def plan_metrics(trial: TrialSpec, plan: dict) -> TrialMetrics:
     """A plan trial's figures: XLA's estimate, the HLO's bytes and FLOPs, the analytic counts
-    and prediction; nothing measured (no step time, MFU or peak)."""
+    and prediction; nothing measured (no step time, MFU or peak). Counted as a measured
+    trial's are (metrics.trial_metrics): the FLOPs of every replica's sequences, the
+    prediction of a replica's chips with the weights over all dp × cp of them."""
     model_cfg, cp = trial.to_model_config(), trial.cp_settings()
-    batch, seq_len = trial.batch_size, trial.seq_len
+    batch, seq_len = trial.global_batch_size, trial.seq_len
     documents = trial_documents(trial)  # attention counted per document, as in trial_metrics
     predicted = predict_step_memory(model_cfg.stand_in, trial.to_train_config(), mode=cp.mode,
-                                    chips=cp.chips, framework="jax", attn_cp=cp.attn_cp,
-                                    layout=cp.layout)
+                                    chips=cp.cp_chips, dp=cp.dp, framework="jax",
+                                    attn_cp=cp.attn_cp, layout=cp.layout)
     cp_bytes, sync_bytes = plan["cp_comm_bytes_per_step"], plan["grad_sync_bytes_per_step"]
     return TrialMetrics(
         model_flops_per_step=float(model_flops_per_step(
@@ -101,7 +105,7 @@ def plan_metrics(trial: TrialSpec, plan: dict) -> TrialMetrics:
         maxtext_flops_per_step=float(maxtext_model_flops_per_step(
             model_cfg, batch=batch, seq_len=seq_len).total),
         hardware_flops_per_step=float(hardware_flops_per_step(
-            model_cfg, mode=cp.mode, chips=cp.chips, batch=batch, seq_len=seq_len,
+            model_cfg, mode=cp.mode, chips=cp.cp_chips, batch=batch, seq_len=seq_len,
             framework="jax", remat=trial.remat, attn_cp=cp.attn_cp, layout=cp.layout,
             kernels=cp.kernels, cu_seqlens=documents).total),
         compiled_flops_per_step_per_chip=float(plan["matmul_flops_per_chip"]),

@@ -50,8 +50,12 @@ def add_plan_parser(sub, db_help: str) -> None:
     p.add_argument("--fit", action="store_true",
                    help="instead: bisect compile-only plans (JAX, virtual CPU chips, here) for "
                         "the longest seq_len ≤ --seq-len that fits a chip, for each --chips, "
-                        "--mode, --param-sharding and --remat")
-    p.add_argument("--chips", action="append", type=int, help="chip counts for --fit")
+                        "--dp, --mode, --param-sharding and --remat; every compile is stored "
+                        "as a plan trial of one sweep in --db")
+    p.add_argument("--chips", action="append", type=int, help="chip counts for --fit (all "
+                   "chips of a mesh; --dp splits them into dp replicas, default 1)")
+    p.add_argument("--no-record", action="store_true", help="--fit: do not store its compiles "
+                   "as plan trials in the database (they are, by default)")
     p.set_defaults(run=run_plan, parser=p)
 
 
@@ -154,7 +158,13 @@ def format_answer(answer, *, rows: int) -> str:
 def _validate(session, sweep_id: int, out: TextIO) -> int:
     from service.db.models import Sweep
     from service.planner.evidence import load_observations
-    from service.planner.validate import summary, validate
+    from service.planner.validate import (
+        MEMORY_GOAL,
+        STEP_TIME_GOAL,
+        STEP_TIME_MEDIAN_GOAL,
+        summary,
+        validate,
+    )
 
     sweep = session.get(Sweep, sweep_id)
     if sweep is None:
@@ -171,74 +181,128 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
               "seq_lens of succeeded trials)", file=sys.stderr)
         return 2
     out.write(f"sweep {sweep_id} ({preset} on {accelerator}): {len(observations)} succeeded "
-              f"trial(s), {len(rows)} held-out figure(s)\n")
-    out.write(f"{'held out':<24} {'trial':>6} {'figure':<22} {'predicted':>14} "
-              f"{'observed':>14} {'error':>8}  basis\n")
+              f"trial(s), {len(rows)} held-out figure(s); goals: memory ≤ "
+              f"{100 * MEMORY_GOAL:.0f}% every point, step time median ≤ "
+              f"{100 * STEP_TIME_MEDIAN_GOAL:.0f}%, worst ≤ {100 * STEP_TIME_GOAL:.0f}%\n")
+    out.write(f"{'held out':<22} {'trial':>5} {'point':<48} {'figure':<22} {'predicted':>11} "
+              f"{'observed':>11} {'error':>8}  basis\n")
     for r in rows:
         error = "n/a" if r.error is None else f"{100 * r.error:.1f}%"
         predicted = "n/a" if r.predicted is None else f"{r.predicted:,.4g}"
-        out.write(f"{r.holdout:<24} {r.trial_id:>6} {r.figure:<22} {predicted:>14} "
-                  f"{r.observed:>14,.4g} {error:>8}  {r.basis}\n")
+        out.write(f"{r.holdout:<22} {r.trial_id:>5} {r.point:<48} {r.figure:<22} "
+                  f"{predicted:>11} {r.observed:>11,.4g} {error:>8}  {r.basis}"
+                  f"{'  OVER GOAL' if r.over_goal else ''}\n")
     out.write("\nsummary (memory: error on the part above the fitted constant):\n")
     for s in summary(rows):
         median = "n/a" if s["median_error"] is None else f"{100 * s['median_error']:.1f}%"
         worst = "n/a" if s["max_error"] is None else f"{100 * s['max_error']:.1f}%"
         verdict = "-" if s["median_meets_goal"] is None else (
-            f"median {'meets' if s['median_meets_goal'] else 'misses'}, "
-            f"{s['within_goal']}/{s['trials']} points within")
-        out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} trial(s)  median "
-                  f"{median:>7}  max {worst:>7}  goal {100 * s['goal']:.0f}% ({verdict})\n")
+            f"median {'meets' if s['median_meets_goal'] else 'misses'}, worst "
+            f"{'meets' if s['every_point_meets_goal'] else 'misses'}; {s['within_goal']}/"
+            f"{s['trials']} points within {100 * s['goal']:.0f}%")
+        out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} point(s)  median "
+                  f"{median:>7} (goal {100 * s['median_goal']:.0f}%)  worst {worst:>7} "
+                  f"(goal {100 * s['goal']:.0f}%)  {verdict}\n")
     out.write(json.dumps({"summary": summary(rows)}) + "\n")
     return 0
 
 
 def run_fit(args: argparse.Namespace, out: TextIO) -> int:
     """`--fit`: for each point, the longest sequence whose XLA estimate fits the chip, each
-    search in a fresh process (`python -m gdn_core.jax_gdn.plan --budget-bytes`)."""
+    search in a fresh process (`python -m gdn_core.jax_gdn.plan --budget-bytes`); then every
+    compile made is stored as a plan trial of one sweep in the database (fit_record.py),
+    unless --no-record."""
     import itertools
 
-    from gdn_core.hardware import hbm_bytes_per_chip
     from gdn_core.presets import PRESETS
+    from service.planner.fit_record import FitRow, accelerator_spec
     from workers.plan_runner import plan_in_fresh_process
 
     if args.preset not in PRESETS:
         print(f"preset={args.preset!r} is not one of: {', '.join(PRESETS)}", file=sys.stderr)
         return 2
-    if args.chip_memory_gib:
-        budget = int(args.chip_memory_gib * GIB)
-    elif args.accelerator == "cpu":
-        print("--fit on cpu needs --chip-memory-gib (a virtual chip has no memory of its own)",
-              file=sys.stderr)
+    try:
+        chip = accelerator_spec(args.accelerator)
+    except ValueError as err:
+        print(f"--accelerator: {err}; or cpu", file=sys.stderr)
         return 2
-    else:
-        try:
-            budget = hbm_bytes_per_chip(args.accelerator)
-        except ValueError as err:
-            print(err, file=sys.stderr)
-            return 2
+    budget = _fit_budget(args, chip.type)
+    if budget is None:
+        return 2
+    session_factory, failed = _fit_database(args)
+    if failed:
+        return failed
     out.write(f"{args.preset}: the longest seq_len ≤ {args.seq_len:,} whose XLA:CPU estimate "
               f"fits {budget / GIB:,.2f} GiB per chip (an estimate of a {args.accelerator} "
               "chip's memory; each row a bisection over compiles)\n")
-    out.write(f"{'mode':<10} {'chips':>5} {'params':<10} {'remat':<5} {'fits seq_len':>13} "
-              f"{'its GiB':>9} {'next (over)':>12} {'its GiB':>9} {'compiles':>8}\n")
-    for chips, mode, sharding, remat in itertools.product(
-            args.chips or [8], args.mode or ["p2p"], args.param_sharding or ["replicated"],
-            args.remat or ["none"]):
+    out.write(f"{'mode':<10} {'chips':>5} {'dp':>3} {'params':<10} {'remat':<5} "
+              f"{'fits seq_len':>13} {'its GiB':>9} {'next (over)':>12} {'its GiB':>9} "
+              f"{'compiles':>8}\n")
+    rows = []
+    for chips, dp, mode, sharding, remat in itertools.product(
+            args.chips or [8], args.dp or [1], args.mode or ["p2p"],
+            args.param_sharding or ["replicated"], args.remat or ["none"]):
+        head = f"{mode:<10} {chips:>5} {dp:>3} {sharding:<10} {remat:<5}"
+        if chips % dp:
+            out.write(f"{head} skipped: dp={dp} does not divide chips={chips}\n")
+            continue
         request = {"preset": args.preset, "num_layers": args.num_layers, "seq_len": args.seq_len,
-                   "chips": chips, "mode": mode, "batch_size": args.batch, "dtype": args.dtype,
-                   "param_sharding": sharding, "remat": remat}
+                   "chips": chips, "dp": dp, "mode": mode, "batch_size": args.batch,
+                   "dtype": args.dtype, "param_sharding": sharding, "remat": remat}
         try:
             search = plan_in_fresh_process(request, budget_bytes=budget,
                                            max_seq_len=args.seq_len)
         except RuntimeError as err:
-            out.write(f"{mode:<10} {chips:>5} {sharding:<10} {remat:<5} failed: "
-                      f"{str(err).strip().splitlines()[-1]}\n")
+            out.write(f"{head} failed: {str(err).strip().splitlines()[-1]}\n")
             continue
+        rows.append(FitRow(request=request, search=search))
         fits, over = search["fits"], search["exceeds"]
-        out.write(f"{mode:<10} {chips:>5} {sharding:<10} {remat:<5} "
-                  f"{fits['seq_len'] if fits else 'none':>13} "
+        out.write(f"{head} {fits['seq_len'] if fits else 'none':>13} "
                   f"{fits['estimated_memory_bytes'] / GIB if fits else 0:>9.3f} "
                   f"{over['seq_len'] if over else '-':>12} "
                   f"{over['estimated_memory_bytes'] / GIB if over else 0:>9.3f} "
                   f"{len(search['probes']):>8}\n")
+    if session_factory is not None and rows:
+        from service.planner.fit_record import record_fit
+
+        try:
+            sweep_id, stored = record_fit(session_factory, rows, accelerator=args.accelerator,
+                                          max_seq_len=args.seq_len)
+        finally:
+            session_factory.kw["bind"].dispose()
+        out.write(f"recorded {stored} compile(s) as plan trials of sweep {sweep_id} (a later "
+                  "`gdn-sweep plan` reads them as evidence: memory `estimated`)\n")
     return 0
+
+
+def _fit_budget(args: argparse.Namespace, chip_type: str) -> int | None:
+    """Bytes per chip the --fit search fits: --chip-memory-gib, else the chip's HBM; None
+    (said on stderr) for cpu without a size."""
+    from gdn_core.hardware import hbm_bytes_per_chip
+
+    if args.chip_memory_gib:
+        return int(args.chip_memory_gib * GIB)
+    if chip_type == "cpu":
+        print("--fit on cpu needs --chip-memory-gib (a virtual chip has no memory of its own)",
+              file=sys.stderr)
+        return None
+    return hbm_bytes_per_chip(chip_type)
+
+
+def _fit_database(args: argparse.Namespace):
+    """(session factory, 0) of the database --fit records into (migrated; reached before any
+    compile), (None, 0) with --no-record, (None, exit code) when it cannot be used (2: a bad
+    URL, 1: unreachable; said on stderr)."""
+    if args.no_record:
+        return None, 0
+    from service.core.config import Settings
+    from service.db.engine import make_engine, make_session_factory
+    from service.runs.preflight import database_error
+
+    url = Settings(**({"database_url": args.database_url} if args.database_url else {})
+                   ).database_url
+    failed = database_error(url)
+    if failed is not None:
+        print(f"{failed[1]} (--no-record compiles without storing)", file=sys.stderr)
+        return None, failed[0]
+    return make_session_factory(make_engine(url)), 0

@@ -95,8 +95,9 @@ class Settings(BaseSettings):
     scheduler. Few: the routes are CPU-bound Python, and more threads only fight the event
     loop for the GIL (use `--workers` to use more cores)."""
     results_cache_entries: int = Field(default=256, ge=0, le=100_000)
-    """JSON pages of GET /api/results kept per API process (0: none), each served only while
-    no succeeded result has been written since (service/read_cache.py)."""
+    """JSON pages of GET /api/results, /api/regressions and /api/capacity kept per API
+    process (0: none), each served only while no succeeded result has been written since
+    (service/db/read_cache.py)."""
     spool_dir: str = "~/.cache/gdn-sweep/spool"
     """Local directory where trial results wait for the database (service/spool.py); a
     restarted service stores what its dead predecessor left there before resuming."""

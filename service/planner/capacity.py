@@ -80,9 +80,10 @@ def _chip_counts(max_chips: int, observations: Sequence[Observation]) -> list[in
     return sorted(powers | {o.chips for o in observations if o.chips <= max_chips})
 
 
-def _matches(o: Observation, request: CapacityRequest, point: Point, num_layers: int) -> bool:
+def _matches(o: Observation, request: CapacityRequest, point: Point, num_layers: int, *,
+             any_dp: bool = False) -> bool:
     return (o.framework == point.framework and o.kernels == request.kernels
-            and o.dp == point.dp and o.dtype == request.dtype
+            and (any_dp or o.dp == point.dp) and o.dtype == request.dtype
             and o.batch_size == request.batch_size and o.num_layers == num_layers
             and o.param_sharding == point.param_sharding and o.remat == point.remat)
 
@@ -197,14 +198,17 @@ def _step(request, model_cfg, point: Point, on_chip, exact, compute: TimeCurve |
         return Figure(value=None, basis="refused", note=why)
     if point.chips > max(links.chips_max, 1) and basis == "interpolated":
         basis, why = "extrapolated", f"beyond the {links.chips_max} chips the links were fitted on"
-    rounds = dependent_rounds(point.mode, point.chips, num_layers=model_cfg.num_layers,
-                              remat=point.remat)
-    seconds = compute.seconds_at(per_chip) + (links.seconds(comm_bytes, rounds)
+    seconds = compute.seconds_at(per_chip) + (links.seconds(comm_bytes, _rounds(point, model_cfg))
                                               if point.chips > 1 else 0.0)
     return Figure(value=seconds, basis=basis,
                   trial_ids=sorted({*compute.trial_ids, *links.trial_ids}),
                   note=f"compute at {compute.flops_per_s:.3g} FLOP/s per chip; links: "
                        f"{links.source}" + (f"; {why}" if why else ""))
+
+
+def _rounds(point: Point, model_cfg) -> int:
+    return dependent_rounds(point.mode, point.cp_chips, num_layers=model_cfg.num_layers,
+                            remat=point.remat, dp=point.dp)
 
 
 def _peak(request: CapacityRequest, group) -> float | None:
@@ -227,14 +231,16 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
         replica = point.replica()  # a dp > 1 mesh: its figures from its replica's
         settings = (point.framework, point.param_sharding, point.remat)
         if settings not in fitted:
+            meshes = [o for o in observations if o.accelerator_type == request.accelerator
+                      and _matches(o, request, replica, model_cfg.num_layers, any_dp=True)]
             group = [o for o in observations
                      if _matches(o, request, replica, model_cfg.num_layers)]
             on_chip = [o for o in group if o.accelerator_type == request.accelerator]
-            fitted[settings] = group, on_chip, fit_compute(on_chip)
-        group, on_chip, compute = fitted[settings]
-        if (settings, point.mode) not in linked:
+            fitted[settings] = group, on_chip, fit_compute(on_chip), meshes
+        group, on_chip, compute, meshes = fitted[settings]
+        if (settings, point.mode) not in linked:  # links: measured trials of every dp × cp
             linked[settings, point.mode] = fit_links(
-                on_chip, compute, accelerator_type=request.accelerator, mode=point.mode)
+                meshes, compute, accelerator_type=request.accelerator, mode=point.mode)
         links = linked[settings, point.mode]
         exact = [o for o in group if o.chips == replica.chips and o.seq_len == request.seq_len
                  and (o.cp_mode == point.mode)]
@@ -283,14 +289,17 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
 
 def _mesh_figures(request, model_cfg, point: Point, observations, group, local: int,
                   memory: Figure, comm: Figure, step: Figure, links: LinkFit):
-    """(memory, comm, step) of a dp > 1 mesh: a measured trial of exactly it where there is
-    one, else its replica's figures moved by what dp changes (meshes.py)."""
+    """(memory, comm, step) of a dp > 1 mesh: a trial of exactly it where there is one (a
+    measured trial: all three; a plan: its XLA estimate of memory, labelled `estimated` as
+    any plan's, and its compiled bytes), else its replica's figures moved by what dp changes
+    (meshes.py)."""
     exact = [o for o in observations if _matches(o, request, point, model_cfg.num_layers)
              and o.chips == point.chips and o.seq_len == request.seq_len
              and o.cp_mode == point.mode]
     comm, mesh_step = mesh_comm_and_step(
         group=group, mode=point.mode, modes=request.modes, cp=point.cp_chips, dp=point.dp,
-        local_tokens=local, replica_comm=comm, replica_step=step, links=links)
+        local_tokens=local, replica_comm=comm, replica_step=step, links=links, recorded=exact,
+        extra_rounds=_rounds(point, model_cfg) - _rounds(point.replica(), model_cfg))
     if any(o.memory_bytes is not None for o in exact):
         memory = predict_memory(request, model_cfg, point, [], exact)
     else:

@@ -30,9 +30,10 @@ class Observation:
     batch_size: int
     """Sequences per replica."""
     dp: int = 1
-    """Data-parallel replicas. The planner's fits see dp 1 trials only; a dp > 1 trial is
-    evidence for exactly its own mesh (capacity._mesh_figures), other meshes are predicted
-    from their replica (planner.meshes)."""
+    """Data-parallel replicas. The link fits read measured trials of every mesh
+    (fits.link_rows); the other fits see dp 1 trials only. A dp > 1 trial is evidence for
+    exactly its own mesh (capacity._mesh_figures); other meshes are predicted from their
+    replica (planner.meshes)."""
     preset: str
     num_layers: int
     dtype: str
@@ -59,6 +60,11 @@ class Observation:
         """Tokens of one chip's shard (batch per replica × seq_len ÷ a replica's CP chips,
         chips ÷ dp)."""
         return self.batch_size * self.seq_len // (self.chips // self.dp)
+
+    @property
+    def cp_chips(self) -> int:
+        """Chips of one replica's CP group: chips ÷ dp."""
+        return self.chips // self.dp
 
     @property
     def cp_mode(self) -> str:

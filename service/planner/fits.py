@@ -8,8 +8,9 @@
   between the measured points, an achieved FLOP rate per chip type beyond them). Trials of
   one mode at one chip count make such a curve of their own (compute and links together).
 - Communication: what a multi-chip step takes beyond its compute, fitted as bytes ÷ bandwidth
-  + dependent rounds × latency over trials at several chip counts (each mode's recorded bytes
-  and rounds); where they are too few, the chip type's datasheet prior (gdn_core.hardware).
+  + dependent rounds × latency over measured trials of every dp × cp mesh (each one's recorded
+  CP and gradient bytes and its rounds); where they are too few, the chip type's datasheet
+  prior (gdn_core.hardware).
 """
 
 from __future__ import annotations
@@ -114,12 +115,16 @@ def fit_compute(observations: Sequence[Observation]) -> TimeCurve | None:
     return time_curve([o for o in observations if o.chips == 1])
 
 
-def dependent_rounds(mode: str, chips: int, *, num_layers: int, remat: str) -> int:
-    """Exchanges of one step that wait on each other (ARCHITECTURE.md's table): per GDN layer
-    and pass the mode's rounds plus the conv halo; forward, backward, and the recomputed
-    forward under remat; then one gradient reduction."""
-    if chips == 1:
+def dependent_rounds(mode: str, chips: int, *, num_layers: int, remat: str, dp: int = 1
+                     ) -> int:
+    """Exchanges of one step that wait on each other (ARCHITECTURE.md's table) on a mesh of
+    dp replicas of `chips` CP chips each: per GDN layer and pass the mode's rounds plus the
+    conv halo within a replica (none without CP); forward, backward, and the recomputed
+    forward under remat; then one gradient reduction over all dp × chips chips."""
+    if chips * dp == 1:
         return 0
+    if chips == 1:
+        return 1
     per_pass = {"ulysses": 2, "p2p": chips - 1, "all_gather": 1,
                 "log_scan": math.ceil(math.log2(chips))}[mode] + 1
     passes = 2 + (remat != "none")
@@ -134,45 +139,64 @@ class LinkFit:
     latency_s: float
     source: str
     chips_max: int
-    """Largest chip count among the trials fitted (1 for a prior alone)."""
+    """Largest chip count (all the mesh's) among the trials fitted (1 for a prior alone)."""
     trial_ids: tuple[int, ...]
 
     def seconds(self, comm_bytes: float, rounds: int) -> float:
         return comm_bytes / self.bytes_per_s + rounds * self.latency_s
 
 
+def link_rows(observations: Sequence[Observation], mode: str) -> list[Observation]:
+    """The measured trials a link fit of `mode` reads: every multi-chip mesh (any dp) whose
+    replicas run `mode`, and the pure data-parallel ones (one chip per replica: only the
+    gradient reduction crosses chips, whatever the mode)."""
+    return [o for o in observations if o.kind == "measure" and o.chips > 1
+            and (o.cp_mode == mode or o.cp_chips == 1) and o.step_time_s
+            and o.hardware_flops_per_step and o.cp_comm_bytes is not None]
+
+
+def _two_directions(comm: np.ndarray, rounds: np.ndarray) -> bool:
+    """Whether the rows' (bytes, rounds) span two directions: bandwidth and latency can be
+    told apart (two chip counts, or two meshes of one chip count)."""
+    scaled = np.stack([comm / max(comm.max(), 1.0), rounds / max(rounds.max(), 1.0)], 1)
+    return np.linalg.matrix_rank(scaled, tol=1e-6) == 2
+
+
 def fit_links(observations: Sequence[Observation], compute: TimeCurve | None, *,
               accelerator_type: str, mode: str) -> LinkFit:
-    """Bandwidth and latency of `mode`'s exchanges from its multi-chip measured trials (both
-    with two or more chip counts, the bandwidth alone with one), else the datasheet prior."""
+    """Bandwidth and latency of `mode`'s exchanges from the multi-chip measured trials of
+    link_rows (dp × cp meshes included: each row's time beyond its per-chip compute is its
+    CP and gradient bytes ÷ bandwidth + its dependent rounds × latency), both where the rows'
+    (bytes, rounds) span two directions, the bandwidth alone otherwise; else the datasheet
+    prior."""
     prior = link_prior(accelerator_type)
-    rows = [o for o in observations if o.kind == "measure" and o.chips > 1 and o.mode == mode
-            and o.step_time_s and o.hardware_flops_per_step and o.cp_comm_bytes is not None]
+    rows = link_rows(observations, mode)
     if compute is None or not rows:
         return LinkFit(bytes_per_s=prior.bytes_per_s, latency_s=prior.latency_s,
                        source=f"datasheet prior: {prior.source}", chips_max=1, trial_ids=())
     left = np.array([o.step_time_s - compute.seconds_at(o.hardware_flops_per_step / o.chips)
                      for o in rows])
     comm = np.array([o.cp_comm_bytes + (o.grad_sync_bytes or 0) for o in rows], float)
-    rounds = np.array([dependent_rounds(mode, o.chips, num_layers=o.num_layers, remat=o.remat)
-                       for o in rows], float)
+    rounds = np.array([dependent_rounds(mode, o.cp_chips, num_layers=o.num_layers,
+                                        remat=o.remat, dp=o.dp) for o in rows], float)
     ids, chips_max = tuple(o.trial_id for o in rows), max(o.chips for o in rows)
-    if len({o.chips for o in rows}) >= 2:
+    meshes = sorted({(o.dp, o.cp_chips) for o in rows})
+    what = (f"{len(rows)} measured trials on {len(meshes)} mesh(es) dp×cp "
+            + ", ".join(f"{dp}×{cp}" for dp, cp in meshes))
+    if _two_directions(comm, rounds):
         (inverse_bw, latency), *_ = np.linalg.lstsq(np.stack([comm, rounds], 1), left,
                                                     rcond=None)
         if inverse_bw > 0 and latency >= 0:
-            return LinkFit(bytes_per_s=1 / inverse_bw, latency_s=float(latency),
-                           source=f"fitted to {len(rows)} {mode} trials at "
-                                  f"{len({o.chips for o in rows})} chip counts",
-                           chips_max=chips_max, trial_ids=ids)
-    # One chip count (or a fit that came out unphysical): latency from the prior.
+            return LinkFit(bytes_per_s=float(1 / inverse_bw), latency_s=float(latency),
+                           source=f"fitted to {what}", chips_max=chips_max, trial_ids=ids)
+    # One direction (or a fit that came out unphysical): latency from the prior.
     beyond = left - rounds * prior.latency_s
     if beyond.sum() > 0:
         return LinkFit(bytes_per_s=float(comm.sum() / beyond.sum()), latency_s=prior.latency_s,
-                       source=f"bandwidth fitted to {len(rows)} {mode} trials, latency from "
-                              f"the prior ({prior.source})", chips_max=chips_max, trial_ids=ids)
+                       source=f"bandwidth fitted to {what}, latency from the prior "
+                              f"({prior.source})", chips_max=chips_max, trial_ids=ids)
     return LinkFit(bytes_per_s=prior.bytes_per_s, latency_s=prior.latency_s,
-                   source=f"datasheet prior ({mode} trials left no time beyond compute): "
+                   source=f"datasheet prior ({what} left no time beyond compute): "
                           f"{prior.source}", chips_max=chips_max, trial_ids=ids)
 
 

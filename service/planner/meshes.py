@@ -11,8 +11,11 @@ over all of them. So a mesh's figure is its replica's plus that change, computed
             to dp × cp chips as (N − 1)/N (fits.scaled_comm_bytes)
     step    the replica's step + the extra weight bytes at the mode's fitted link bandwidth
 
-A measured trial of exactly the mesh replaces all three. No fit has seen dp > 1 yet, so a
-derived figure is at best `extrapolated` and its note says from what.
+A measured trial of exactly the mesh replaces all three; a plan trial of it (compiled, not
+run) replaces the memory (its XLA estimate, `estimated`) and the bytes (its HLO's), and its
+weight bytes set the step's extra sync. The link fit reads measured trials of every mesh
+(fits.link_rows), but a figure grown from the replica is at best `extrapolated`, and its
+note says from what.
 """
 
 from __future__ import annotations
@@ -88,28 +91,49 @@ def weight_bytes(group: Sequence[Observation], *, modes: Sequence[str], chips: i
 
 def mesh_comm_and_step(*, group: Sequence[Observation], mode: str, modes: Sequence[str],
                        cp: int, dp: int, local_tokens: int, replica_comm: Figure,
-                       replica_step: Figure, links: LinkFit) -> tuple[Figure, Figure]:
+                       replica_step: Figure, links: LinkFit,
+                       recorded: Sequence[Observation] = (), extra_rounds: int = 0
+                       ) -> tuple[Figure, Figure]:
     """The mesh's (bytes per chip, step time): the replica's CP bytes and step, plus the
-    weight traffic grown from cp chips to dp × cp chips and its time at the link fit."""
-    at_mesh = weight_bytes(group, modes=[mode, *modes], chips=dp * cp,
-                           local_tokens=local_tokens)
+    weight traffic grown from cp chips to dp × cp chips and its time at the link fit.
+    `recorded`: trials of exactly the mesh (a plan's compiled HLO, a measured trial's count):
+    their bytes replace the derived ones, and their weight bytes the grown ones.
+    `extra_rounds`: dependent rounds the mesh has beyond its replica's (the gradient
+    reduction a one-chip replica does not make)."""
     at_replica = weight_bytes(group, modes=[mode, *modes], chips=cp,
                               local_tokens=local_tokens)
+    known = [o for o in recorded if o.cp_comm_bytes is not None
+             and o.grad_sync_bytes is not None]
+    at_mesh = ((known[0].grad_sync_bytes, (known[0].trial_id,)) if known else
+               weight_bytes(group, modes=[mode, *modes], chips=dp * cp,
+                            local_tokens=local_tokens))
     if at_mesh is None or at_replica is None:
         why = (f"no trial of these settings recorded weight-sync bytes to grow to {dp * cp} "
                "chips: run or plan a multi-chip trial")
         return (Figure(value=None, basis="refused", note=why),
                 Figure(value=None, basis="refused", note=why))
     extra = at_mesh[0] - at_replica[0]
-    ids = sorted({*replica_comm.trial_ids, *at_mesh[1]})
-    comm = _derived(replica_comm.model_copy(update={"trial_ids": ids}),
-                    None if replica_comm.value is None else replica_comm.value + extra,
-                    f"dp={dp}: + {extra / 2**20:,.1f} MiB of weight sync over {dp * cp} chips")
-    seconds = links.seconds(extra, rounds=0)
+    if known:
+        comm = Figure(value=known[0].cp_comm_bytes + known[0].grad_sync_bytes,
+                      basis="measured", trial_ids=[known[0].trial_id],
+                      note=f"recorded bytes of this dp={dp} × cp={cp} mesh ({known[0].kind} "
+                           "trial: HLO of the compiled step)")
+    else:
+        ids = sorted({*replica_comm.trial_ids, *at_mesh[1]})
+        comm = _derived(replica_comm.model_copy(update={"trial_ids": ids}),
+                        None if replica_comm.value is None else replica_comm.value + extra,
+                        f"dp={dp}: + {extra / 2**20:,.1f} MiB of weight sync over {dp * cp} "
+                        "chips")
+    seconds = links.seconds(extra, rounds=extra_rounds)
     step = _derived(replica_step, None if replica_step.value is None
                     else replica_step.value + seconds,
                     f"dp={dp}: the cp={cp} replica's step + {seconds * 1e3:,.2f} ms for "
-                    f"{extra / 2**20:,.1f} MiB more weight sync at {links.source}")
+                    f"{extra / 2**20:,.1f} MiB more weight sync"
+                    + (f" and {extra_rounds} more round(s)" if extra_rounds else "")
+                    + f" at {links.source}")
+    if known:
+        step = step.model_copy(update={"trial_ids": sorted({*step.trial_ids,
+                                                            known[0].trial_id})})
     return comm, step
 
 

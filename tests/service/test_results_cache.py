@@ -136,3 +136,33 @@ def test_the_cache_keeps_the_newest_version_the_most_recent_keys_and_small_bodie
     off = ResponseCache(max_entries=0)
     off.put("a", 1, b"a")
     assert off.get("a", 1) is None
+
+
+def test_a_capacity_answer_is_cached_until_a_result_is_written(cached, session_factory):
+    """GET /api/capacity: the same request again is the cache's (its hit counter says so, and
+    the body is byte for byte the first); a new succeeded result moves the counter, so the
+    next answer is computed again and rests on it."""
+    client, cache = cached
+    seed_sweep(session_factory, name="first", frameworks=["jax"], modes=["p2p"], chips=[1, 2],
+               seq_lens=[256])
+    params = {"preset": "tiny", "num_layers": 1, "seq_len": 512, "accelerator": "cpu",
+              "dtype": "float32", "max_chips": 2, "modes": "p2p"}
+    first = client.get("/api/capacity", params=params)
+    again = client.get("/api/capacity", params=params)
+    assert first.status_code == 200 and (cache.misses, cache.hits) == (1, 1)
+    assert again.content == first.content and first.json()["evidence_trials"] == 2
+    # the same request spelled another way (a list of one, the default written out)
+    assert client.get("/api/capacity", params={**params, "modes": ["p2p"],
+                                               "batch_size": 1}).content == first.content
+    assert cache.hits == 2
+    other = client.get("/api/capacity", params={**params, "seq_len": 1024})
+    assert other.content != first.content and cache.misses == 2
+
+    seed_sweep(session_factory, name="second", frameworks=["jax"], modes=["p2p"],
+               chips=[1, 2], seq_lens=[512])
+    after = client.get("/api/capacity", params=params)
+    assert cache.misses == 3 and cache.hits == 2
+    assert after.json()["evidence_trials"] == 4
+    assert after.json()["fewest_chips"]["step_time_s"]["basis"] == "measured"
+    bad = client.get("/api/capacity", params={**params, "seq_len": 0})
+    assert bad.status_code == 422 and "seq_len" in bad.text

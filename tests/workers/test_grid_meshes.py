@@ -12,6 +12,7 @@ from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import TrainConfig
 from workers.grid import TrialSpec, expand_trials
+from workers.plan_runner import plan_request
 from workers.sweep_spec import SweepSpec
 
 KEY_TAIL = "/seq_len=64/dtype=float32/param_sharding=replicated/remat=none"
@@ -67,10 +68,12 @@ def test_a_dp_value_dividing_no_chip_count_is_refused_naming_it():
         TrialSpec.model_validate(expand_trials(_spec())[-1].model_dump() | {"dp": 3})
 
 
-def test_plans_of_a_dp_mesh_are_skipped_with_the_reason():
+def test_plans_of_a_dp_mesh_are_planned():
     trials = expand_trials(_spec(frameworks=["jax"], kinds=["plan"], dp=[1, 2], chips=[4]))
-    reasons = {t.dp: t.skip_reason for t in trials}
-    assert reasons[1] is None and "dp=2 is not planned" in reasons[2]
+    assert {t.dp: t.skip_reason for t in trials} == {1: None, 2: None}
+    plan = next(t for t in trials if t.dp == 2)
+    assert plan.key.startswith("plan/jax/") and "/chips=4/dp=2/" in plan.key
+    assert plan_request(plan)["chips"] == 4 and plan_request(plan)["dp"] == 2
 
 
 @pytest.mark.parametrize("framework", ["jax", "torch"])

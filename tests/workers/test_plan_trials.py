@@ -85,3 +85,48 @@ def test_a_plan_trial_beyond_the_cluster_holds_no_chips(local_ray):
     (start,) = [e for e in events if isinstance(e, TrialStarted)]
     assert start.workers == ()
     assert_no_leaks()
+
+
+MESH = "jax/p2p/chips=4/dp=2/seq_len=128/dtype=float32/param_sharding=zero1/remat=none"
+
+
+@pytest.mark.timeout(120)
+def test_a_plan_of_a_dp_x_cp_mesh_compiles_on_dp_times_cp_virtual_chips(local_ray):
+    """dp 2 × cp 2: one process of 4 virtual chips compiles the (dp, cp) mesh's step; the
+    weights' figures are a 4-chip layout's, the activations and exchanges a 2-chip replica's."""
+    from gdn_core.memory.step import predict_step_memory
+
+    sink = MemorySink()
+    spec = tiny_spec(kinds=["plan"], frameworks=["jax"], modes=["p2p"], chips=[4], dp=[2],
+                     seq_lens=[128], param_shardings=["zero1"])
+    run_sweep(spec, sink)
+    (result,) = sink.results
+    assert result.trial.key == f"plan/{MESH}" and result.status == "succeeded", result.error
+    m, trial = result.metrics, result.trial
+    assert "compile for 4 virtual chips (dp 2 × cp 2)" in m.estimated_memory_source
+    assert m.predicted_memory_bytes_per_chip == predict_step_memory(
+        trial.to_model_config(), trial.to_train_config(), mode="p2p", chips=2, dp=2,
+        framework="jax").total
+    assert m.estimated_memory_bytes_per_chip > 0 and m.cp_comm_bytes_per_step_per_chip > 0
+    assert m.grad_sync_bytes_per_step_per_chip > 0  # zero1 over all 4 chips
+    assert m.step_time_s is None and m.peak_memory_bytes_per_chip is None
+    assert_no_leaks()
+
+
+@pytest.mark.slow  # a measured 2-chip JAX trial beside its plan
+@pytest.mark.timeout(400)
+def test_a_plan_of_a_pure_data_parallel_mesh_compiles_what_the_trial_runs(local_ray):
+    """dp 2 on 2 chips (no CP): the plan's XLA estimate and bytes are the measured trial's."""
+    sink = MemorySink()
+    run_sweep(tiny_spec(**{**SPEC, "dp": [2]}), sink)
+    point = "jax/none/chips=2/dp=2/seq_len=128/dtype=float32/param_sharding=replicated/remat=none"
+    measured, plan = sink.by_key()[point], sink.by_key()[f"plan/{point}"]
+    assert measured.status == plan.status == "succeeded", (measured.error, plan.error)
+    m, p = measured.metrics, plan.metrics
+    assert p.estimated_memory_bytes_per_chip == m.estimated_memory_bytes_per_chip > 0
+    assert (p.cp_comm_bytes_per_step_per_chip, p.grad_sync_bytes_per_step_per_chip) == (
+        m.cp_comm_bytes_per_step_per_chip, m.grad_sync_bytes_per_step_per_chip)
+    assert p.predicted_memory_bytes_per_chip == m.predicted_memory_bytes_per_chip
+    assert (p.model_flops_per_step, p.hardware_flops_per_step) == (
+        m.model_flops_per_step, m.hardware_flops_per_step)
+    assert_no_leaks()
