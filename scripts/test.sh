@@ -13,4 +13,7 @@ if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/sbin/sshd ]; then
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium openssh-server \
         >/dev/null
 fi
-exec python3 -m pytest "$@"
+# Two workers (pytest-xdist), a test file each at a time (its module fixtures stay in one
+# process): Ray trials, browsers and servers mostly wait, so a JAX compile runs beside them.
+# `-n 0` (or GDN_SWEEP_TEST_WORKERS=0) runs in one process.
+exec python3 -m pytest -n "${GDN_SWEEP_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -13,6 +13,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # a cold cache only costs time.
 for name, value in jax_cache_env(default_jax_cache_dir()).items():
     os.environ.setdefault(name, value)
+# Tests check numbers, not speed: XLA compiles without LLVM's optimisation passes (the same HLO,
+# collectives and buffers; a CP step compiles in about half the time). Set in the environment so
+# that the Ray trials and spawned ranks the tests start compile the same way.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"]))
 
 import jax  # noqa: E402
 

@@ -30,10 +30,9 @@ async def _storm(base_url: str) -> tuple[list[httpx.Response], list[httpx.Respon
     return list(responses[:SUBMISSIONS]), list(responses[SUBMISSIONS:])
 
 
+@pytest.mark.slow  # a load run (10-15 s); concurrent reads by default: test_api_read_concurrency
 @pytest.mark.timeout(300)
-# PostgreSQL's storm (9-15 s) is a load run: the slow tier's.
-@pytest.mark.parametrize("db_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
-                         indirect=True)
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
 def test_fifty_submissions_and_five_hundred_reads_at_once(api_server, db_url):
     posts, gets = asyncio.run(_storm(api_server))
     assert [r.status_code for r in posts] == [201] * SUBMISSIONS, [r.text for r in posts

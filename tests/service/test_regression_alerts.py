@@ -100,6 +100,7 @@ def test_a_steady_schedule_posts_nothing(session_factory):
         assert hook.posts == []
 
 
+@pytest.mark.slow  # a real sweep; by default: one POST per new regression, the scheduler firing: test_schedules
 @pytest.mark.timeout(180)
 def test_the_scheduler_alerts_after_a_real_sweep_without_waiting(local_ray, tmp_path):
     """Eight nights at a made-up 0.1 ms step, then two real nights fired by the ScheduleLoop

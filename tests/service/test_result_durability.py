@@ -170,6 +170,7 @@ def test_a_result_reported_during_an_outage_is_stored_when_the_database_is_back(
     sink.close()
 
 
+@pytest.mark.slow  # an outage run; by default: a result reported during an outage is stored once it is back
 @pytest.mark.timeout(120)
 def test_finishing_a_sweep_waits_out_an_outage(private_one_trial_sweep):
     pg, session_factory, sweep_id, trial = private_one_trial_sweep

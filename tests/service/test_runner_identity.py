@@ -147,6 +147,7 @@ assert scheduler.stop(60)
 """
 
 
+@pytest.mark.slow  # two services and a real sweep; the takeover rules by default: the tests above
 @pytest.mark.timeout(240)
 def test_two_services_with_the_same_scheduler_id_run_a_sweep_once(local_ray, tmp_path):
     """The old rule let a runner with the same id take a running sweep at once: a second

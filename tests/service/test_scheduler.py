@@ -94,6 +94,7 @@ def test_a_sweep_whose_rows_cannot_be_run_fails_and_the_scheduler_goes_on(sqlite
     assert trial_statuses(session_factory, sweep_id) == {"renamed": "failed"}
 
 
+@pytest.mark.slow  # a fault run (a killed scheduler); resume by default: workers/test_driver resume, takeover: test_runner_identity
 @pytest.mark.timeout(240)
 def test_restart_mid_sweep_resumes_and_no_trial_gets_two_results(local_ray, sqlite_db):
     url, session_factory = sqlite_db
@@ -178,6 +179,7 @@ def test_run_a_sweep_file_into_the_database_with_progress(local_ray, sqlite_db, 
     assert list(results_per_trial(session_factory, 1).values()) == [1, 1]
 
 
+@pytest.mark.slow  # a fault run; by default the retry: workers/test_trial_failures, its history through the API: test_api_results
 @pytest.mark.timeout(240)
 def test_a_retried_trial_keeps_the_first_attempts_reason(local_ray, sqlite_db):
     url, session_factory = sqlite_db

@@ -1,5 +1,5 @@
 """`gdn-sweep serve` as a real process: its log has one line per sweep and trial event with the
-ids, and SIGTERM is a clean stop: the scheduler stops, the local Ray goes completely (raylet,
+ids, serve and its local Ray listen on loopback only, and SIGTERM is a clean stop: the scheduler stops, the local Ray goes completely (raylet,
 GCS, dashboard, agents, workers), "shutdown complete" is logged, no traceback, exit code 0.
 """
 
@@ -21,6 +21,8 @@ import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
 import psutil  # noqa: E402
 
 from workers.process_probe import free_port
+
+from ..workers.test_local_ray_binding import LOOPBACK, listening
 
 from .conftest import TINY_SWEEP
 
@@ -114,6 +116,10 @@ def test_sigterm_stops_serve_and_its_whole_local_ray(tmp_path):
     serve = Serve(tmp_path)
     try:
         serve.wait_ready()
+        sockets = listening({serve.process.pid} | {p.pid for p in serve.descendants()})
+        exposed = [s for s in sockets if s[0] not in LOOPBACK]
+        assert not exposed, f"serve or its Ray listens beyond loopback: {exposed}"
+        assert {"raylet", "gcs_server"} <= {name for *_, name in sockets}, sockets
         sigterm_and_check_clean_exit(serve)
     finally:
         serve.stop()

@@ -150,6 +150,7 @@ def test_one_chip_runs_once_as_the_baseline_every_mode_refers_to(local_ray, fram
     assert_no_leaks()
 
 
+@pytest.mark.slow  # 3 Ray trials; resume by default: test_resume_runs_only_missing_trials, repeat keys: test_grid
 @pytest.mark.timeout(240)
 def test_repeats_run_as_separate_trials_and_resume(local_ray, tmp_path):
     sink = JsonLinesSink(tmp_path / "sweep.jsonl")

@@ -65,6 +65,7 @@ def alive(pids: set[int]) -> set[int]:
     return left
 
 
+@pytest.mark.slow  # its own Ray; by default serve's Ray: test_serve_process (loopback, every process ends)
 @pytest.mark.timeout(240)
 def test_local_ray_listens_on_loopback_only_and_shutdown_ends_every_process():
     dashboard_port = free_port()

@@ -46,6 +46,8 @@ def _run_spanning(spec):
     return result, started
 
 
+@pytest.mark.slow  # a 2-node Cluster (12 s quiet, 27 s beside other tests); the placement
+# rules by default: test_placement.py, test_gpu_placement.py, test_tpu_placement.py
 @pytest.mark.timeout(240)
 def test_torch_ranks_span_both_nodes(two_nodes):
     result, started = _run_spanning(tiny_spec(modes=["p2p"], chips=[4]))
