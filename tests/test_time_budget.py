@@ -46,3 +46,22 @@ def test_a_zero_budget_turns_the_check_off(pytester, monkeypatch):
     pytester.makeini("[pytest]\nmarkers =\n    slow: long\n")
     pytester.makepyfile(SLEEPY_TESTS)
     pytester.runpytest_inprocess("-p", "tests.time_budget").assert_outcomes(passed=4)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worker, budget", [(None, "20"), ("gw1", "30")])
+def test_the_default_budget_is_20_s_alone_and_30_s_beside_another_worker(pytester, monkeypatch,
+                                                                         worker, budget):
+    monkeypatch.delenv("GDN_SWEEP_TEST_BUDGET_S", raising=False)
+    if worker is None:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n")
+    pytester.makepyfile("import time\n\ndef test_over():\n    time.sleep(0.05)\n")
+    pytester.makeconftest(
+        "def pytest_sessionfinish(session):\n"
+        "    from tests.time_budget import BUDGET_S\n"
+        "    print('budget', session.config.stash[BUDGET_S])\n")
+    result = pytester.runpytest_inprocess("-p", "tests.time_budget", "-s")
+    result.stdout.fnmatch_lines([f"*budget {budget}.0*"])
