@@ -21,7 +21,6 @@ from gdn_core.testing import assert_close
 
 from .attention_probes import count_tile_calls, through_layers
 
-FAST = {"xla_backend_optimization_level": 0}
 TOL = 1e-4
 
 
@@ -69,7 +68,7 @@ def test_tiles_equal_dense_attention():
                     argnums=(0, 1, 2))(q, k, v)))
         return out
 
-    results = jax.jit(run).lower(data).compile(FAST)(data)
+    results = jax.jit(run).lower(data).compile()(data)
     for i, (T, block, positions) in enumerate(cases):
         (o, grads), (ref_o, ref_grads) = results[2 * i], results[2 * i + 1]
         name = f"T={T} block={block}{' shuffled' if positions is not None else ''}"
@@ -102,7 +101,7 @@ def grad_bytes(T, block, H=2, G=1, E=16):
                                                           (1, T, G, E))]
     attend = through_layers(functools.partial(causal_attention, block=block))
     compiled = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v) ** 2),
-                                argnums=(0, 1, 2))).lower(*args).compile(FAST)
+                                argnums=(0, 1, 2))).lower(*args).compile()
     m = compiled.memory_analysis()
     return (m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
             - m.alias_size_in_bytes)

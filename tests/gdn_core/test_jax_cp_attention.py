@@ -30,7 +30,6 @@ from gdn_core.testing import assert_close
 
 from .attention_probes import count_tile_calls, through_layers
 
-FAST = {"xla_backend_optimization_level": 0}
 TOL = 1e-4
 
 
@@ -89,7 +88,7 @@ def test_every_mode_and_layout_equals_one_chip(D, block):
                 argnums=(0, 1, 2))(*args))
         return out
 
-    results = jax.jit(all_cases).lower(q, k, v, w).compile(FAST)(q, k, v, w)
+    results = jax.jit(all_cases).lower(q, k, v, w).compile()(q, k, v, w)
     for (mode, layout), (o, grads) in results.items():
         order = orders[layout]
         assert_close(f"{mode}/{layout} D={D} o", np.asarray(ref_o)[:, order], o, TOL)
@@ -178,7 +177,7 @@ def compiled_grad(mode, D):
     shapes = [(B, T, H_MEM, E_MEM), (B, T, G_MEM, E_MEM), (B, T, G_MEM, E_MEM)]
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
     return jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v) ** 2),
-                            argnums=(0, 1, 2))).lower(*args).compile(FAST)
+                            argnums=(0, 1, 2))).lower(*args).compile()
 
 
 def bytes_per_chip(mode, D):
@@ -243,7 +242,7 @@ def grad_bytes_at_local_tokens(mode, layout, t, block, D=2, H=2, G=1, E=16):
     attend = cp_attention(mesh_of(D), mode, layout, block, layers=2)
     args = [jax.ShapeDtypeStruct((1, D * t, heads, E), jnp.float32) for heads in (H, G, G)]
     m = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v) ** 2), argnums=(0, 1, 2))
-                ).lower(*args).compile(FAST).memory_analysis()
+                ).lower(*args).compile().memory_analysis()
     return (m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
             - m.alias_size_in_bytes)
 

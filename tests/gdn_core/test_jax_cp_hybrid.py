@@ -32,7 +32,6 @@ from gdn_core.jax_gdn.train import make_optimizer, make_train_step
 from gdn_core.testing import assert_close, max_verify_error
 from gdn_core.train_config import TrainConfig
 
-FAST = {"xla_backend_optimization_level": 0}
 TOL = 1e-4
 # One GDN layer then one attention layer (two block positions); GDN Hv = 8 and attention
 # H = 8 split over 8 chips (ulysses), G = 2 KV heads (replicated for D > 2).
@@ -67,7 +66,7 @@ def one_chip_loss_and_grads():
     loss, grads = jax.jit(jax.value_and_grad(
         lambda p: model_loss(p, tokens_BT1[:, :-1], tokens_BT1[:, 1:], MODEL,
                              global_tokens=TRAIN.batch_size * TRAIN.seq_len))).lower(
-        params).compile(FAST)(params)
+        params).compile()(params)
     return params, tokens_BT1, jax.device_get(loss), jax.device_get(grads)
 
 
@@ -89,7 +88,7 @@ def check_cases(D, cases, train_cfg=TRAIN):
     def all_cases(params, batches):
         return [fn(params, *batch) for fn, batch in zip(fns, batches)]
 
-    results = jax.jit(all_cases).lower(replicated, batches).compile(FAST)(replicated, batches)
+    results = jax.jit(all_cases).lower(replicated, batches).compile()(replicated, batches)
     for case, (loss, grads) in zip(cases, results):
         error = max_verify_error(ref_loss, loss, jax.tree.leaves(ref_grads),
                                  jax.tree.leaves(jax.device_get(grads)))
@@ -119,7 +118,7 @@ def test_full_product_equals_one_chip(D, layout):
 
 def one_step(step, params, opt_state, inputs_BT, targets_BT):
     args = (params, opt_state, inputs_BT, targets_BT)
-    return jax.device_get(step.lower(*args).compile(FAST)(*args))
+    return jax.device_get(step.lower(*args).compile()(*args))
 
 
 @functools.cache

@@ -3,8 +3,7 @@
 Legend: B batch, T global tokens, D chips, L layers. Oracle: gdn_core.jax_gdn.train's
 single-chip step on the same weights and tokens. The CP step of each (mode, layout) is compiled
 once, by compile_cp_train_step, which run_cp_training calls too (equal arguments reuse the
-compile within a process). Programs that only serve as references or are only inspected are
-compiled with FAST (no LLVM optimisation: half the compile time, same HLO and collectives).
+compile within a process).
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ MODEL = ModelConfig(name="cp-test", gdn=CFG, num_layers=2, intermediate_size=64,
 # through AdamW's moments (mu = 0.1·g, nu = 0.001·g²) at the same tolerance.
 TRAIN = TrainConfig(batch_size=2, seq_len=120, learning_rate=1e-5, weight_decay=0.1, seed=3)
 TOL = 1e-4
-FAST = {"xla_backend_optimization_level": 0}
 LAYOUTS = {"D2": 2, "D4": 4, "D8": 8}
 CASES = [("ulysses", "D2"), ("p2p", "D2"), ("all_gather", "D2"), ("log_scan", "D2"),
          pytest.param("ulysses", "D4", marks=pytest.mark.slow),
@@ -73,7 +71,7 @@ def single_chip_step():
     tokens_BT1 = synthetic_batch(MODEL, TRAIN)
     args = (params, opt_state, tokens_BT1[:, :-1], tokens_BT1[:, 1:])
     step = make_train_step(MODEL, TRAIN, global_tokens=TRAIN.batch_size * TRAIN.seq_len)
-    return jax.device_get(step.lower(*args).compile(FAST)(*args))
+    return jax.device_get(step.lower(*args).compile()(*args))
 
 
 def parameter_count():
@@ -155,8 +153,7 @@ def test_cp_bytes_independent_of_seq_len(mode):
     # states, pairs and the halo only, so the bytes are those of T = 120 (formula and
     # test_run_cp_training_report); the gradient sync does not depend on T either.
     train_cfg = dataclasses.replace(TRAIN, seq_len=2 * TRAIN.seq_len)
-    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh_of("D2"), axis="cp", mode=mode,
-                                    compiler_options=FAST)
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh_of("D2"), axis="cp", mode=mode)
     assert program.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, TRAIN.seq_len)
     assert program.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, train_cfg.seq_len)
     assert program.grad_sync_bytes_per_step == 4 * parameter_count()
@@ -293,8 +290,7 @@ def test_weight_layout_and_remat_match_single_chip(layout, sharding, remat):
     # weights' bytes are reported apart from the CP exchanges, and verify works.
     D, mesh = LAYOUTS[layout], mesh_of(layout)
     train_cfg = dataclasses.replace(TRAIN, param_sharding=sharding, remat=remat)
-    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode="log_scan",
-                                    compiler_options=FAST)
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode="log_scan")
     inputs = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp")
     error = verify_against_single_chip(inputs[0], synthetic_batch(MODEL, train_cfg), MODEL,
                                        train_cfg, mesh=mesh, axis="cp", mode="log_scan")

@@ -44,7 +44,6 @@ NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 STATE_BYTES = CASE.B * CASE.Hv * CASE.Dk * CASE.Dv * 4
 PAIR_BYTES = CASE.B * CASE.Hv * CASE.Dk * (CASE.Dk + CASE.Dv) * 4
 TOL = 1e-4
-FAST = {"xla_backend_optimization_level": 0}
 CHIPS = [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)]
 
 
@@ -82,8 +81,7 @@ def rule_loss(rule, order):
 @functools.cache
 def single_chip_rule():
     args, _ = rule_inputs()
-    grads, (o, h) = jax.jit(rule_loss(jax_gdn.chunk_gated_delta_rule, np.arange(CASE.T)),
-                            compiler_options=FAST)(*args)
+    grads, (o, h) = jax.jit(rule_loss(jax_gdn.chunk_gated_delta_rule, np.arange(CASE.T)))(*args)
     o_rec, _ = jax.jit(lambda *a: jax_gdn.recurrent_gated_delta_rule(
         *a[:5], initial_state=a[5], use_qk_l2norm=True))(*args)
     return o, h, grads, o_rec
@@ -101,7 +99,7 @@ def zigzag_rules(D):
                                                   axis="cp", mode=mode, layout="zigzag"),
                                 order)(*a) for mode in MODES}
 
-    compiled = jax.jit(every_mode, compiler_options=FAST).lower(*sharded).compile()
+    compiled = jax.jit(every_mode).lower(*sharded).compile()
     back = np.argsort(order)
     results = {}
     for mode, (grads, (o, h)) in compiled(*sharded).items():
@@ -238,8 +236,7 @@ def layer_grads(layer, order):
 @functools.cache
 def single_chip_layer():
     params, x_BTD, _ = layer_inputs()
-    return jax.jit(layer_grads(gdn_layer, np.arange(CASE.T)), compiler_options=FAST)(params,
-                                                                                      x_BTD)
+    return jax.jit(layer_grads(gdn_layer, np.arange(CASE.T)))(params, x_BTD)
 
 
 @pytest.mark.timeout(300)
@@ -253,7 +250,7 @@ def test_layer_matches_single_chip(D):
                                                     mode=mode, layout="zigzag"),
                                   order)(params, x_BTD) for mode in MODES}
 
-    results = jax.jit(every_mode, compiler_options=FAST)(params, x_BTD[:, order])
+    results = jax.jit(every_mode)(params, x_BTD[:, order])
     (dparams_ref, dx_ref), y_ref = single_chip_layer()
     back = np.argsort(order)
     for mode, ((dparams, dx), y) in results.items():

@@ -5,8 +5,7 @@ Legend: dp replicas (mesh axis "dp", the step's batch_axis), D chips of one repl
 ("cp2xdp2": the same chips with the replica axis minor). Oracle: the single-chip step
 (jax_gdn.train) on the same global batch of dp·B sequences (step.synthetic_batch(…, dp)) and
 the same weights. The gradients are checked through AdamW's moments after one step, as in
-test_jax_cp_train (mu = 0.1·g, nu = 0.001·g²), and by verify's own comparison. Programs are
-compiled with FAST where only their collectives or values matter.
+test_jax_cp_train (mu = 0.1·g, nu = 0.001·g²), and by verify's own comparison.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from gdn_core.testing import assert_close
 from gdn_core.train_config import TrainConfig
 
 from .hlo_programs import LOSS, WEIGHTS, hlo_program
-from .test_jax_cp_train import (FAST, HYBRID, MODEL, TOL, TRAIN, expected_cp_bytes, leaves,
+from .test_jax_cp_train import (HYBRID, MODEL, TOL, TRAIN, expected_cp_bytes, leaves,
                                 weight_traffic_bytes)
 
 MESHES = {"dp2xcp2": (("dp", 2), ("cp", 2)), "dp1xcp4": (("dp", 1), ("cp", 4)),
@@ -66,7 +65,7 @@ def single_chip_step(dp: int):
     tokens_BT1 = synthetic_batch(MODEL, TRAIN, dp)
     args = (params, make_optimizer(TRAIN).init(params), tokens_BT1[:, :-1], tokens_BT1[:, 1:])
     step = make_train_step(MODEL, TRAIN, global_tokens=tokens_BT1[:, 1:].size)
-    return jax.device_get(step.lower(*args).compile(FAST)(*args))
+    return jax.device_get(step.lower(*args).compile()(*args))
 
 
 def assert_matches_single_chip(dp: int, params, opt_state, loss) -> None:
@@ -96,7 +95,7 @@ def test_dp_cp_step_matches_single_chip(mode, mesh_name, sharding):
     mesh, dp = dp_mesh(mesh_name), replicas(mesh_name)
     train_cfg = dataclasses.replace(TRAIN, param_sharding=sharding)
     program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode=mode,
-                                    batch_axis="dp", compiler_options=FAST)
+                                    batch_axis="dp")
     inputs = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp", batch_axis="dp")
     assert inputs[2].shape == (dp * TRAIN.batch_size, TRAIN.seq_len)
     assert_matches_single_chip(dp, *jax.device_get(program.compiled(*inputs)))
@@ -116,10 +115,10 @@ def test_cp_bytes_per_chip_are_one_replicas(mode):
     # CP exchanges stay inside a replica, so each chip receives the same bytes, apart from the
     # loss sum, which spans all four chips instead of two. The gradient all-reduce spans all.
     with_replicas = compile_cp_train_step(MODEL, TRAIN, mesh=dp_mesh("dp2xcp2"), axis="cp",
-                                          mode=mode, batch_axis="dp", compiler_options=FAST)
+                                          mode=mode, batch_axis="dp")
     one_replica = compile_cp_train_step(MODEL, TRAIN, mesh=Mesh(np.array(jax.devices()[:2]),
                                                                 ("cp",)),
-                                        axis="cp", mode=mode, compiler_options=FAST)
+                                        axis="cp", mode=mode)
     assert (with_replicas.cp_comm_bytes_per_step - loss_sum_bytes(4)
             == one_replica.cp_comm_bytes_per_step - loss_sum_bytes(2))
     assert one_replica.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, TRAIN.seq_len)

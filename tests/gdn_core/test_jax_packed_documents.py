@@ -39,7 +39,6 @@ CASE = RuleCase(1, 96, 2, 4, 16, 16, "weak", 16)
 CFG = GDNConfig(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8,
                 conv_kernel_size=4, chunk_size=16)
 TOL = 1e-4
-FAST = {"xla_backend_optimization_level": 0}
 CHIPS = [2, pytest.param(4, marks=pytest.mark.slow)]
 # zigzag by default: its shards hold two pieces each, so a document crosses more shard edges
 # than under contiguous (slow: another compile of every mode, ~7 s).
@@ -80,8 +79,8 @@ def rule_loss(rule, order):
 @functools.cache
 def single_chip(cu: tuple[int, ...]):
     args, _ = rule_inputs()
-    grads, (o, h) = jax.jit(rule_loss(jax_gdn.chunk_gated_delta_rule, np.arange(CASE.T)),
-                            compiler_options=FAST)(*args, jnp.asarray(cu))
+    loss = rule_loss(jax_gdn.chunk_gated_delta_rule, np.arange(CASE.T))
+    grads, (o, h) = jax.jit(loss)(*args, jnp.asarray(cu))
     return o, h, grads
 
 
@@ -101,8 +100,7 @@ def documents_alone(cu: tuple[int, ...]):
         o = jnp.concatenate(outputs, axis=1)
         return jnp.sum(o * w_o) + jnp.sum(state * w_h), (o, state)
 
-    return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True),
-                   compiler_options=FAST)(*args)
+    return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))(*args)
 
 
 @pytest.mark.timeout(200)
@@ -154,7 +152,7 @@ def cp_rules(D: int, layout: str):
                                                   axis="cp", mode=mode, layout=layout),
                                 order)(*a) for mode in MODES}
 
-    compiled = jax.jit(every_mode, compiler_options=FAST)
+    compiled = jax.jit(every_mode)
     back = np.argsort(order)
     results = {}
     for name, cu in boundary_sets(D).items():
@@ -203,7 +201,7 @@ def layer_grads(layer, order):
 @functools.cache
 def single_chip_layer(cu: tuple[int, ...]):
     params, x, _ = layer_inputs()
-    return jax.jit(layer_grads(gdn_layer, np.arange(CASE.T)), compiler_options=FAST)(
+    return jax.jit(layer_grads(gdn_layer, np.arange(CASE.T)))(
         params, x, jnp.asarray(cu))
 
 
@@ -218,8 +216,8 @@ def test_packed_layer_equals_documents_alone():
                              if a < b], axis=1)
         return jnp.sum(y * w), y
 
-    (d_params_ref, dx_ref), y_ref = jax.jit(jax.grad(alone, argnums=(0, 1), has_aux=True),
-                                            compiler_options=FAST)(params, x)
+    grad_alone = jax.jit(jax.grad(alone, argnums=(0, 1), has_aux=True))
+    (d_params_ref, dx_ref), y_ref = grad_alone(params, x)
     assert_close("y", y_ref, y, TOL)
     assert_close("dx", dx_ref, dx, TOL)
     for path, ref in jax.tree_util.tree_leaves_with_path(d_params_ref):
@@ -240,7 +238,7 @@ def test_packed_cp_layer_matches_one_chip(layout, D):
                                                     mode=mode, layout=layout), order)(
             params, x, cu) for mode in MODES}
 
-    compiled = jax.jit(every_mode, compiler_options=FAST)
+    compiled = jax.jit(every_mode)
     back = np.argsort(order)
     for name, cu in boundary_sets(D).items():
         (d_params_ref, dx_ref), y_ref = single_chip_layer(cu)

@@ -1,8 +1,9 @@
 """What the JAX training step holds per chip: remat, the chunked loss, FSDP; flat HLO in depth.
 
 Legend: B batch, T tokens (T_local per chip), D hidden / chips, L layers, V vocabulary,
-P parameters. Programs are compiled, never run (FAST: no LLVM optimisation; XLA's buffer
-assignment, which memory_analysis reads, is the same). Bytes are XLA's memory_analysis per chip.
+P parameters. Programs are compiled, never run (the suite compiles without LLVM optimisation:
+XLA's buffer assignment, which memory_analysis reads, is the same). Bytes are XLA's
+memory_analysis per chip.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from jax.sharding import Mesh
 
 from gdn_core.config import GDNConfig, ModelConfig
 from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
-from gdn_core.jax_gdn.cp.train import FAST
 from gdn_core.jax_gdn.hlo_comm import received_bytes_per_chip
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
@@ -47,8 +47,7 @@ def grad_memory(num_layers, remat):
     tokens_BT = jax.ShapeDtypeStruct((B, T), jnp.int32)
     grad = jax.jit(jax.grad(lambda p, i, t: model_loss(p, i, t, model_cfg, global_tokens=B * T,
                                                        remat=remat)))
-    return grad.lower(param_shapes(model_cfg), tokens_BT, tokens_BT).compile(
-        FAST).memory_analysis()
+    return grad.lower(param_shapes(model_cfg), tokens_BT, tokens_BT).compile().memory_analysis()
 
 
 @pytest.mark.slow  # seven compiles; remat's memory runs by default in test_memory.py
@@ -103,8 +102,8 @@ def test_chunked_loss_holds_no_full_logits():
         tokens_BT = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
         step = make_train_step(model_cfg, train_cfg, global_tokens=batch * seq_len,
                                loss_chunk_tokens=loss_chunk_tokens)
-        return step.lower(params, opt_state, tokens_BT, tokens_BT).compile(
-            FAST).memory_analysis().temp_size_in_bytes
+        compiled = step.lower(params, opt_state, tokens_BT, tokens_BT).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
 
     chunked, whole = step_temp_bytes(64), step_temp_bytes(batch * seq_len)
     print(f"step temps: chunked {chunked}, one chunk {whole}, B·T·V·4 = {logits_bytes}")
@@ -125,7 +124,7 @@ def cp_step(param_sharding, remat="full"):
     train_cfg = TrainConfig(batch_size=1, seq_len=FSDP_D * FSDP_T_LOCAL,
                             param_sharding=param_sharding, remat=remat)
     return make_cp_train_step(FSDP_MODEL, train_cfg, mesh=mesh, axis="cp", mode="p2p").lower(
-        *cp_step_shapes(FSDP_MODEL, train_cfg, mesh=mesh, axis="cp")).compile(FAST)
+        *cp_step_shapes(FSDP_MODEL, train_cfg, mesh=mesh, axis="cp")).compile()
 
 
 def tree_bytes(tree):

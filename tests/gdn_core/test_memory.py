@@ -5,7 +5,7 @@ Four checks, from the inside out:
   really keeps for backward (JAX: jax's saved-residuals analysis of model_loss; torch: the
   tensors autograd packs, counted by storage) — the count the predictor is built from;
 - the whole step: predict_step_memory against XLA's memory analysis of the compiled JAX CP
-  step (virtual CPU chips, compiled with FAST, never run) at points across modes, chip counts,
+  step (virtual CPU chips, compiled, never run) at points across modes, chip counts,
   param_sharding, remat and dtype, plus the orderings and differences that must hold;
 - torch's one-chip step against its own allocator (torch.profiler's record of every CPU
   tensor allocation and free): XLA analyses only JAX programs;
@@ -37,7 +37,6 @@ from torch.profiler import ProfilerActivity, profile
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.data import synthetic_tokens
 from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
-from gdn_core.jax_gdn.cp.train import FAST
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
 from gdn_core.jax_gdn.train import compiled_peak_bytes
@@ -201,7 +200,7 @@ def xla_bytes(point: Point) -> int:
     model_cfg, train_cfg = point.model_cfg, point.train_cfg
     compiled = make_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp",
                                   mode=point.mode, attn_cp=point.attn_cp).lower(
-        *cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis="cp")).compile(FAST)
+        *cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis="cp")).compile()
     return compiled_peak_bytes(compiled)
 
 
