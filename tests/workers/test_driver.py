@@ -46,27 +46,34 @@ def test_the_driver_runs_the_trials_it_is_given_and_expands_no_grid(monkeypatch)
 
 
 @pytest.mark.timeout(240)
-# 4 chips is the slow tier's (4 rank processes a trial on 2 cores); by default 2 chips.
-@pytest.mark.parametrize("chips", [[2], pytest.param([2, 4], marks=pytest.mark.slow)],
+# 4 chips is the slow tier's (4 rank processes a trial on 2 cores); by default 1 and 2 chips.
+@pytest.mark.parametrize("chips", [[1, 2], pytest.param([1, 2, 4], marks=pytest.mark.slow)],
                          ids=lambda chips: "chips=" + ",".join(map(str, chips)))
 def test_torch_every_mode(local_ray, chips):
     events, sink = [], MemorySink()
     results = run_sweep(tiny_spec(modes=ALL_MODES, chips=chips, verify=True), sink,
                         on_event=events.append)
     by_key = sink.by_key()
-    trials = len(ALL_MODES) * len(chips)
+    trials = 1 + len(ALL_MODES) * (len(chips) - 1)  # one baseline, not one per mode
     assert len(results) == len(by_key) == trials
     if 4 in chips:  # Ulysses over 4 chips with 2 key heads: each key head goes to the 2 chips
         # whose value heads use it.
         assert by_key[key("torch/ulysses/chips=4/seq_len=64")].status == "succeeded"
+    (baseline,) = [r for r in results if r.trial.chips == 1]
+    assert baseline.trial.key == key("torch/none/chips=1/seq_len=64")
+    # mode none runs the plain one-chip step: nothing crosses chips
+    assert baseline.metrics.cp_comm_bytes_per_step_per_chip == 0
+    assert baseline.metrics.grad_sync_bytes_per_step_per_chip == 0
     ran = [r for r in results if r.status != "skipped"]
     for result in ran:
         assert_consistent_metrics(result)
         # Measured (the rank's RSS mark; torch has no compile-time estimate), and predicted.
         assert result.metrics.memory_source == "process_rss_peak"
         assert result.metrics.estimated_memory_bytes_per_chip is None
-        assert result.metrics.verified_seq_len == result.trial.seq_len  # all of it fits
-        assert result.metrics.max_rel_err < 1e-3  # CP against one chip on the same data
+        if result is not baseline:
+            assert result.trial.baseline_key == baseline.trial.key
+            assert result.metrics.verified_seq_len == result.trial.seq_len  # all of it fits
+            assert result.metrics.max_rel_err < 1e-3  # CP against one chip on the same data
     _same_losses(ran)
     started = [e for e in events if isinstance(e, TrialStarted)]
     # One cold start per shape (chip count); every other trial reuses the warm workers.
@@ -127,9 +134,10 @@ def test_step_settings_reach_the_step(local_ray, framework):
     assert_no_leaks()
 
 
+@pytest.mark.slow  # jax: 3 compiles, ~45 s here; torch's baseline by default:
+# test_torch_every_mode
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("framework", [
-    "torch", pytest.param("jax", marks=pytest.mark.slow)])  # jax: 3 compiles, ~45 s here
+@pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_one_chip_runs_once_as_the_baseline_every_mode_refers_to(local_ray, framework):
     spec = tiny_spec(frameworks=[framework], modes=["all_gather", "p2p"], chips=[1, 2])
     results = run_sweep(spec, MemorySink())

@@ -15,6 +15,8 @@ from workers.options import DriverOptions
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
 
+@pytest.mark.slow  # a fault run (4-12 s); a rank's OOM is `oom` by default:
+# test_failures.py::test_rank_oom_is_oom_with_memory
 @pytest.mark.timeout(180)
 def test_out_of_memory_is_oom_and_the_sweep_goes_on(local_ray):
     # 64 × 8192 tokens make 512 MiB of fp32 logits (and as much again for their gradient):
