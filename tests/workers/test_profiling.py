@@ -62,7 +62,12 @@ def test_a_profiled_torch_trial_keeps_a_chrome_trace_of_one_extra_step(local_ray
     assert summary["ops"] == "CPU ops" and summary["op_events"] > 0
     tops = summary["top_ops"]
     assert [t["self_s"] for t in tops] == sorted((t["self_s"] for t in tops), reverse=True)
-    assert summary["collective_s"] > 0 and summary["compute_s"] > summary["collective_s"]
+    # Both parts present; their sizes are not compared (a timing margin on shared cores: a
+    # collective waits out its peer's compute). The listed ops are a part of each total.
+    assert summary["collective_s"] > 0 and summary["compute_s"] > 0
+    for part in ("compute", "collective"):
+        listed = sum(t["self_s"] for t in tops if t["category"] == part)
+        assert listed <= summary[f"{part}_s"] * (1 + 1e-9), part
     assert summary["idle_s"] == pytest.approx(max(0.0, summary["wall_s"] - summary["busy_s"]))
     assert 0 < summary["busy_s"] <= summary["wall_s"]
     assert_no_leaks()
