@@ -11,6 +11,7 @@ from typing import TextIO
 
 from sqlalchemy import select
 
+from gdn_core.kernels import DEFAULT_KERNELS
 from gdn_core.packing import SINGLE_DOCUMENT
 from service.db.models import Result, Trial
 from workers.events import TrialFinished
@@ -54,34 +55,37 @@ class SummaryRow:
     chips: int
     seq_len: int
     settings: str
-    """What else tells trials of one (framework, mode, chips, seq_len) apart (dp > 1
-    replicas and packed documents among them)."""
+    """What else tells trials of one (framework, mode, chips, seq_len) apart (_settings_text)."""
     status: str
     tokens_per_s_per_chip: float | None
     mfu: float | None
     peak_memory_bytes_per_chip: int | None
 
 
-def _settings_text(kind, dtype, param_sharding, remat, repeat, dp, documents) -> str:
-    parts = ([f"dp {dp}"] if dp > 1 else []) + [dtype, param_sharding, remat] \
-        + ([f"documents {documents}"] if documents != SINGLE_DOCUMENT else []) \
-        + ([f"repeat {repeat}"] if repeat else []) \
-        + (["plan"] if kind == "plan" else [])
-    return " ".join(parts)
+def _settings_text(t) -> str:
+    """The settings column of one trial: `t` is a TrialSpec or a trials row (the same names).
+    dtype, sharding and remat always; every other dimension only where it differs from the
+    default, so no two points of a sweep read alike."""
+    parts = ([f"dp {t.dp}"] if t.dp > 1 else []) + [t.dtype, t.param_sharding, t.remat]
+    parts += [t.layers] if t.layers != "gdn_only" else []
+    parts += [f"attn_cp {t.attn_cp}"] if t.attn_cp is not None else []
+    parts += [t.layout] if t.layout != "contiguous" else []
+    parts += [f"kernels {t.kernels}"] if t.kernels != DEFAULT_KERNELS else []
+    parts += [f"documents {t.documents}"] if t.documents != SINGLE_DOCUMENT else []
+    parts += [f"repeat {t.repeat}"] if t.repeat else []
+    return " ".join(parts + (["plan"] if t.kind == "plan" else []))
 
 
 def db_rows(session, sweep_id: int) -> list[SummaryRow]:
     """The summary of a sweep in the database: each trial row and its result."""
     found = session.execute(
         select(Trial.framework, Trial.mode, Trial.chips, Trial.seq_len, Trial.kind, Trial.dtype,
-               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.documents,
-               Trial.status,
+               Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.layers,
+               Trial.attn_cp, Trial.layout, Trial.kernels, Trial.documents, Trial.status,
                Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip)
         .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
-    return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len,
-                       _settings_text(r.kind, r.dtype, r.param_sharding, r.remat, r.repeat,
-                                      r.dp, r.documents),
-                       r.status, r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
+    return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len, _settings_text(r), r.status,
+                       r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
             for r in found]
 
 
@@ -91,9 +95,7 @@ def _result_rows(trials: list[TrialSpec], results: dict[str, TrialResult]) -> li
         result = results.get(trial.key)
         metrics = result.metrics if result is not None else None
         rows.append(SummaryRow(
-            trial.framework, trial.mode, trial.chips, trial.seq_len,
-            _settings_text(trial.kind, trial.dtype, trial.param_sharding, trial.remat,
-                           trial.repeat, trial.dp, trial.documents),
+            trial.framework, trial.mode, trial.chips, trial.seq_len, _settings_text(trial),
             result.status if result is not None else "pending",
             metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
             metrics and metrics.peak_memory_bytes_per_chip))
@@ -111,8 +113,8 @@ def _bytes(value: int | None) -> str:
 
 def summary_table(rows: list[SummaryRow]) -> str:
     """One line per trial, sorted by framework, mode, chips, seq_len: status, tokens/s/chip,
-    MFU, peak memory per chip. A settings column only when the sweep varies dp, dtype,
-    sharding, remat, documents, repeats or kind (it then tells rows of one grid point apart)."""
+    MFU, peak memory per chip. A settings column only when the sweep varies a setting beyond
+    framework, mode, chips and seq_len (it then tells rows of one grid point apart)."""
     rows = sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len, r.settings))
     with_settings = len({r.settings for r in rows}) > 1
     header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),

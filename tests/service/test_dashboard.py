@@ -478,6 +478,29 @@ def test_a_sweep_labels_its_data_parallel_trials_dp_by_cp(seeded_server, session
 
 
 @pytest.mark.timeout(60)
+def test_kernels_and_attention_cp_are_lines_of_their_own(seeded_server, session_factory, page):
+    """A fused trial and a reference one of the same point, or two attn_cp modes, are other
+    lines (never one point at their median), each starting at its own kernels' one chip."""
+    twice_as_fast_fused = lambda t: 2.0 if t.kernels == "fused" else 1.0  # noqa: E731
+    sweep_id = seed_sweep(session_factory, modes=["p2p"], chips=[1, 2], seq_lens=[64],
+                          layers=["hybrid"], attn_cps=["ring", "all_gather_kv"],
+                          kernels=["reference", "fused"], speed_of=twice_as_fast_fused)
+    page.goto(f"{seeded_server}/sweeps/{sweep_id}")
+    page.wait_for_selector("#plot-throughput g.trace.scatter")
+    series = page.evaluate("document.getElementById('plot-throughput').data.map(t => t.name)")
+    assert set(series) == {"torch one chip hybrid", "torch one chip hybrid kernels=fused",
+                           *(f"torch p2p hybrid attn_cp={a}{k}" for a in ("ring", "all_gather_kv")
+                             for k in ("", " kernels=fused"))}
+    page.wait_for_selector("#scaling-view[data-state=drawn]")
+    lines = page.evaluate("document.getElementById('scaling-total').data"
+                          ".filter(t => t.x.length).map(t => [t.name, t.x, t.y])")
+    # seed.py: one chip 64 tokens/s/chip, p2p on 2 chips (32 + 100) × 2 chips, × speed
+    assert sorted(lines) == sorted(
+        [f"torch p2p hybrid attn_cp={a}{k}", [1, 2], [64 * speed, 264 * speed]]
+        for a in ("ring", "all_gather_kv") for k, speed in (("", 1), (" kernels=fused", 2)))
+
+
+@pytest.mark.timeout(60)
 def test_numbers_times_and_estimates_read_as_people_write_them(seeded_server, page):
     page.goto(seeded_server + "/")
     page.wait_for_selector("#sweeps")

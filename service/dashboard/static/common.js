@@ -131,6 +131,19 @@ GS.groupBy = function (rows, keyOf) {
   return groups;
 };
 
+// A trial's step settings that differ from the defaults, as a series names them: points of a
+// sweep over dp, dtype, sharding, remat, layers, attention CP, layout, kernels or documents
+// never share a line (the one-chip baseline has no attn_cp: it is every attn_cp's start).
+GS.stepSettings = (t) => [(t.dp || 1) > 1 ? `dp=${t.dp}` : "", t.dtype === "float32" ? "" : t.dtype,
+                          t.param_sharding === "replicated" ? "" : t.param_sharding,
+                          t.remat === "none" ? "" : `remat=${t.remat}`,
+                          (t.layers || "gdn_only") === "gdn_only" ? "" : t.layers,
+                          t.attn_cp ? `attn_cp=${t.attn_cp}` : "",
+                          (t.layout || "contiguous") === "contiguous" ? "" : t.layout,
+                          (t.kernels || "reference") === "reference" ? "" : `kernels=${t.kernels}`,
+                          (t.documents || "single") === "single" ? "" : `documents=${t.documents}`]
+  .filter(Boolean);
+
 GS.header = function (active) {
   const link = (href, text) => GS.el("a", { href, style: active === href ? "font-weight:600" : null },
                                      text);

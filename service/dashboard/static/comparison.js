@@ -28,19 +28,17 @@ Cmp.sweepResults = async function (sweepId) {
 };
 
 Cmp.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
-// Step settings that differ from the defaults, so series of a sweep over them never share a line.
-Cmp.settings = (t) => [(t.dp || 1) > 1 ? `dp=${t.dp}` : "", t.dtype === "float32" ? "" : t.dtype,
-                       t.param_sharding === "replicated" ? "" : t.param_sharding,
-                       t.remat === "none" ? "" : `remat=${t.remat}`,
-                       (t.documents || "single") === "single" ? "" : `documents=${t.documents}`]
-  .filter(Boolean);
-Cmp.series = (t) => [t.framework, Cmp.modeLabel(t.mode), ...Cmp.settings(t)].join(" ");
-// What has to agree for two trials to be the same work on one chip (any CP mode): packed
-// documents are other work (no attention between them).
-Cmp.workKey = (t) => [t.framework, t.preset, t.num_layers, t.batch_size, t.dtype, t.param_sharding,
-                      t.remat, t.documents || "single"].join("|");
-// A grid point: the same work, mode, chips (and their data-parallel replicas) and seq_len.
-Cmp.pointKey = (t) => [Cmp.workKey(t), t.mode, t.chips, t.dp || 1, t.seq_len].join("|");
+Cmp.series = (t) => [t.framework, Cmp.modeLabel(t.mode), ...GS.stepSettings(t)].join(" ");
+// What has to agree for two trials to be the same work on one chip (any CP mode, attention CP
+// or layout): the model, batch and step settings; fused kernels and packed documents are
+// other work (a fused trial scales from the fused one chip).
+Cmp.workKey = (t) => [t.framework, t.preset, t.num_layers, t.vocab_size, t.layers || "gdn_only",
+                      t.batch_size, t.dtype, t.param_sharding, t.remat, t.kernels || "reference",
+                      t.documents || "single"].join("|");
+// A grid point: the same work, mode, attention CP, layout, chips (and their data-parallel
+// replicas) and seq_len; its repeats are one point.
+Cmp.pointKey = (t) => [Cmp.workKey(t), t.mode, t.attn_cp || "", t.layout || "contiguous", t.chips,
+                       t.dp || 1, t.seq_len].join("|");
 
 Cmp.median = function (values) {
   const s = values.filter((v) => v !== null && v !== undefined).sort((a, b) => a - b);

@@ -17,15 +17,9 @@ Plots.FONT = "12px 'Open Sans', verdana, arial, sans-serif";  // plotly's defaul
 
 Plots.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
 
-// A series: framework and mode, plus each step setting that differs from the default (so
-// points of a sweep over dp, dtypes, param_shardings, remats or documents never share a line).
-Plots.settings = function (t) {
-  return [(t.dp || 1) > 1 ? `dp=${t.dp}` : "", t.dtype === "float32" ? "" : t.dtype,
-          t.param_sharding === "replicated" ? "" : t.param_sharding,
-          t.remat === "none" ? "" : `remat=${t.remat}`,
-          (t.documents || "single") === "single" ? "" : `documents=${t.documents}`].filter(Boolean);
-};
-Plots.series = (t) => [t.framework, Plots.modeLabel(t.mode), ...Plots.settings(t)].join(" ");
+// A series: framework and mode, plus each step setting that differs from the default
+// (GS.stepSettings).
+Plots.series = (t) => [t.framework, Plots.modeLabel(t.mode), ...GS.stepSettings(t)].join(" ");
 
 Plots.ok = (trials, metric) => trials.filter((t) => t.status === "succeeded" && t[metric] !== null);
 
