@@ -3,7 +3,11 @@ that one."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from tests.time_budget import HOST_SLOWNESS_ENV, MAX_SLOWNESS, REFERENCE_LOOP_S, host_slowness
 
 SLEEPY_TESTS = """
 import time
@@ -49,10 +53,12 @@ def test_a_zero_budget_turns_the_check_off(pytester, monkeypatch):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("worker, budget", [(None, "20"), ("gw1", "30")])
-def test_the_default_budget_is_20_s_alone_and_30_s_beside_another_worker(pytester, monkeypatch,
-                                                                         worker, budget):
+@pytest.mark.parametrize("worker, slowness, budget", [(None, "1.00", "20"), ("gw1", "1.00", "30"),
+                                                      (None, "1.75", "35"), ("gw1", "2.00", "60")])
+def test_the_default_budget_is_20_s_alone_and_30_s_beside_another_worker_on_the_reference_host(
+        pytester, monkeypatch, worker, slowness, budget):
     monkeypatch.delenv("GDN_SWEEP_TEST_BUDGET_S", raising=False)
+    monkeypatch.setenv(HOST_SLOWNESS_ENV, slowness)
     if worker is None:
         monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     else:
@@ -65,3 +71,16 @@ def test_the_default_budget_is_20_s_alone_and_30_s_beside_another_worker(pyteste
         "    print('budget', session.config.stash[BUDGET_S])\n")
     result = pytester.runpytest_inprocess("-p", "tests.time_budget", "-s")
     result.stdout.fnmatch_lines([f"*budget {budget}.0*"])
+
+
+@pytest.mark.timeout(60)
+def test_the_host_is_timed_once_and_its_slowness_passed_on(monkeypatch):
+    """Unset, the slowness is measured, bounded, and left in the environment for xdist's
+    workers (which then read it instead of timing the host beside each other)."""
+    monkeypatch.delenv(HOST_SLOWNESS_ENV, raising=False)
+    slowness = host_slowness()
+    assert 1.0 <= slowness <= MAX_SLOWNESS
+    assert os.environ[HOST_SLOWNESS_ENV] == f"{slowness:.2f}"
+    monkeypatch.setenv(HOST_SLOWNESS_ENV, "3.5")
+    assert host_slowness() == 3.5
+    assert REFERENCE_LOOP_S > 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..attention_documents import cu_seqlens_values
+from .device_index import device_index
 
 
 def check_cu_seqlens(cu_seqlens: torch.Tensor, *, seq_len: int) -> None:
@@ -26,10 +27,16 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, *, seq_len: int) -> None:
 
 def tokens_since_start(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:
     """For each global position p, p − (the start of p's document): int64 [T] on positions'
-    device. The causal conv of kernel K sees tap j ≤ K−1 of token p only where this is ≥ j."""
-    cu = cu_seqlens.to(device=positions_T.device, dtype=torch.int64)
+    device. The causal conv of kernel K sees tap j ≤ K−1 of token p only where this is ≥ j.
+    cu_seqlens lives on the host (train.packed_boundaries): its device copy is made once per
+    boundaries and device (device_index), not once per layer and step."""
+    cu = device_index(_boundaries, tuple(cu_seqlens.tolist()), device=positions_T.device)
     doc_T = torch.searchsorted(cu, positions_T, right=True) - 1
     return positions_T - cu[doc_T.clamp(0, cu.numel() - 1)]
+
+
+def _boundaries(values: tuple[int, ...]) -> tuple[int, ...]:
+    return values
 
 
 def document_starts(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:

@@ -42,15 +42,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(rank: int, world_size: int, port: int, jobs, results) -> None:
-    """A rank of a world: join the group, then run each job from `jobs` until None arrives."""
+def _next_job(jobs, parent: int):
+    """The next job from `jobs`, or None once the process that spawned this rank is gone (this
+    rank was reparented): an xdist worker can end without running atexit, and a rank must not
+    outlive the test run that started it."""
+    while True:
+        try:
+            return jobs.get(timeout=1.0)
+        except queue_lib.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _serve(rank: int, world_size: int, port: int, jobs, results, parent: int) -> None:
+    """A rank of a world: join the group, then run each job from `jobs` until None arrives or
+    `parent` (the test process) is gone."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     initial_seed = torch.initial_seed()
     try:
-        while (task := jobs.get()) is not None:
+        while (task := _next_job(jobs, parent)) is not None:
             job, args = task
             torch.set_num_threads(1)  # D processes share the host's cores
             torch.manual_seed(initial_seed)
@@ -74,7 +87,7 @@ class _World:
         port = free_port()
         self.processes = [ctx.Process(target=_serve, daemon=True,
                                       args=(rank, world_size, port, self.jobs[rank],
-                                            self.results))
+                                            self.results, os.getpid()))
                           for rank in range(world_size)]
         for process in self.processes:
             process.start()
