@@ -122,7 +122,20 @@ def smoke_verdict(sweep: dict) -> str | None:
 def _serve_and_submit(server, base_url: str, token: str, sweep: dict, *, smoke: bool,
                       timeout_s: float, outcome: dict) -> None:
     """Runs beside the server: submit `sweep` once the server is up; stop the server with
-    exit 1 if it is refused, and (smoke) once the sweep is final."""
+    exit 1 if it is refused, or if anything here fails (a closed stdout, say: the service
+    must not go on serving with no sweep and nobody told), and (smoke) once the sweep is
+    final."""
+    try:
+        _submit_when_up(server, base_url, token, sweep, smoke=smoke, timeout_s=timeout_s,
+                        outcome=outcome)
+    except BaseException:
+        outcome["exit"] = 1
+        server.should_exit = True
+        raise  # the thread's traceback goes to stderr (threading.excepthook)
+
+
+def _submit_when_up(server, base_url: str, token: str, sweep: dict, *, smoke: bool,
+                    timeout_s: float, outcome: dict) -> None:
     while not server.started:
         if server.should_exit:
             return

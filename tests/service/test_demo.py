@@ -35,6 +35,23 @@ def test_a_refused_demo_sweep_stops_the_service_with_exit_1(tmp_path):
         assert conn.execute(text("SELECT count(*) FROM sweeps")).scalar() == 0
 
 
+@pytest.mark.timeout(120)
+def test_a_demo_that_cannot_print_stops_instead_of_serving_on(tmp_path):
+    # stdout closed by its reader (`… | head`, a dead terminal): the demo's first line fails;
+    # it must stop with a non-zero exit, not serve on with no sweep submitted and nobody told.
+    demo_run = subprocess.Popen(
+        [sys.executable, "-m", "service.demo", "--smoke", "--db", f"sqlite:///{tmp_path / 'd.db'}"],
+        env={**os.environ, "GDN_SWEEP_SPOOL_DIR": str(tmp_path / "spool")},
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    demo_run.stdout.close()
+    try:
+        _, err = demo_run.communicate(timeout=100)
+    finally:
+        demo_run.kill()
+    assert demo_run.returncode not in (0, None)
+    assert "BrokenPipeError" in err
+
+
 def test_the_smoke_sweep_is_four_trials_none_skipped():
     trials = expand_trials(SweepSpec.model_validate(demo.smoke_sweep(cores=2)))
     assert len(trials) == 4
