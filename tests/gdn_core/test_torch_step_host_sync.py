@@ -3,8 +3,9 @@ no `.item()` / `float(tensor)` (aten._local_scalar_dense), no tensor built from 
 (torch.tensor / as_tensor / from_numpy: aten.lift_fresh) and no copy of the host's int32
 cu_seqlens (aten._to_copy of an int32 tensor: on a GPU, a host→device copy per layer) issued
 by gdn_core, on one chip and under CP (ulysses on zigzag shards, the hybrid decoder, packed
-documents, the gradient all-reduce overlapped with backward). Counted with a TorchDispatchMode, no patching; an op torch itself issues (e.g.
-AdamW reading its CPU step counter) is torch's, not ours."""
+documents, the gradient all-reduce overlapped with backward). Counted with a
+TorchDispatchMode, no patching; an op torch itself issues (e.g. AdamW reading its CPU step
+counter) is torch's, not ours."""
 
 from __future__ import annotations
 

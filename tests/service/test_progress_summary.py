@@ -17,8 +17,8 @@ from .conftest import TINY_SWEEP
 from .seed import seed_sweep
 
 # Every dimension beside framework, mode, chips and seq_len, each with two values.
-CROSSED = dict(modes=["p2p"], chips=[1, 2], seq_lens=[64], dp=[1, 2], dtypes=["float32", "bfloat16"],
-               layers=["hybrid"], attn_cps=["ring", "all_gather_kv"],
+CROSSED = dict(modes=["p2p"], chips=[1, 2], seq_lens=[64], dp=[1, 2],
+               dtypes=["float32", "bfloat16"], layers=["hybrid"], attn_cps=["ring", "all_gather_kv"],
                layouts=["contiguous", "zigzag"], kernels=["reference", "fused"],
                documents=["single", "uniform:8-24"], repeats=2)
 
