@@ -29,7 +29,7 @@ HOST_SLOWNESS_ENV = "GDN_SWEEP_HOST_SLOWNESS"
 DEFAULT_BUDGET_S = 20.0
 BESIDE_ANOTHER_WORKER_BUDGET_S = 30.0
 REFERENCE_LOOP_S = 0.06
-"""HOST_LOOP's time on the host the budgets were set on (see the module docstring)."""
+"""host_loop's time on the host the budgets were set on (see the module docstring)."""
 MAX_SLOWNESS = 4.0
 """A host slower than this still gets 4 times the budget: past it, the check would say little."""
 

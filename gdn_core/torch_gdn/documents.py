@@ -30,13 +30,9 @@ def tokens_since_start(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> t
     device. The causal conv of kernel K sees tap j ≤ K−1 of token p only where this is ≥ j.
     cu_seqlens lives on the host (train.packed_boundaries): its device copy is made once per
     boundaries and device (device_index), not once per layer and step."""
-    cu = device_index(_boundaries, tuple(cu_seqlens.tolist()), device=positions_T.device)
+    cu = device_index(tuple, tuple(cu_seqlens.tolist()), device=positions_T.device)
     doc_T = torch.searchsorted(cu, positions_T, right=True) - 1
     return positions_T - cu[doc_T.clamp(0, cu.numel() - 1)]
-
-
-def _boundaries(values: tuple[int, ...]) -> tuple[int, ...]:
-    return values
 
 
 def document_starts(cu_seqlens: torch.Tensor, positions_T: torch.Tensor) -> torch.Tensor:

@@ -143,6 +143,9 @@ GS.stepSettings = (t) => [(t.dp || 1) > 1 ? `dp=${t.dp}` : "", t.dtype === "floa
                           (t.kernels || "reference") === "reference" ? "" : `kernels=${t.kernels}`,
                           (t.documents || "single") === "single" ? "" : `documents=${t.documents}`]
   .filter(Boolean);
+GS.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
+// A series (a line of a plot, a row group of a comparison): framework, mode, step settings.
+GS.series = (t) => [t.framework, GS.modeLabel(t.mode), ...GS.stepSettings(t)].join(" ");
 
 GS.header = function (active) {
   const link = (href, text) => GS.el("a", { href, style: active === href ? "font-weight:600" : null },

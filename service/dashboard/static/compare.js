@@ -52,7 +52,7 @@ Compare.dimensions = function (rows, multiSweep) {
   const dims = [
     ...(multiSweep ? [Compare.categorical("sweep", kept, (r) => r.sweep_id, sweepLabel, Cmp.byNumber)] : []),
     Compare.categorical("framework", kept, (r) => r.framework),
-    Compare.categorical("mode", kept, (r) => r.mode, Cmp.modeLabel),
+    Compare.categorical("mode", kept, (r) => r.mode, GS.modeLabel),
     Compare.categorical("chips", kept, (r) => r.chips, String, Cmp.byNumber),
     Compare.categorical("seq_len", kept, (r) => r.seq_len, Cmp.tokens, Cmp.byNumber),
     Compare.categorical("dtype", kept, (r) => r.dtype),
@@ -119,7 +119,7 @@ Compare.table = function (ids, matches) {
   const body = matches.map((m) => {
     const t = m.sample.sample, tps = (id) => (m.bySweep.get(id) || {}).tokensPerSPerChip;
     return GS.el("tr", { "data-key": m.key, "data-mode": t.mode, "data-chips": t.chips, "data-seq-len": t.seq_len },
-      GS.el("td", {}, Cmp.modeLabel(t.mode)), num(t.chips), num(Cmp.tokens(t.seq_len)),
+      GS.el("td", {}, GS.modeLabel(t.mode)), num(t.chips), num(Cmp.tokens(t.seq_len)),
       GS.el("td", { class: "settings" }, Compare.settingsText(t)),
       ...ids.map((id) => num(Cmp.num(tps(id)), { "data-sweep": id })),
       ...others.map((id) => {

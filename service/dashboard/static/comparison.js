@@ -27,8 +27,6 @@ Cmp.sweepResults = async function (sweepId) {
            count, truncated: rows.length < count };
 };
 
-Cmp.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
-Cmp.series = (t) => [t.framework, Cmp.modeLabel(t.mode), ...GS.stepSettings(t)].join(" ");
 // What has to agree for two trials to be the same work on one chip (any CP mode, attention CP
 // or layout): the model, batch and step settings; fused kernels and packed documents are
 // other work (a fused trial scales from the fused one chip).
@@ -53,7 +51,7 @@ Cmp.points = function (rows) {
     const t = ts[0], med = (field) => Cmp.median(ts.map((r) => r[field]));
     const tokensPerSPerChip = med("tokens_per_s_per_chip"), flops = med("hardware_flops_per_step");
     return {
-      key, work: Cmp.workKey(t), series: Cmp.series(t), framework: t.framework, mode: t.mode,
+      key, work: Cmp.workKey(t), series: GS.series(t), framework: t.framework, mode: t.mode,
       chips: t.chips, cpChips: t.chips / (t.dp || 1), seq_len: t.seq_len, sample: t, runs: ts.length, trialIds: ts.map((r) => r.id),
       tokensPerSPerChip, totalTokensPerS: tokensPerSPerChip * t.chips,
       scalingEfficiency: med("scaling_efficiency"), mfu: med("mfu"),

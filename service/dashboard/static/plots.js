@@ -15,12 +15,6 @@ Plots.SYMBOL = { jax: "circle", torch: "square" };
 Plots.CONFIG = { responsive: true, displaylogo: false };
 Plots.FONT = "12px 'Open Sans', verdana, arial, sans-serif";  // plotly's default legend font
 
-Plots.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
-
-// A series: framework and mode, plus each step setting that differs from the default
-// (GS.stepSettings).
-Plots.series = (t) => [t.framework, Plots.modeLabel(t.mode), ...GS.stepSettings(t)].join(" ");
-
 Plots.ok = (trials, metric) => trials.filter((t) => t.status === "succeeded" && t[metric] !== null);
 
 Plots.median = function (values) {
@@ -119,7 +113,7 @@ Plots.throughput = function (sweep, trials) {
   layout.title = { text: "tokens/s/chip vs seq_len, per mode",
                    subtitle: { text: "one panel per chip count; bars: fastest to slowest measured step" } };
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
-  for (const [key, group] of GS.groupBy(rows, (t) => `${Plots.series(t)}|${t.chips}`)) {
+  for (const [key, group] of GS.groupBy(rows, (t) => `${GS.series(t)}|${t.chips}`)) {
     const [name, chips] = key.split("|"), t = group[0];
     traces.push(Plots.throughputTrace(Plots.throughputPoints(group), "seq_len", name, !seen.has(name), {
       ...Plots.axes(chipsList.indexOf(Number(chips))), line: Plots.lineOf(t) }));
@@ -139,7 +133,7 @@ Plots.scaling = function (sweep, trials) {
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
   const byId = new Map(rows.map((t) => [t.id, t]));
   const multi = rows.filter((t) => t.chips > 1);
-  for (const [key, group] of GS.groupBy(multi, (t) => `${Plots.series(t)}|${t.seq_len}`)) {
+  for (const [key, group] of GS.groupBy(multi, (t) => `${GS.series(t)}|${t.seq_len}`)) {
     const [name, seq] = key.split("|"), t = group[0];
     const baselines = [...new Set(group.map((g) => byId.get(g.baseline_trial_id)).filter(Boolean))];
     traces.push(Plots.throughputTrace(Plots.throughputPoints([...baselines, ...group]), "chips", name,
@@ -177,7 +171,7 @@ Plots.memoryTraces = function (sweep, trials) {
   const done = trials.filter((t) => t.status === "succeeded");
   for (const q of Plots.MEMORY_QUANTITIES) {
     const rows = done.filter((t) => t[q.field] !== null && t[q.field] !== undefined);
-    const groups = GS.groupBy(rows, (t) => `${Plots.series(t)} · ${q.label(t)}|${t.chips}`);
+    const groups = GS.groupBy(rows, (t) => `${GS.series(t)} · ${q.label(t)}|${t.chips}`);
     for (const [key, group] of groups) {
       const [name, chips] = key.split("|"), t = group[0];
       const points = [...GS.groupBy(group, (g) => g.seq_len).values()].map((gs) => ({
@@ -237,7 +231,7 @@ Plots.memory = function (sweep, trials) {
     if (!here.length) return;
     traces.push({ x: here.map((t) => t.seq_len), type: "scatter", mode: "markers", name: "oom",
                   y: here.map((t) => t.peak_memory_bytes_per_chip || sweep.chip_memory_bytes),
-                  hovertext: here.map((t) => `${Plots.series(t)}: out of memory`),
+                  hovertext: here.map((t) => `${GS.series(t)}: out of memory`),
                   legendgroup: "oom", showlegend: !traces.some((t) => t.name === "oom"),
                   ...Plots.axes(i), marker: { symbol: "x", size: 10, color: "#000" } });
   });
@@ -252,14 +246,14 @@ Plots.memory = function (sweep, trials) {
 
 Plots.mfu = function (sweep, trials) {
   const rows = Plots.ok(trials, "mfu");
-  const names = [...new Set(rows.map(Plots.series))].sort();
+  const names = [...new Set(rows.map(GS.series))].sort();
   const chipsList = sweep.spec.chips;
   const traces = names.map((name) => {
     const best = chipsList.map((chips) => {
-      const pts = rows.filter((t) => Plots.series(t) === name && t.chips === chips);
+      const pts = rows.filter((t) => GS.series(t) === name && t.chips === chips);
       return pts.length ? pts.reduce((a, b) => (b.mfu > a.mfu ? b : a)) : null;
     });
-    const sample = rows.find((t) => Plots.series(t) === name);
+    const sample = rows.find((t) => GS.series(t) === name);
     return { type: "bar", name, x: chipsList.map((c) => `${c} chip${c === 1 ? "" : "s"}`),
              y: best.map((t) => (t ? t.mfu : null)),
              customdata: best.map((t) => (t ? `${GS.pct(t.mfu)} at seq_len ${t.seq_len}` : "")),
