@@ -21,6 +21,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, get_args
 
+from .interpreted_kernels import (FLA_DTYPES_INTERPRETED, INTERPRET_ENV,
+                                  interpret_kernels_enabled, triton_installed)
+from .interpreted_kernels import interpreted as interpreted_name
+
 Kernels = Literal["reference", "fused"]
 KERNELS: tuple[str, ...] = get_args(Kernels)
 DEFAULT_KERNELS: Kernels = "reference"
@@ -60,6 +64,9 @@ JAX_GDN_NOT_FUSED = "(no library kernel composes with CP state)"
 """Why JAX's GDN stays the reference under kernels="fused" (MaxText turns its Pallas kernel
 off under context parallelism), appended to REFERENCE_GDN["jax"]."""
 FLA_GDN = "fla-core {version} chunk_gated_delta_rule"
+FLA_CP_CONTEXT_GDN = "fla-core {version} chunk_gated_delta_rule with its cp_context (all_gather)"
+"""fla's own context parallelism in place of our exchanges (torch_gdn.gdn_kernels.
+FlaCPContextKernel, gdn_kernel="fla_cp_context"): the alternative the benchmark times."""
 TORCH_SDPA_FLASH = "torch {version} sdpa flash ({device})"
 JAX_DOT_PRODUCT_ATTENTION = "jax {version} dot_product_attention {implementation}"
 """implementation: "xla" (CPU) or "cudnn" (GPU)."""
@@ -145,14 +152,14 @@ def _packed_documents_problem(framework: str, part: int, device_kind: str) -> st
     """Why the fused kernel of `part` (0: the GDN rule, 1: attention) cannot serve packed
     documents on a device_kind chip, or None where it can: the step would raise on the first
     forward, so the trial is skipped with the reason before anything is built instead."""
-    if framework == "torch" and part == 0:
-        return ("fla-core's chunk_gated_delta_rule is not yet composed with packed documents "
-                "(cu_seqlens) under CP")
-    if framework == "jax" and part == 1 and device_kind in ("gpu", "tpu"):
+    splash_on_cpu = device_kind == "cpu" and interpret_kernels_enabled()  # interpreted
+    if framework == "jax" and part == 1 and (device_kind in ("gpu", "tpu") or splash_on_cpu):
         kernel = "cuDNN" if device_kind == "gpu" else "splash"
         return (f"{kernel} attention as bound here takes no mask, so it cannot serve packed "
                 "documents (cu_seqlens)")
-    return None  # JAX's GDN is the reference; SDPA flash and XLA attend per document pair
+    # fla takes cu_seqlens (torch_gdn.cp.kernel_rule: segment-local boundaries), JAX's GDN is
+    # the reference, SDPA flash and XLA attend per document pair.
+    return None
 
 
 def _check_point(framework: str, kernels: str, device_kind: str) -> None:
@@ -188,17 +195,25 @@ def _torch_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None,
                      gdn_head_k_dim: int | None = None, gdn_chunk_size: int | None = None) -> str:
     """fla-core's chunk_gated_delta_rule, composed with our CP exchanges through its public
     initial_state (torch_gdn.cp.kernel_rule), where it can serve the point."""
-    if device_kind != "gpu":
+    interpreted = device_kind == "cpu" and interpret_kernels_enabled()
+    if device_kind != "gpu" and not interpreted:
+        hint = (f" ({INTERPRET_ENV}=1 runs it through Triton's interpreter on a CPU: a "
+                "correctness check, not a speed)") if device_kind == "cpu" else ""
         raise KernelUnavailable("fla-core's chunk_gated_delta_rule needs a CUDA device "
-                                f"(Triton); this trial runs on {device_kind}")
+                                f"(Triton); this trial runs on {device_kind}{hint}")
     if not _fla_installed():
         raise KernelUnavailable(f"fla-core is not installed on this worker (no module "
                                 f"{FLA_MODULE!r}); fused torch GDN runs fla-core's "
                                 "chunk_gated_delta_rule: pip install fla-core")
     name = FLA_GDN.format(version=_version(FLA_DISTRIBUTION))
     reasons = []
-    if dtype not in FLA_DTYPES:
-        reasons.append(f"takes dtype {', '.join(FLA_DTYPES)}, got dtype={dtype!r}")
+    dtypes = FLA_DTYPES_INTERPRETED if interpreted else FLA_DTYPES
+    if interpreted and not triton_installed():
+        reasons.append("runs under Triton's interpreter, and triton is not installed "
+                       "(pip install 'gdn-sweep[kernels]')")
+    if dtype not in dtypes:
+        where = " under Triton's interpreter (numpy has no bfloat16)" if interpreted else ""
+        reasons.append(f"takes dtype {', '.join(dtypes)}{where}, got dtype={dtype!r}")
     if gdn_chunk_size is not None and gdn_chunk_size not in FLA_CHUNK_SIZES:
         reasons.append(f"takes chunk_size {', '.join(map(str, FLA_CHUNK_SIZES))}, got "
                        f"chunk_size={gdn_chunk_size}")
@@ -207,7 +222,54 @@ def _torch_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None,
                        f"head_k_dim={gdn_head_k_dim}")
     if reasons:
         raise KernelUnavailable(f"{name} {' and '.join(reasons)}; use kernels: [reference]")
-    return name
+    if device_kind == "gpu":
+        problem = fla_gated_backward_problem(**_cuda_device_facts())
+        if problem is not None:
+            raise KernelUnavailable(f"{name}: {problem}")
+    return interpreted_name(name) if interpreted else name
+
+
+FLA_HOPPER_BAD_TRITON = ("3.4.0", "3.7.1")
+"""Triton versions [from, to) whose gated chunk_bwd_dqkwg is wrong on Hopper (fla issue #640);
+fla-core 0.6.0 raises there unless tilelang serves that kernel instead."""
+
+
+def fla_gated_backward_problem(*, device_name: str, capability: tuple[int, int] | None,
+                               triton_version: str | None, tilelang_installed: bool
+                               ) -> str | None:
+    """Why fla-core 0.6.0's gated backward refuses to train on this GPU, or None: on Hopper
+    (compute capability 9.x, or a device named "NVIDIA H…", as fla decides) with
+    3.4.0 ≤ Triton < 3.7.1 and no tilelang it raises in chunk_bwd_dqkwg. Its forward still
+    runs (the kernel benchmark times it)."""
+    hopper = (capability is not None and capability[0] == 9) or "NVIDIA H" in device_name
+    if not hopper or triton_version is None or tilelang_installed:
+        return None
+    low, high = FLA_HOPPER_BAD_TRITON
+    if not _version_tuple(low) <= _version_tuple(triton_version) < _version_tuple(high):
+        return None
+    return (f"its gated backward gives wrong gradients with Triton {triton_version} on Hopper "
+            f"({device_name}; {low} <= Triton < {high}, fla issue #640) and refuses to run "
+            f"without tilelang: training needs Triton >= {high} or `pip install tilelang` "
+            "(the forward alone still runs)")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    import re
+
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _cuda_device_facts() -> dict:
+    """fla_gated_backward_problem's arguments for this process's first CUDA device."""
+    import importlib.util
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return dict(device_name=torch.cuda.get_device_name(0) if cuda else "",
+                capability=tuple(torch.cuda.get_device_capability(0)) if cuda else None,
+                triton_version=_version("triton") if triton_installed() else None,
+                tilelang_installed=importlib.util.find_spec("tilelang") is not None)
 
 
 def _torch_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
@@ -240,6 +302,11 @@ def _jax_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) 
             raise KernelUnavailable(f"cuDNN flash attention needs head_dim a multiple of 8 and "
                                     f"<= {CUDNN_MAX_HEAD_DIM}, got head_dim={head_dim}")
         return JAX_DOT_PRODUCT_ATTENTION.format(version=version, implementation="cudnn")
+    if interpret_kernels_enabled():
+        # Splash through Pallas's interpreter: no TPU lanes to fill, so any head_dim runs
+        # (8, 16 checked; float32 and bfloat16); segments still need multiples of 128 tokens,
+        # which only the step knows (jax_gdn.kernels.resolve_jax_attention_kernel checks).
+        return interpreted_name(JAX_SPLASH_ATTENTION.format(version=version))
     return JAX_DOT_PRODUCT_ATTENTION.format(version=version, implementation="xla")
 
 
@@ -248,9 +315,10 @@ _FUSED = {"torch": (_torch_fused_gdn, _torch_fused_attention),
 """Per framework: (the GDN rule's fused resolver, attention's)."""
 
 
-__all__ = ["CUDNN_MAX_HEAD_DIM", "DEFAULT_KERNELS", "FLA_CHUNK_SIZES", "FLA_DTYPES", "FLA_GDN",
-           "FLA_MAX_HEAD_K_DIM", "JAX_DOT_PRODUCT_ATTENTION", "JAX_GDN_NOT_FUSED",
-           "JAX_SPLASH_ATTENTION", "KERNELS", "KernelUnavailable", "Kernels",
-           "REFERENCE_ATTENTION", "REFERENCE_GDN", "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM",
-           "SPLASH_HEAD_DIM_MULTIPLE", "TORCH_SDPA_FLASH", "attention_kernel_name",
-           "check_kernels", "jax_fused_gdn_name", "resolve_kernels"]
+__all__ = ["CUDNN_MAX_HEAD_DIM", "DEFAULT_KERNELS", "FLA_CHUNK_SIZES", "FLA_CP_CONTEXT_GDN",
+           "FLA_DTYPES", "FLA_GDN", "FLA_HOPPER_BAD_TRITON", "FLA_MAX_HEAD_K_DIM",
+           "JAX_DOT_PRODUCT_ATTENTION", "JAX_GDN_NOT_FUSED", "JAX_SPLASH_ATTENTION", "KERNELS",
+           "KernelUnavailable", "Kernels", "REFERENCE_ATTENTION", "REFERENCE_GDN",
+           "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM", "SPLASH_HEAD_DIM_MULTIPLE",
+           "TORCH_SDPA_FLASH", "attention_kernel_name", "check_kernels",
+           "fla_gated_backward_problem", "jax_fused_gdn_name", "resolve_kernels"]

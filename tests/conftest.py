@@ -20,6 +20,15 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(
         filter(None, [os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0"]))
 
+# No GPU here: Triton compiles nothing, so its kernels (fla-core's, run by the interpreted-kernel
+# tests) must be decorated in interpreter mode, which Triton decides when `triton` is first
+# imported (torch._dynamo imports it). Set before anything imports it, here and in the processes
+# the tests start; on a GPU host (scripts/device-check.sh's gpu tests) nothing changes.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -1,6 +1,10 @@
-"""Turn what went wrong in a trial into a status: oom, failed, or retry (dead actor / node).
+"""Turn what went wrong in a trial into a status: oom, skipped, failed, or retry (dead actor /
+node).
 
-Statuses of results, not exceptions of the driver: a sweep always finishes.
+A fused kernel that refuses the point from inside the step (KernelUnavailable: a shape only the
+running step sees, a library's own refusal) makes the trial `skipped` with its reason, as the
+resolver's refusal before the step does. Statuses of results, not exceptions of the driver: a
+sweep always finishes.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import re
 
 import ray
 from ray import exceptions as rex
+
+from gdn_core.kernels import KernelUnavailable
 
 from .errors import (ChipCapacityError, PlacementTimeoutError, RankOutOfMemoryError,
                      WorkerStartupError)
@@ -27,7 +33,7 @@ class FailureVerdict:
     """How a failed attempt ends: a final status, or another attempt."""
 
     status: str
-    """'oom' or 'failed' (the status if no retry is left)."""
+    """'oom', 'skipped' (a kernel's refusal) or 'failed' (the status if no retry is left)."""
     retry: bool
     """True for a dead actor or node (infrastructure, not the trial's fault)."""
     error: str
@@ -50,6 +56,8 @@ def classify(exc: BaseException) -> FailureVerdict:
     """Map an exception from a trial attempt to a verdict (see the module docstring)."""
     if isinstance(exc, rex.RayTaskError):
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+        if isinstance(cause, KernelUnavailable):
+            return FailureVerdict(status="skipped", retry=False, error=str(cause))
         if isinstance(cause, RankOutOfMemoryError):
             return FailureVerdict(status="oom", retry=False, error=tail(str(cause)),
                                   peak_memory_bytes=cause.peak_memory_bytes,
@@ -71,6 +79,8 @@ def classify(exc: BaseException) -> FailureVerdict:
         return FailureVerdict(status="failed", retry=True, error=str(exc))
     if isinstance(exc, (PlacementTimeoutError, ChipCapacityError)):
         return FailureVerdict(status="failed", retry=False, error=str(exc))
+    if isinstance(exc, KernelUnavailable):
+        return FailureVerdict(status="skipped", retry=False, error=str(exc))
     status = "oom" if looks_like_oom(exc) else "failed"
     return FailureVerdict(status=status, retry=False,
                           error=tail(f"{type(exc).__name__}: {exc}"))

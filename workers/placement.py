@@ -22,6 +22,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from gdn_core.interpreted_kernels import INTERPRET_ENV, interpret_kernels_enabled
+
 from .errors import PlacementCancelledError, PlacementTimeoutError
 from .options import CPU_CHIP_RESOURCE
 
@@ -222,6 +224,8 @@ class TrialChips:
         NCCL must see its peers to find NVLink (NVIDIA/nccl#1066) — the way torchrun and Ray
         Train (share_cuda_visible_devices) lay GPUs out; it selects its own with
         cuda_device_index(ray.get_gpu_ids(), CUDA_VISIBLE_DEVICES).
+        CPU: with GDN_SWEEP_INTERPRET_KERNELS=1 in the driver, the process gets it too (and
+        Triton's interpreter on from its start: gdn_core.interpreted_kernels).
         """
         env = dict(env or {})
         options: dict = dict(num_cpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -234,6 +238,8 @@ class TrialChips:
             options["resources"] = {"TPU": self.chips_per_bundle}
         else:
             options["resources"] = {self.request.resource: 1}
+            if interpret_kernels_enabled():  # the driver's switch reaches its CPU chips
+                env.update({INTERPRET_ENV: "1", "TRITON_INTERPRET": "1"})
         if env:
             options["runtime_env"] = {"env_vars": env}
         return options

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 BENCHMARKS: dict[str, str] = {
     "kernel": "gdn_core.bench.kernel:main",
     "cp": "gdn_core.bench.cp:main",
+    "cp-gdn": "gdn_core.bench.cp_gdn_kernels:main",
     "memory": "gdn_core.bench.memory:main",
     "step": "gdn_core.bench.step:main",
     "env": "gdn_core.bench.environment:main",

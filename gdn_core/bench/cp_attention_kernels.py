@@ -15,38 +15,13 @@ printed with its reason (kernels.KernelUnavailable), never replaced by the other
 
 from __future__ import annotations
 
-import datetime
 import os
-import queue as queue_lib
-import socket
 import statistics
 import time
-import traceback
+
+from .ranks import run_on_ranks
 
 KERNELS = ("reference", "fused")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_entry(rank, world, port, threads, spec, results):
-    import torch
-    import torch.distributed as dist
-
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=300))
-    try:
-        results.put((rank, _time_cases(rank, world, spec), None))
-    except BaseException:  # report, then re-raise so the parent sees the failure
-        results.put((rank, None, traceback.format_exc()))
-        raise
-    finally:
-        dist.destroy_process_group()
 
 
 def _time_cases(rank: int, world: int, spec: dict) -> dict:
@@ -89,31 +64,7 @@ def _time_cases(rank: int, world: int, spec: dict) -> dict:
 def measure_attention_kernels(spec: dict, *, chips: int, timeout_s: float = 600.0) -> dict:
     """Spawn `chips` gloo ranks on this host and time every attn_cp of spec under every
     kernels value of spec; returns rank 0's view ({(attn_cp, kernels): seconds per run})."""
-    import torch.multiprocessing as mp
-
-    threads = max(1, len(os.sched_getaffinity(0)) // chips)
-    results = mp.get_context("spawn").Queue()
-    ctx = mp.spawn(_rank_entry, args=(chips, _free_port(), threads, spec, results),
-                   nprocs=chips, join=False)
-    collected, deadline = {}, time.monotonic() + timeout_s
-    try:
-        while len(collected) < chips:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"attention timing on {chips} ranks took over {timeout_s} s")
-            try:  # drain while waiting: a child cannot exit before its queue data is read
-                rank, out, error = results.get(timeout=0.2)
-            except queue_lib.Empty:
-                ctx.join(timeout=0.01)  # raises if a rank died
-                continue
-            if error is not None:
-                raise RuntimeError(f"rank {rank} of {chips} failed:\n{error}")
-            collected[rank] = out
-        ctx.join()
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-    return collected[0]
+    return run_on_ranks(_time_cases, spec, chips=chips, timeout_s=timeout_s)
 
 
 def kernel_names(*, dtype: str, head_dim: int) -> dict[str, str]:

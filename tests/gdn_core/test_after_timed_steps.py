@@ -77,6 +77,38 @@ def test_torch_extra_step_runs_outside_the_report():
         assert max(rank["step_times_s"]) < PAUSE_S  # the hook's time is in no measured step
 
 
+@pytest.mark.timeout(120)
+def test_torch_extra_step_of_a_packed_trial_is_the_packed_step(monkeypatch):
+    """The step after_timed_steps runs (the profiled one) takes the trial's packed-document
+    boundaries, as every timed step does: a profile of a packed trial profiles a packed step."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from gdn_core.torch_gdn.cp import train
+
+    seen = []
+
+    def recording_step(*args, **kwargs):
+        seen.append(kwargs.get("cu_seqlens"))
+        return real_step(*args, **kwargs)
+
+    real_step = train.train_step
+    monkeypatch.setattr(train, "train_step", recording_step)
+    packed = dataclasses.replace(TRAIN, documents="uniform:8-24")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        train.run_cp_training(MODEL, packed, group=dist.group.WORLD,
+                              cp=CPSettings(mode="p2p", chips=1), steps=STEPS,
+                              warmup_steps=WARMUP, after_timed_steps=lambda step: step())
+    finally:
+        dist.destroy_process_group()
+    assert len(seen) == WARMUP + STEPS + 1
+    assert seen[0] is not None and seen[0].numel() > 2  # several documents
+    assert all(cu is not None and cu.tolist() == seen[0].tolist() for cu in seen), seen
+
+
 @pytest.mark.slow  # compiling the step takes ~30 s on a shared 2-core host
 @pytest.mark.timeout(180)
 def test_jax_extra_step_runs_outside_the_report():

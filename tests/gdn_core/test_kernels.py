@@ -84,12 +84,16 @@ def test_jax_fused_attention_head_limits_are_checked_before_a_trial_is_built(
 
 @pytest.mark.parametrize("device_kind", ["cpu", "tpu"])
 @pytest.mark.parametrize("installed", [True, False])
-def test_torch_fused_gdn_needs_a_cuda_device(fla, device_kind, installed):
+def test_torch_fused_gdn_needs_a_cuda_device(fla, monkeypatch, device_kind, installed):
+    """Without the interpreter switch; on a CPU the reason names it."""
+    monkeypatch.delenv("GDN_SWEEP_INTERPRET_KERNELS", raising=False)
     fla(installed)
     with pytest.raises(KernelUnavailable) as err:
         _resolve("torch", device_kind=device_kind, has_attention=False)
+    hint = (" (GDN_SWEEP_INTERPRET_KERNELS=1 runs it through Triton's interpreter on a CPU: a "
+            "correctness check, not a speed)") if device_kind == "cpu" else ""
     assert str(err.value) == ("fla-core's chunk_gated_delta_rule needs a CUDA device (Triton); "
-                              f"this trial runs on {device_kind}")
+                              f"this trial runs on {device_kind}{hint}")
 
 
 def test_torch_fused_gdn_needs_fla_core_on_gpu(fla):
@@ -191,7 +195,52 @@ def test_packed_documents_are_served_where_the_kernels_take_boundaries(fla):
                     has_attention=True, packed_documents=True)
     resolve_kernels("jax", "fused", device_kind="gpu", dtype="bfloat16", head_dim=None,
                     has_attention=False, packed_documents=True)
-    with pytest.raises(KernelUnavailable, match="fla-core's chunk_gated_delta_rule is not yet "
-                                                "composed with packed documents"):
-        resolve_kernels("torch", "fused", device_kind="gpu", dtype="bfloat16", head_dim=64,
-                        has_attention=True, packed_documents=True)
+    # fla takes cu_seqlens, composed per segment (torch_gdn.cp.kernel_rule)
+    got = resolve_kernels("torch", "fused", device_kind="gpu", dtype="bfloat16", head_dim=64,
+                          has_attention=True, packed_documents=True)
+    assert got.gdn == K.FLA_GDN.format(version=K._version("fla-core"))
+
+
+# ------------------------------------------------- fla's own refusal on Hopper (fla issue #640)
+
+HOPPER = dict(device_name="NVIDIA H200", capability=(9, 0), tilelang_installed=False)
+
+
+@pytest.mark.parametrize("facts, refused", [
+    (HOPPER | dict(triton_version="3.6.0"), True),  # the lent image
+    (HOPPER | dict(triton_version="3.4.0"), True),
+    (HOPPER | dict(triton_version="3.7.0+git1234"), True),
+    (HOPPER | dict(triton_version="3.7.1"), False),
+    (HOPPER | dict(triton_version="3.3.1"), False),
+    (HOPPER | dict(triton_version="3.6.0", tilelang_installed=True), False),
+    (dict(HOPPER, device_name="NVIDIA A100-SXM4-80GB", capability=(8, 0),
+          triton_version="3.6.0"), False),
+    (dict(HOPPER, device_name="NVIDIA H100 80GB HBM3", capability=None,
+          triton_version="3.6.0"), True),  # named Hopper, as fla decides
+    (dict(HOPPER, device_name="NVIDIA B200", capability=(10, 0), triton_version="3.6.0"), False),
+], ids=["h200-3.6", "3.4.0", "3.7.0-dev", "3.7.1", "3.3.1", "tilelang", "a100", "h100-named",
+        "b200"])
+def test_fla_gated_backward_refusal_matches_fla(facts, refused):
+    problem = K.fla_gated_backward_problem(**facts)
+    assert (problem is not None) == refused, problem
+    if refused:
+        assert "#640" in problem and "Triton >= 3.7.1" in problem and "tilelang" in problem
+
+
+def test_a_fused_torch_trial_on_hopper_with_triton_3_6_is_skipped_with_fla_reason(fla,
+                                                                                 monkeypatch):
+    """The rule book asks the worker's device and packages: on the lent image's H200 with
+    Triton 3.6.0 a fused torch trial is skipped with fla's reason (not failed inside fla's
+    backward); the reference trial is untouched."""
+    fla(True)
+    monkeypatch.setattr(K, "_cuda_device_facts",
+                        lambda: HOPPER | dict(triton_version="3.6.0"))
+    with pytest.raises(KernelUnavailable, match=r"^fla-core .* chunk_gated_delta_rule: its "
+                                                r"gated backward .* Triton 3\.6\.0 on Hopper"):
+        _resolve("torch", device_kind="gpu", dtype="bfloat16", has_attention=False)
+    assert _resolve("torch", "reference", device_kind="gpu", dtype="bfloat16",
+                    has_attention=False).gdn == K.REFERENCE_GDN["torch"]
+    monkeypatch.setattr(K, "_cuda_device_facts",
+                        lambda: HOPPER | dict(triton_version="3.7.1"))
+    assert _resolve("torch", device_kind="gpu", dtype="bfloat16",
+                    has_attention=False).gdn.startswith("fla-core ")

@@ -20,7 +20,8 @@ GRAPH = import_graph(ROOT)
 
 ALLOWED_PACKAGES = {"numpy", "torch", "jax", "optax"}
 """What gdn_core may import besides the standard library and itself (ARCHITECTURE.md)."""
-OPTIONAL_PACKAGES = {"fla": "flash-linear-attention: bench kernel's GPU anchor",
+OPTIONAL_PACKAGES = {"fla": "flash-linear-attention: bench kernel's GPU anchor, fused torch GDN",
+                     "triton": "fla's kernels on a CPU, under Triton's interpreter",
                      "transformers": "bench kernel's reference rule"}
 """Imported only inside a `try` that handles their absence: what a benchmark compares with."""
 MAX_LINES = 450

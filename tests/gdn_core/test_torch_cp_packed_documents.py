@@ -7,7 +7,10 @@ test_torch_packed_documents.py) and the recurrence; the one-chip GatedDeltaNet w
 cu_seqlens (layer). Two boundary sets per D: `spanning` (a 1-token document, then one document
 over every shard: its state crosses every CP boundary) and `edges` (starts on every zigzag
 segment edge, so on every contiguous shard edge, on a chunk edge and a 1-token document after
-it). One spawned job per D runs every case on every rank and returns numpy arrays.
+it). Each case runs twice: through this package's CP rule, and under kernels="fused" through the
+kernel composition (cp.kernel_rule, the code fla-core's kernel takes) with the reference rule
+kernel as its stand-in (fla itself, interpreted: test_torch_fused_interpreted.py). One spawned
+job per D runs every case on every rank and returns numpy arrays.
 Legend: D ranks, t tokens per rank (two zigzag segments of t/2), T = D·t.
 """
 
@@ -30,6 +33,7 @@ from gdn_core.torch_gdn import (
     recurrent_gated_delta_rule,
 )
 from gdn_core.torch_gdn.cp import chunk_gated_delta_rule_cp
+from gdn_core.torch_gdn.gdn_kernels import ReferenceGDNKernel
 
 from .rule_inputs import RuleCase, make_inputs
 from .torch_dist import run_in_process_group
@@ -38,6 +42,7 @@ MODES = ("ulysses", "p2p", "all_gather", "log_scan")
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 CHUNK, T_LOCAL, DK, DV, TOL = 16, 24, 16, 16, 1e-4
 BOUNDARIES = ("spanning", "edges")
+KERNELS = ("reference", "fused")
 
 
 def cu_seqlens(kind: str, D: int) -> tuple[int, ...]:
@@ -90,8 +95,9 @@ def positions(rank: int, D: int, layout: str) -> np.ndarray:
     return local_positions(chip=rank, chips=D, seq_len=D * T_LOCAL, layout=layout)
 
 
-def run_rule(rank: int, D: int, case: Case) -> dict:
-    """One rank: its o shard (local order), the final state and the input gradients."""
+def run_rule(rank: int, D: int, case: Case, kernel=None) -> dict:
+    """One rank: its o shard (local order), the final state and the input gradients; `kernel`
+    a rule kernel composed with the exchanges (None: this package's CP rule)."""
     x = global_inputs(case)
     pos = positions(rank, D, case.layout)
     xs = {n: torch.tensor(x[n] if n == "initial_state" else x[n][:, pos]).requires_grad_()
@@ -99,7 +105,7 @@ def run_rule(rank: int, D: int, case: Case) -> dict:
     o, final = chunk_gated_delta_rule_cp(
         *(xs[n] for n in NAMES[:5]), group=None, mode=case.mode, layout=case.layout,
         initial_state=xs["initial_state"], output_final_state=True, use_qk_l2norm=True,
-        chunk_size=CHUNK, cu_seqlens=torch.tensor(case.cu))
+        chunk_size=CHUNK, cu_seqlens=torch.tensor(case.cu), kernel=kernel)
     loss = (o * torch.tensor(x["W_o"][:, pos])).sum() + (final * torch.tensor(x["W_f"])).sum() / D
     loss.backward()
     grads = {n: np32(torch.zeros_like(xs[n]) if xs[n].grad is None else xs[n].grad)
@@ -130,11 +136,13 @@ def layer_data(D: int) -> tuple[np.ndarray, np.ndarray]:
             rng.standard_normal(shape).astype(np.float32))
 
 
-def run_layer(rank: int, D: int, case: Case) -> dict:
+def run_layer(rank: int, D: int, case: Case, kernels: str = "reference") -> dict:
     """One rank: the CP layer's output shard, input and parameter gradients."""
     x, W = layer_data(D)
     pos = positions(rank, D, case.layout)
-    cp = context_parallel(make_layer(), group=None, mode=case.mode, layout=case.layout)
+    stand_in = {"gdn_kernel": "reference"} if kernels == "fused" else {}
+    cp = context_parallel(make_layer(), group=None, mode=case.mode, layout=case.layout,
+                          kernels=kernels, **stand_in)
     x_local = torch.tensor(x[:, pos]).requires_grad_()
     y = cp(x_local, torch.tensor(case.cu))
     (y * torch.tensor(W[:, pos])).sum().backward()
@@ -144,7 +152,10 @@ def run_layer(rank: int, D: int, case: Case) -> dict:
 
 def job(rank: int, D: int) -> dict:
     out = {c.id: run_rule(rank, D, c) for c in cases(D)}
-    out.update({"layer-" + c.id: run_layer(rank, D, c) for c in cases(D)})
+    out.update({"fused-" + c.id: run_rule(rank, D, c, ReferenceGDNKernel(CHUNK))
+                for c in cases(D)})
+    out.update({f"layer-{kernels}-" + c.id: run_layer(rank, D, c, kernels)
+                for c in cases(D) for kernels in KERNELS})
     try:  # every rank raises before any exchange
         chunk_gated_delta_rule_cp(*(torch.zeros(1, T_LOCAL, 1, 8) for _ in range(3)),
                                   torch.zeros(1, T_LOCAL, 1), torch.zeros(1, T_LOCAL, 1),
@@ -152,13 +163,6 @@ def job(rank: int, D: int) -> dict:
         out["short_cu"] = "no error"
     except ValueError as e:
         out["short_cu"] = str(e)
-    fused = context_parallel(make_layer(), group=None, mode="p2p", kernels="fused",
-                             gdn_kernel="reference")
-    try:  # not yet served: raised before any exchange, on every rank
-        fused(torch.zeros(1, T_LOCAL, CFG.hidden_size), torch.tensor([0, D * T_LOCAL]))
-        out["fused_cu"] = "no error"
-    except ValueError as e:
-        out["fused_cu"] = str(e)
     return out
 
 
@@ -207,12 +211,14 @@ DS = [2, pytest.param(4, marks=pytest.mark.slow)]
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("D", DS, ids="D{}".format)
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("boundaries", BOUNDARIES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", MODES)
-def test_packed_cp_rule_matches_one_chip(mode, layout, boundaries, D):
+def test_packed_cp_rule_matches_one_chip(mode, layout, boundaries, kernels, D):
     case = Case(mode, layout, D, boundaries)
-    ranks = [r[case.id] for r in spawned(D)]
+    key = case.id if kernels == "reference" else "fused-" + case.id
+    ranks = [r[key] for r in spawned(D)]
     ref = rule_reference(case)
     o = gathered(ranks, "o", D, layout)
     assert_close("o", ref["o"], o, TOL)
@@ -229,12 +235,13 @@ def test_packed_cp_rule_matches_one_chip(mode, layout, boundaries, D):
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("D", DS, ids="D{}".format)
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("boundaries", BOUNDARIES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", MODES)
-def test_packed_cp_layer_matches_one_chip(mode, layout, boundaries, D):
+def test_packed_cp_layer_matches_one_chip(mode, layout, boundaries, kernels, D):
     case = Case(mode, layout, D, boundaries)
-    ranks = [r["layer-" + case.id] for r in spawned(D)]
+    ranks = [r[f"layer-{kernels}-" + case.id] for r in spawned(D)]
     ref = layer_reference(D, case.cu)
     assert_close("y", ref["y"], gathered(ranks, "y", D, layout), TOL)
     assert_close("dx", ref["dx"], gathered(ranks, "dx", D, layout), TOL)
@@ -246,9 +253,3 @@ def test_packed_cp_layer_matches_one_chip(mode, layout, boundaries, D):
 def test_cu_seqlens_must_cover_the_global_sequence():
     message = spawned(2)[0]["short_cu"]
     assert f"seq_len={2 * T_LOCAL}" in message, message
-
-
-@pytest.mark.timeout(400)
-def test_fused_kernel_refuses_cu_seqlens():
-    for r in spawned(2):
-        assert "not yet served with gdn_kernel='reference'" in r["fused_cu"], r["fused_cu"]

@@ -81,3 +81,20 @@ def test_tail_keeps_the_end():
     assert tail(text).endswith("the cause") and len(tail(text)) <= TRACEBACK_TAIL_CHARS + 1
     assert looks_like_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
     assert not looks_like_oom(RuntimeError("shape mismatch"))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("wrapped", [True, False], ids=["from-a-rank", "in-the-driver"])
+def test_a_kernel_refusal_inside_the_step_is_skipped_with_its_reason(wrapped):
+    """KernelUnavailable raised by the running step (splash's segment rule, fla's own refusal)
+    is the same verdict as the resolver's before the step: skipped, the reason kept whole,
+    no retry; it survives the trip through Ray (pickles as itself)."""
+    from gdn_core.kernels import KernelUnavailable
+
+    reason = ("splash attention needs segments of a multiple of 128 tokens (its blocks, ≤ 512, "
+              "divide them), got segment_len=96")
+    cause = pickle.loads(pickle.dumps(KernelUnavailable(reason)))
+    verdict = classify(_task_error(cause) if wrapped else cause)
+    assert (verdict.status, verdict.retry, verdict.error) == ("skipped", False, reason)
+    other = classify(_task_error(RuntimeError("segment_len=96 broke something")))
+    assert other.status == "failed"

@@ -13,7 +13,8 @@ from workers.driver import run_sweep
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
 FLA_ON_CPU = ("fla-core's chunk_gated_delta_rule needs a CUDA device (Triton); this trial runs "
-              "on cpu")
+              "on cpu (GDN_SWEEP_INTERPRET_KERNELS=1 runs it through Triton's interpreter on a "
+              "CPU: a correctness check, not a speed)")
 
 
 @pytest.mark.timeout(300)
@@ -53,4 +54,32 @@ def test_torch_fused_on_cpu_is_skipped_with_the_fla_reason(local_ray):
     assert results["fused"].metrics.tokens_per_s_per_chip is None
     assert_consistent_metrics(results["reference"])
     assert results["reference"].metrics.gdn_kernel == "reference torch chunk rule"
+    assert_no_leaks()
+
+
+INTERPRETED = " (interpreted)"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("framework, seq_len, gdn_interpreted, attention_interpreted", [
+    ("torch", 128, True, False),  # fla under Triton's interpreter; SDPA runs natively on a CPU
+    ("jax", 256, False, True),  # our GDN rule; splash (128-token segments) under Pallas's
+])
+def test_fused_hybrid_trial_with_interpreted_kernels_succeeds_and_says_so(
+        local_ray, monkeypatch, framework, seq_len, gdn_interpreted, attention_interpreted):
+    """GDN_SWEEP_INTERPRET_KERNELS=1 in the driver reaches the trial's processes: a fused
+    hybrid trial (p2p GDN, ring attention, 2 chips) succeeds on a CPU, verified against one
+    chip, and stores which of its kernels ran interpreted."""
+    monkeypatch.setenv("GDN_SWEEP_INTERPRET_KERNELS", "1")
+    spec = tiny_spec(frameworks=[framework], kernels=["fused"], layers=["hybrid"],
+                     modes=["p2p"], attn_cps=["ring"], chips=[2], seq_lens=[seq_len],
+                     model={"preset": "tiny", "num_layers": 2}, steps=1, verify=True,
+                     trial_timeout_s=240.0)
+    (result,) = run_sweep(spec, MemorySink())
+    assert result.status == "succeeded", result.error
+    assert_consistent_metrics(result)
+    m = result.metrics
+    assert m.gdn_kernel.endswith(INTERPRETED) == gdn_interpreted, m.gdn_kernel
+    assert m.attention_kernel.endswith(INTERPRETED) == attention_interpreted, m.attention_kernel
+    assert m.max_rel_err is not None and m.max_rel_err < 1e-4, m.max_rel_err
     assert_no_leaks()

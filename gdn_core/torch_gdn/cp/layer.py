@@ -112,14 +112,14 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         self.check_shape(hidden_BtD.shape[1])
         if cu_seqlens is not None:
             check_cu_seqlens(cu_seqlens, seq_len=hidden_BtD.shape[1] * rank_size(self.group)[1])
-            if self.gdn_kernel is not None:
-                raise ValueError(f"cu_seqlens is not yet served with gdn_kernel="
-                                 f"{self.gdn_kernel.name!r}; use kernels='reference'")
         return super().forward(hidden_BtD, cu_seqlens)
 
     def core(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor, b_BtH: torch.Tensor,
              cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        """GatedDeltaNet.core on this rank's shard, exchanges included: o [B, t, H, V]."""
+        """GatedDeltaNet.core on this rank's shard, exchanges included: o [B, t, H, V]. On one
+        rank it is GatedDeltaNet.core itself (no halo, no fold, one rule or kernel call)."""
+        if rank_size(self.group)[1] == 1:
+            return super().core(mixed_qkv_BtC, a_BtH, b_BtH, cu_seqlens)
         if self.mode == "ulysses":
             return self._core_ulysses(mixed_qkv_BtC, a_BtH, b_BtH, cu_seqlens)
         halo = self.cfg.conv_kernel_size - 1
@@ -145,6 +145,17 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
                 use_qk_l2norm=True, chunk_size=self.cfg.chunk_size, kernel=self.gdn_kernel,
                 cu_seqlens=cu_seqlens)
         return o_BtHV
+
+    def rule(self, q, k, v, g, beta, *, initial_state=None, output_final_state=False,
+             cu_seqlens=None):
+        """The one-chip rule over a whole sequence (one rank, or ulysses' heads): this
+        package's, or one call of gdn_kernel."""
+        if self.gdn_kernel is None:
+            return super().rule(q, k, v, g, beta, initial_state=initial_state,
+                                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+        return self.gdn_kernel(q, k, v, g, beta, initial_state=initial_state,
+                               output_final_state=output_final_state,
+                               use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
 
     def _core_ulysses(self, mixed_qkv_BtC: torch.Tensor, a_BtH: torch.Tensor,
                       b_BtH: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
@@ -175,11 +186,8 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         rule_args = (q.reshape(B, T, G, Dk), k.reshape(B, T, G, Dk), v.reshape(B, T, -1, Dv),
                      g, beta)
         with torch.autocast(device_type=mixed_qkv_BtC.device.type, enabled=False):
-            if self.gdn_kernel is None:
-                o_BTHV, _ = self.rule(
-                    *rule_args, **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
-            else:  # one kernel call on this rank's heads over the whole sequence
-                o_BTHV, _ = self.gdn_kernel(*rule_args, use_qk_l2norm_in_kernel=True)
+            # One call on this rank's heads over the whole sequence.
+            o_BTHV, _ = self.rule(*rule_args, cu_seqlens=cu_seqlens)
         return heads_to_seq(o_BTHV, group=self.group, layout=self.layout)
 
 

@@ -322,6 +322,11 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
                 model_cfg=model_cfg, train_cfg=dataclasses.replace(
                     train_cfg, seq_len=verified_seq_len), group=group)
     grad_sync = gradient_sync(train_cfg.param_sharding, group=group)
+    # One step, as timed and as profiled after (packed documents included).
+    one_step = functools.partial(train_step, model, optimizer, inputs_Bt, targets_Bt,
+                                 global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
+                                 dtype=train_cfg.dtype, grad_sync=grad_sync,
+                                 cu_seqlens=cu_seqlens)
     shares, times, comm = [], [], None
     for step in range(warmup_steps + steps):
         dist.barrier(group=group)
@@ -330,10 +335,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
         counting = count_comm() if step == warmup_steps else contextlib.nullcontext()
         with counting as counter:
             start = time.perf_counter()
-            shares.append(train_step(model, optimizer, inputs_Bt, targets_Bt,
-                                     global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
-                                     dtype=train_cfg.dtype, grad_sync=grad_sync,
-                                     cu_seqlens=cu_seqlens))
+            shares.append(one_step())
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
@@ -350,9 +352,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     if after_timed_steps is not None:  # after every figure is read: the extra step is in none
         def one_more_step() -> None:
             dist.barrier(group=group)
-            train_step(model, optimizer, inputs_Bt, targets_Bt,
-                       global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
-                       dtype=train_cfg.dtype, grad_sync=grad_sync)
+            one_step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 

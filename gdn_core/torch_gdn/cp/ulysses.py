@@ -100,7 +100,7 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
 
     Value heads must be divisible by D (checked by the caller via check_cp_shape). `kernel`
     (gdn_kernels.GDNRuleKernel, its own chunk size): one call of it on this rank's heads over
-    the whole sequence; None: this package's chunk_gated_delta_rule, with the global
+    the whole sequence; None: this package's chunk_gated_delta_rule; either takes the global
     cu_seqlens as they are (the rule sees the whole sequence in sequence order).
     """
     rank, D = rank_size(group)
@@ -118,7 +118,8 @@ def chunk_gated_delta_rule_ulysses(q, k, v, g, beta, *, group, h0_BHKV: torch.Te
     else:
         o_h, final_local = kernel(
             q_h, k_h, v_h, g_h.squeeze(-1), beta_h.squeeze(-1), initial_state=h0_local,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm)
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm,
+            cu_seqlens=cu_seqlens)
     o = heads_to_seq(o_h, group=group, layout=layout)
     if not output_final_state:
         return o, None
