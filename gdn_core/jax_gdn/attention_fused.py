@@ -12,7 +12,11 @@ backward (attention_pairs' docstring: why). Written against jax 0.10.2:
             output whose rowsum(o·do) it needs — the merged ones here. Needs bf16/fp16.
     splash  jax.experimental.pallas.ops.tpu.splash_attention built with save_residuals=True
             (float32 log-sum-exp [H, T]); its backward function fed the merged o and lse.
-            No scale argument: queries are scaled by 1/√E first (dq scaled back).
+            No scale argument: queries are scaled by 1/√E first (dq scaled back). On a CPU
+            it runs through Pallas's interpreter (splash_kernel(interpret=True), under
+            GDN_SWEEP_INTERPRET_KERNELS=1: a correctness path). Its blocks are multiples of
+            128 tokens (splash raises below that, interpreted too), so a segment must be one
+            (SPLASH_SEGMENT_MULTIPLE); any head_dim runs interpreted (8 and 16 checked).
 kernels.py checks what each can serve before a step is built (KernelUnavailable).
 Packed documents (a pair's `docs`, attention_pairs.PairDocs): xla takes the pair's
 block-diagonal causal mask ([s, s'] bool, beside the [s, s'] scores it materializes anyway;
@@ -106,6 +110,23 @@ def xla_kernel() -> PairKernel:
 
 # ---- cudnn (GPU): the primitives, float32 statistics both ways -----------------------------
 
+CUDNN_BIND_CHECKED = ("0.10.2", "0.11.0", "0.11.1.dev (main, 2026-08-08)")
+"""jax versions whose jax/_src/cudnn/fused_attention_stablehlo.py this bind was read against:
+the same two primitives with the same operands and parameters (CUDNN_*_PARAMS),
+check_is_flash_attention(query, key, value, layout, cudnn_version, has_bias, is_training, …),
+check_cudnn_version(), MaskType and AttentionLayout (0.10.2 and 0.11.0 are identical; main
+changed only batching rules and the public call's dbias). 0.11.2, which the GPU machines run,
+was not readable here: kernels.py lowers the primitives before a step is built
+(lower_cudnn_pair) and tests compare these names with the installed primitives."""
+CUDNN_FORWARD_PARAMS = ("scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
+                        "sliding_window_length", "is_training")
+CUDNN_BACKWARD_PARAMS = CUDNN_FORWARD_PARAMS[:-1]
+CUDNN_UNUSED_OPERANDS = ("bias", "q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets",
+                         "page_table_k", "page_table_v")
+"""The operands between (query, key, value) and the backward's (activation, fwd_output,
+grad_output) that this bind leaves empty."""
+
+
 def _cudnn():
     from jax._src.cudnn import fused_attention_stablehlo
 
@@ -120,29 +141,28 @@ def _cudnn_call(q_BsHE, causal: bool):
                   variadic_args=(False, False),
                   mask_type=cudnn.MaskType.CAUSAL if causal else cudnn.MaskType.NO_MASK,
                   layout=cudnn.AttentionLayout.BTNH.value, sliding_window_length=None)
-    return cudnn, (unused,) * 7, params
+    return cudnn, (unused,) * len(CUDNN_UNUSED_OPERANDS), params
 
 
 def _no_documents(kernel: str, docs) -> None:
     if docs is not None:
         raise KernelUnavailable(
             f"{kernel} attention as bound here takes no mask, so it cannot serve packed "
-            "documents (cu_seqlens); run kernels='reference' (or 'fused' on CPU: xla)")
+            "documents (cu_seqlens); run kernels='reference' (or 'fused' on a CPU without "
+            "GDN_SWEEP_INTERPRET_KERNELS=1: xla)")
 
 
-def _cudnn_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool, docs=None):
-    _no_documents("cuDNN", docs)
+def cudnn_bind_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool):
+    """The forward primitive alone: (o [B, s, H, E], lse [B, s, H] float32), no device checks
+    (it lowers for "cuda" on any host: lower_cudnn_pair)."""
     cudnn, unused, params = _cudnn_call(q_BsHE, causal)
-    cudnn.check_is_flash_attention(q_BsHE, k_BsGE, v_BsGE, params["layout"],
-                                   cudnn.check_cudnn_version(), False, True)
     o_BsHE, stats_BHs = cudnn._dot_product_attention_fwd_p_wrapper.bind(
         q_BsHE, k_BsGE, v_BsGE, *unused, **params, is_training=True)
     return o_BsHE, jnp.transpose(stats_BHs, (0, 2, 1)).astype(jnp.float32)
 
 
-def _cudnn_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool,
-                    docs=None):
-    _no_documents("cuDNN", docs)
+def cudnn_bind_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool):
+    """The backward primitive alone, fed (o, lse): (dq, dk, dv) float32."""
     cudnn, unused, params = _cudnn_call(q_BsHE, causal)
     dq, dk, dv = cudnn._dot_product_attention_bwd_p_wrapper.bind(
         q_BsHE, k_BsGE, v_BsGE, *unused, jnp.transpose(lse_BsH, (0, 2, 1)).astype(jnp.float32),
@@ -150,23 +170,62 @@ def _cudnn_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bo
     return dq.astype(jnp.float32), dk.astype(jnp.float32), dv.astype(jnp.float32)
 
 
+def _cudnn_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool, docs=None):
+    _no_documents("cuDNN", docs)
+    cudnn, _, params = _cudnn_call(q_BsHE, causal)
+    # What jax's own call checks on the device it runs on (cuDNN version, head dim for the
+    # GPU's compute capability): raises there rather than failing inside cuDNN.
+    cudnn.check_is_flash_attention(q_BsHE, k_BsGE, v_BsGE, params["layout"],
+                                   cudnn.check_cudnn_version(), False, True)
+    return cudnn_bind_forward(q_BsHE, k_BsGE, v_BsGE, causal)
+
+
+def _cudnn_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool,
+                    docs=None):
+    _no_documents("cuDNN", docs)
+    return cudnn_bind_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal)
+
+
 def cudnn_kernel() -> PairKernel:
     return PairKernel(_cudnn_forward, _cudnn_backward)
+
+
+def lower_cudnn_pair(platform: str = "cuda", *, B: int = 1, s: int = 128, H: int = 2,
+                     G: int = 1, E: int = 64):
+    """jax.Lowered of one causal pair's forward and backward primitives (bf16 [B, s, H|G, E])
+    for `platform`: the installed jax's abstract evaluation and cuDNN lowering accept exactly
+    what this module binds. Runs on any host (no cuDNN library needed to lower; compiling
+    needs a GPU). Raises what jax raises when the bind no longer fits its primitives."""
+    def pair(q, k, v, do):
+        o, lse = cudnn_bind_forward(q, k, v, True)
+        return o, lse, cudnn_bind_backward(q, k, v, o, lse, do, True)
+
+    q = jax.ShapeDtypeStruct((B, s, H, E), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((B, s, G, E), jnp.bfloat16)
+    return jax.jit(pair).trace(q, kv, kv, q).lower(lowering_platforms=(platform,))
 
 
 # ---- splash (TPU) --------------------------------------------------------------------------
 
 SPLASH_BLOCK = 512
 """Largest splash block edge; blocks are multiples of 128 (TPU lanes) dividing the segment."""
+SPLASH_SEGMENT_MULTIPLE = 128
+"""Splash's kv compute block must be a multiple of 128 (it raises otherwise, interpreted too):
+the segments it serves are multiples of this."""
 
 
 def splash_block(s: int) -> int:
-    """The largest multiple of 128 ≤ SPLASH_BLOCK dividing s (kernels.py refuses other s)."""
+    """The largest multiple of 128 ≤ SPLASH_BLOCK dividing s; KernelUnavailable for an s
+    that is no multiple of 128 (kernels.py refuses such segments before a step is built)."""
+    if s <= 0 or s % SPLASH_SEGMENT_MULTIPLE:
+        raise KernelUnavailable(f"splash attention needs segments of a multiple of "
+                                f"{SPLASH_SEGMENT_MULTIPLE} tokens (its blocks, <= "
+                                f"{SPLASH_BLOCK}, divide them), got segment_len={s}")
     return max(b for b in range(128, SPLASH_BLOCK + 1, 128) if s % b == 0)
 
 
 @functools.lru_cache(maxsize=64)
-def _splash(num_heads: int, s: int, causal: bool):
+def _splash(num_heads: int, s: int, causal: bool, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     b = splash_block(s)
@@ -174,8 +233,13 @@ def _splash(num_heads: int, s: int, causal: bool):
     blocks = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                                block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
                                block_kv_dq=b)
-    return splash.make_splash_mha(splash.MultiHeadMask([mask] * num_heads), block_sizes=blocks,
-                                  head_shards=1, q_seq_shards=1, save_residuals=True)
+    # The kernel is built the first time a trace asks for it and cached: its mask tables
+    # (jnp.array of numpy) must be concrete, not tracers of that trace, or the next trace
+    # (the backward's, another layer's) finds a leaked tracer.
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(splash.MultiHeadMask([mask] * num_heads),
+                                      block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                      save_residuals=True, interpret=interpret)
 
 
 def _heads_first(x_BsXE):
@@ -188,9 +252,9 @@ def _splash_inputs(q_BsHE, k_BsGE, v_BsGE):
             _heads_first(v_BsGE)), scale
 
 
-def _splash_forward(q_BsHE, k_BsGE, v_BsGE, causal: bool, docs=None):
+def _splash_forward(interpret: bool, q_BsHE, k_BsGE, v_BsGE, causal: bool, docs=None):
     _no_documents("splash", docs)
-    kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal)
+    kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal, interpret)
     (q, k, v), _ = _splash_inputs(q_BsHE, k_BsGE, v_BsGE)
     o_BHsE, (lse_BHs,) = jax.vmap(kernel)(q, k, v)
     return _heads_first(o_BHsE), jnp.transpose(lse_BHs, (0, 2, 1)).astype(jnp.float32)
@@ -204,12 +268,12 @@ def _collapsed(mask_info):
     return mask_info._replace(partial_mask_blocks=blocks.reshape(-1, *blocks.shape[-2:]))
 
 
-def _splash_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: bool,
-                     docs=None):
+def _splash_backward(interpret: bool, q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE,
+                     causal: bool, docs=None):
     _no_documents("splash", docs)
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
-    kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal)
+    kernel = _splash(q_BsHE.shape[2], q_BsHE.shape[1], causal, interpret)
     (q, k, v), scale = _splash_inputs(q_BsHE, k_BsGE, v_BsGE)
     kw = kernel.kwargs
     static = (kw["save_residuals"], kw["mask_value"], kw["is_mqa"], kw["block_sizes"],
@@ -227,5 +291,8 @@ def _splash_backward(q_BsHE, k_BsGE, v_BsGE, o_BsHE, lse_BsH, do_BsHE, causal: b
             _heads_first(dv).astype(jnp.float32))
 
 
-def splash_kernel() -> PairKernel:
-    return PairKernel(_splash_forward, _splash_backward)
+def splash_kernel(interpret: bool = False) -> PairKernel:
+    """Splash attention pairs; interpret: through Pallas's interpreter (runs on any backend,
+    a CPU's included: a correctness path, never a speed)."""
+    return PairKernel(functools.partial(_splash_forward, interpret),
+                      functools.partial(_splash_backward, interpret))

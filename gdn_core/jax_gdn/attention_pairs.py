@@ -35,6 +35,9 @@ resolves the `kernels` setting to one):
     cudnn      cuDNN flash attention (GPU): forward with float32 statistics, backward fed the
                merged ones.
     splash     splash attention (TPU), the same way.
+    splash_interpreted
+               splash attention through Pallas's interpreter (a CPU under
+               GDN_SWEEP_INTERPRET_KERNELS=1: a correctness path, never a speed).
 Under bf16 inputs every kernel multiplies in bf16 and keeps lse and the merge in float32.
 
 Packed documents: a pair may carry `docs` (PairDocs: its queries' and keys' GLOBAL positions
@@ -73,7 +76,7 @@ from .attention import (
     tile_size,
 )
 
-PairKernelName = Literal["reference", "xla", "cudnn", "splash"]
+PairKernelName = Literal["reference", "xla", "cudnn", "splash", "splash_interpreted"]
 PAIR_KERNELS: tuple[str, ...] = get_args(PairKernelName)
 
 
@@ -223,7 +226,8 @@ def _documents(kernel: PairKernel, docs) -> PairDocs | None:
     if docs is not None and not kernel.documents:
         raise KernelUnavailable("this fused attention kernel takes no mask, so it cannot "
                                 "serve packed documents (cu_seqlens); run kernels='reference'"
-                                " (or 'fused' on CPU: xla)")
+                                " (or 'fused' on a CPU without GDN_SWEEP_INTERPRET_KERNELS=1:"
+                                " xla)")
     return docs
 
 

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, shard_order
 from gdn_core.cp_modes import ATTN_CP_MODES
+from gdn_core.interpreted_kernels import INTERPRET_ENV
 from gdn_core.jax_gdn.attention import causal_attention
 from gdn_core.jax_gdn.cp.attention import attention_cp
 from gdn_core.jax_gdn.cp.step import mesh_cp, model_hooks, synthetic_batch
@@ -47,6 +48,13 @@ BF16_TOL = 1e-2
 so q·k, p·v and o each round by up to 2^-9 ≈ 2e-3 relative; seen 2–5e-3 here. A merge by
 bf16 log-sum-exp (jax's own residual) adds up to ~3e-2 at lse ≈ 10, which this would catch."""
 REFERENCE_BLOCK = 8  # reference tiles of 8 tokens: several per segment, the diagonal masked
+
+
+@pytest.fixture(autouse=True)
+def compiled_kernels(monkeypatch):
+    """These tests name the CPU's fused attention XLA's: without the interpreter switch
+    (test_jax_splash_interpreted.py covers it), whatever the caller's environment says."""
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
 
 
 def shared_direction_inputs(B, T, H, G, E, seed=0, cosine=0.8):

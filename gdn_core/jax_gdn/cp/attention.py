@@ -38,12 +38,13 @@ whole sequence, its segments put in order) against a key block's, each pair skip
 after the queries), full, or causal (the same segment), chosen by lax.switch on segment
 indices traced from the chip index (only the taken branch runs; a while loop over the pairs, so
 compile time does not depend on them). Each pair's kernel (`kernel`: reference, xla, cudnn,
-splash) returns (o, float32 log-sum-exp); pairs merge by log-sum-exp in float32, and each mode's
-custom VJP saves q, k, v, the merged o and lse and calls every pair's backward with them (the
-exact gradient: attention_pairs' docstring). The reference pairs run attention.py's tiles of
-tile_size(segment, block) ≤ block tokens (ATTENTION_BLOCK, 512; invisible tiles skipped,
-[B, G, r, b, b] score temporaries whatever t or D, so memory grows linearly in t); under
-contiguous chip r computes r + 1 of its D pairs, under zigzag every chip 2D + 1 of its 4D.
+splash, splash_interpreted) returns (o, float32 log-sum-exp); pairs merge by log-sum-exp in
+float32, and each mode's custom VJP saves q, k, v, the merged o and lse and calls every pair's
+backward with them (the exact gradient: attention_pairs' docstring). The reference pairs run
+attention.py's tiles of tile_size(segment, block) ≤ block tokens (ATTENTION_BLOCK, 512;
+invisible tiles skipped, [B, G, r, b, b] score temporaries whatever t or D, so memory grows
+linearly in t); under contiguous chip r computes r + 1 of its D pairs, under zigzag every chip
+2D + 1 of its 4D.
 Legend: B batch, t local tokens, T global tokens, H query heads, G KV heads, r = H/G,
 E head_dim, b tile tokens, n tiles.
 
@@ -311,7 +312,7 @@ def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,
     replicated over `axis`; values are checked where concrete, trusted where traced).
     Raises ValueError naming the numbers (unknown mode, layout or kernel, ulysses query heads
     not divisible by the chips, malformed cu_seqlens) and kernels.KernelUnavailable for a
-    fused kernel that cannot take documents (cudnn, splash)."""
+    fused kernel that cannot take documents (cudnn, splash, splash_interpreted)."""
     check_attn_cp(mode)
     check_layout(layout)
     check_pair_kernel(kernel)
