@@ -18,6 +18,7 @@ loads only its own.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from pathlib import Path
@@ -172,12 +173,70 @@ def jax_gpu_allocator_env() -> dict[str, str]:
 def usable_chip_bytes(hbm_bytes: int, *, framework: str, accelerator_kind: str) -> int:
     """What a trial of `framework` can allocate on one chip of `hbm_bytes`: on a GPU, JAX's
     stated fraction of it (jax_gpu_allocator_env) or, for torch, all but the CUDA context's
-    reserve; on a TPU the whole HBM (the runtime's own reserve is not known here)."""
+    reserve; on a TPU the whole HBM (the runtime's own reserve is not known here). From the
+    datasheet's figure this is the fallback where the device cannot be asked
+    (gpu_usable_bytes_here): a card reports a little less (an H100 80GB about 79.6 GiB)."""
     if accelerator_kind != "gpu":
         return hbm_bytes
     if framework == "jax":
         return int(hbm_bytes * JAX_GPU_MEMORY_FRACTION)
     return hbm_bytes - CUDA_CONTEXT_RESERVE_BYTES
+
+
+def torch_gpu_usable_bytes(device=0) -> tuple[int, str]:
+    """(bytes, source) a torch trial can allocate on this CUDA device, as the device reports
+    it: torch.cuda.mem_get_info's total less CUDA_CONTEXT_RESERVE_BYTES. Creates this process's
+    CUDA context if it has none: call it where the GPU is used anyway."""
+    import torch
+
+    total = int(torch.cuda.mem_get_info(device)[1])
+    return total - CUDA_CONTEXT_RESERVE_BYTES, (
+        f"torch.cuda.mem_get_info total {total / 2**30:.1f} GiB of "
+        f"{torch.cuda.get_device_name(device)!r}, less the assumed "
+        f"{CUDA_CONTEXT_RESERVE_BYTES / 2**30:g} GiB CUDA context reserve")
+
+
+def jax_gpu_usable_bytes(device) -> tuple[int, str] | None:
+    """(bytes, source) a JAX trial can allocate on this GPU device, as JAX reports it: its
+    memory_stats()["bytes_limit"], when this process runs JAX at the trials' fraction
+    (JAX_GPU_MEMORY_FRACTION); None where it runs at another or JAX does not say."""
+    fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if fraction is None or float(fraction) != JAX_GPU_MEMORY_FRACTION:
+        return None  # this process's limit is not what a trial's would be
+    limit = (_device_stats(device) or {}).get("bytes_limit")
+    if limit is None:
+        return None
+    return int(limit), (f"jax memory_stats bytes_limit of {device.device_kind!r} "
+                        f"(XLA_PYTHON_CLIENT_MEM_FRACTION={fraction})")
+
+
+def gpu_usable_bytes_here(framework: str, accelerator_type: str) -> tuple[int, str] | None:
+    """What a `framework` trial can allocate on one `accelerator_type` GPU, read from this
+    process's first GPU where the process already runs `framework` on one of that type, else
+    None (the caller falls back on the datasheet). Never starts a CUDA context or a JAX
+    backend for the asking: a driver that admits a sweep keeps its GPU memory untouched."""
+    from .hardware import accelerator_type_from_device_name, canonical_accelerator_type
+
+    wanted = canonical_accelerator_type(accelerator_type)
+    try:
+        if framework == "torch" and "torch" in sys.modules:
+            import torch
+
+            if torch.cuda.is_initialized() and accelerator_type_from_device_name(
+                    torch.cuda.get_device_name(0)) == wanted:
+                return torch_gpu_usable_bytes(0)
+        elif framework == "jax" and "jax" in sys.modules:
+            from jax._src import xla_bridge  # private: whether JAX has started its backends
+
+            if xla_bridge.backends_are_initialized():
+                import jax
+
+                gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+                if gpus and accelerator_type_from_device_name(gpus[0].device_kind) == wanted:
+                    return jax_gpu_usable_bytes(gpus[0])
+    except Exception:  # noqa: BLE001 - a device that cannot say leaves the datasheet's figure
+        return None
+    return None
 
 
 def jax_chip_capacity(devices) -> tuple[int | None, str]:
@@ -192,6 +251,8 @@ def jax_chip_capacity(devices) -> tuple[int | None, str]:
 
 
 __all__ = ["CUDA_CONTEXT_RESERVE_BYTES", "JAX_GPU_MEMORY_FRACTION", "RSS_SOURCE",
-           "host_available_bytes", "jax_chip_capacity", "jax_gpu_allocator_env",
-           "jax_peak_memory", "jax_reset_peak", "peak_rss", "per_chip_rss", "reset_peak_rss",
-           "torch_chip_capacity", "torch_peak_memory", "torch_reset_peak", "usable_chip_bytes"]
+           "gpu_usable_bytes_here", "host_available_bytes", "jax_chip_capacity",
+           "jax_gpu_allocator_env", "jax_gpu_usable_bytes", "jax_peak_memory", "jax_reset_peak",
+           "peak_rss", "per_chip_rss", "reset_peak_rss", "torch_chip_capacity",
+           "torch_gpu_usable_bytes", "torch_peak_memory", "torch_reset_peak",
+           "usable_chip_bytes"]

@@ -14,7 +14,7 @@ import os
 from gdn_core import hardware
 from gdn_core.config import ModelConfig
 from gdn_core.cp_modes import CPSettings
-from gdn_core.device_memory import usable_chip_bytes
+from gdn_core.device_memory import gpu_usable_bytes_here, usable_chip_bytes
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import TrainConfig
 
@@ -32,18 +32,31 @@ def host_memory_bytes() -> int | None:
 def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int,
                       framework: str | None = None) -> tuple[int | None, str]:
     """(bytes, what they are) of one chip of a `chips`-chip trial: the HBM of a GPU/TPU type
-    (gdn_core.hardware.CHIP_SPECS), or with `framework` what a trial of it can allocate there
-    (gdn_core.device_memory.usable_chip_bytes: JAX's stated fraction on a GPU, torch's all but
-    the CUDA context); for CPU chips, the physical memory of the host that expands the sweep
-    (the service's, or `gdn-sweep run`'s) shared by the trial's chips, virtual CPU chips being
-    partitions of one host. None: unknown, nothing is refused."""
+    (gdn_core.hardware.CHIP_SPECS), or with `framework` what a trial of it can allocate there.
+    On a GPU that figure is read from the device where this process already runs `framework`
+    on one of the type (gdn_core.device_memory.gpu_usable_bytes_here: torch.cuda.mem_get_info's
+    total, JAX's bytes_limit: a card reports less than its datasheet's round figure, ~79.6 of
+    "80 GB"), else computed from the datasheet (usable_chip_bytes: JAX's stated fraction,
+    torch's all but the CUDA context), the text naming which. For CPU chips, the physical
+    memory of the host that expands the sweep (the service's, or `gdn-sweep run`'s) shared by
+    the trial's chips, virtual CPU chips being partitions of one host. None: unknown, nothing
+    is refused."""
     if accelerator.kind != "cpu":
         hbm = hardware.hbm_bytes_per_chip(accelerator.type)
         nominal = f"the {_gib(hbm)} HBM of one {accelerator.type} chip"
         if framework is None:
             return hbm, nominal
+        measured = (gpu_usable_bytes_here(framework, accelerator.type)
+                    if accelerator.kind == "gpu" else None)
+        if measured is not None:
+            usable, source = measured
+            return usable, (f"the {_gib(usable)} a {framework} trial can allocate on one "
+                            f"{accelerator.type} chip, as this process's device reports it "
+                            f"({source})")
         usable = usable_chip_bytes(hbm, framework=framework, accelerator_kind=accelerator.kind)
-        return usable, f"the {_gib(usable)} a {framework} trial can allocate of {nominal}"
+        return usable, (f"the {_gib(usable)} a {framework} trial can allocate of {nominal} "
+                        "(datasheet, gdn_core.hardware.CHIP_SPECS: no such device in use by "
+                        "this process to ask)")
     host = host_memory_bytes()
     if host is None:
         return None, "unknown"
@@ -65,7 +78,8 @@ def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSetting
     # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).
     predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp.mode,
                                     chips=cp.cp_chips, dp=cp.dp, framework=framework,
-                                    attn_cp=cp.attn_cp, layout=cp.layout).total
+                                    attn_cp=cp.attn_cp, layout=cp.layout,
+                                    kernels=cp.kernels).total
     if predicted <= available:
         return None
     return (f"predicted memory {_gib(predicted)} per chip ({predicted} bytes, "

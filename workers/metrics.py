@@ -137,7 +137,7 @@ def memory_metrics(trial: TrialSpec, reports: Sequence[CPTrainReport]) -> dict:
     predicted = predict_step_memory(trial.to_model_config().stand_in, trial.to_train_config(),
                                     mode=cp.mode, chips=cp.cp_chips, dp=cp.dp,
                                     framework=trial.framework, attn_cp=cp.attn_cp,
-                                    layout=cp.layout)
+                                    layout=cp.layout, kernels=cp.kernels)
     return dict(
         peak_memory_bytes_per_chip=measured.peak_memory_bytes if measured else None,
         memory_source=measured.memory_source if measured else None,

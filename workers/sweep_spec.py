@@ -246,6 +246,20 @@ class SweepSpec(BaseModel):
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
 
+    @field_validator("warmup_steps")
+    @classmethod
+    def _fused_kernels_warm_up(cls, warmup_steps: int, info) -> int:
+        # A library kernel tunes itself on its first call (fla's Triton autotune, cuDNN's plan
+        # choice): a timed first step would time the tuning. A field validator, so a stored
+        # sweep nested in another model is not re-checked (see _torch_not_on_tpu).
+        if (warmup_steps < 1 and "fused" in info.data.get("kernels", ())
+                and "measure" in info.data.get("kinds", ("measure",))):
+            raise ValueError(
+                f"warmup_steps={warmup_steps} with kernels including 'fused': a fused kernel "
+                "tunes itself on its first call (fla's Triton autotune), which must not be "
+                "timed; use warmup_steps >= 1 (accepted: 1 to 1000), or kernels: [reference]")
+        return warmup_steps
+
     @field_validator("accelerator")
     @classmethod
     def _torch_not_on_tpu(cls, accelerator: AcceleratorSpec, info) -> AcceleratorSpec:

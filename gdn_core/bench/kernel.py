@@ -33,6 +33,10 @@ the timed dtype. It is not held to the float32 check against transformers (its f
 use TF32 dots); instead its output and gradients must match our torch rule in float32 on the
 same (rounded) inputs within FLA_OUTPUT_TOLERANCE / FLA_GRAD_TOLERANCE, or the benchmark fails.
 Without it the benchmark prints "fla: not installed" (or why it cannot run) and goes on.
+Where fla refuses its training backward (fla-core 0.6.0 on Hopper with 3.4.0 <= Triton < 3.7.1
+and no tilelang: gdn_core.kernels.fla_gated_backward_problem, or fla's own RuntimeError), its
+forward alone is checked and timed beside our torch rule's forward, the output saying that
+the backward was not run and why; the fwd+bwd table then has no fla row.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -50,18 +53,16 @@ from ..flops.model import gdn_rule_flops
 from ..hardware import (accelerator_type_from_device_name, measure_gemm_flops_per_s,
                         peak_flops_per_chip, peak_source)
 from ..testing import rel_err
+from .kernel_fla import fla_backward_refusal, is_fla_backward_refusal, time_fla_forward_only
+from .kernel_runners import (FLA_OUTPUT_TOLERANCE, TORCH_DTYPES, time_alternating,
+                             torch_rule_runner)
 from .kernel_numerics import (COSINE, compare_inverses, correlated_inputs, float64_output,
                               print_inverse_comparison, product_form_inverse_in_jax_rule)
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OUTPUT_TOLERANCE = 1e-4
 """Largest relative (Frobenius) error of our outputs vs transformers' that may be timed."""
 GRAD_TOLERANCE = 1e-3
 """Largest relative error of any of our input gradients vs transformers' that may be timed."""
-FLA_OUTPUT_TOLERANCE = {"float32": 5e-3, "bfloat16": 2e-2, "float16": 1e-2}
-"""Largest relative error of fla's output vs our float32 torch rule, by timed dtype: fla's
-float32 kernels use TF32 dots (10-bit mantissa), its bf16 ones bf16 operands (8-bit). Chosen
-from those mantissas, not yet measured on a GPU: tighten after the first device run."""
 FLA_GRAD_TOLERANCE = {"float32": 2e-2, "bfloat16": 5e-2, "float16": 3e-2}
 """Largest relative error of any of fla's input gradients vs our float32 torch rule."""
 IMPLS = ("ours_torch", "ours_jax", "transformers", "fla", "jax_old_inv")
@@ -120,30 +121,6 @@ def _load_transformers_rule():
             "(transformers.models.qwen3_5.modeling_qwen3_5), which could not be imported "
             f"({err}); install transformers>=5 (pip install -e '.[test]')") from err
     return torch_chunk_gated_delta_rule
-
-
-def torch_rule_runner(rule: Callable, arrays, *, device, dtype, chunk_size, transformers_api):
-    """A callable running fwd + bwd once (device synchronised); returns (o, grads).
-
-    transformers_api: `rule` takes transformers' (and fla's) keywords, chunk_size and
-    use_qk_l2norm_in_kernel, rather than ours (use_qk_l2norm).
-    """
-    inputs = [torch.from_numpy(arrays[n]).to(device=device, dtype=dtype)
-              for n in ("q", "k", "v", "g", "beta")]
-    do = torch.from_numpy(arrays["do"]).to(device)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def run():
-        leaves = [x.detach().requires_grad_() for x in inputs]
-        if transformers_api:
-            o, _ = rule(*leaves, chunk_size=chunk_size, use_qk_l2norm_in_kernel=True)
-        else:
-            o, _ = rule(*leaves, chunk_size=chunk_size, use_qk_l2norm=True)
-        (o.float() * do).sum().backward()
-        sync()
-        return o, [x.grad for x in leaves]
-
-    return run
 
 
 _COMPILED_JAX_RULES: dict[tuple, object] = {}
@@ -255,20 +232,6 @@ def verify(runners) -> dict[str, tuple[float, float]]:
     return errors
 
 
-def time_alternating(runners, *, warmup: int, repeats: int) -> dict[str, list[float]]:
-    """Warm up each implementation, then time ABCABC…; return the seconds of each timed run."""
-    for _ in range(warmup):
-        for run in runners.values():
-            run()
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 GEMM_SIZE = {"cpu": 1024, "cuda": 8192}
 """Side of the square float32 GEMMs of the peak measurements, per device."""
 
@@ -317,26 +280,29 @@ def correlated_key_errors(args, shape, dtype_name, *, fla_rule=None) -> dict[str
     return {name: rel_err(reference, run()[0]) for name, run in runners.items()}
 
 
-def add_fla_anchor(runners, fla_rule, args, arrays, *, reference) -> tuple[dict, bool]:
-    """(runners with fla in table order, True) once fla matches `reference` (our float32 torch
-    rule's (o, grads) on the same inputs); (runners, False) when it disagrees. If fla fails to
-    run, that is printed and runners come back without it: the anchor's failure is not ours."""
+def add_fla_anchor(runners, fla_rule, args, arrays, *, reference) -> tuple[dict, bool, str | None]:
+    """(runners with fla in table order, True, None) once fla matches `reference` (our float32
+    torch rule's (o, grads) on the same inputs); (runners, False, None) when it disagrees. If
+    fla refuses its backward, (runners, True, its reason); if it fails otherwise, that is
+    printed and runners come back without it: the anchor's failure is not ours."""
     fla_run = torch_rule_runner(fla_rule, arrays, device=args.device,
                                 dtype=TORCH_DTYPES[args.dtype], chunk_size=args.chunk_size,
                                 transformers_api=True)
     try:
         o_err, g_err, ok = check_fla(fla_run, reference, args.dtype)
     except Exception as err:  # noqa: BLE001 - any failure inside fla/Triton
+        if is_fla_backward_refusal(err):
+            return runners, True, f"fla raised: {err}"
         print(f"fla: failed to run ({type(err).__name__}: {err}); timing without it")
-        return runners, True
+        return runners, True, None
     print(f"check fla ({args.dtype}) vs ours_torch (float32): output rel err {o_err:.2e} "
           f"(tolerance {FLA_OUTPUT_TOLERANCE[args.dtype]:.0e}), worst input-grad rel err "
           f"{g_err:.2e} (tolerance {FLA_GRAD_TOLERANCE[args.dtype]:.0e})")
     if not ok:
         print("FAILED: fla and our rule disagree beyond the tolerance; not timing")
-        return runners, False
+        return runners, False, None
     runners = dict(runners, fla=fla_run)
-    return {name: runners[name] for name in IMPLS if name in runners}, True
+    return {name: runners[name] for name in IMPLS if name in runners}, True, None
 
 
 def _print_table(times, flops, peaks, accuracy) -> None:
@@ -392,11 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"(output) or {GRAD_TOLERANCE:.0e} (gradients); not timing a wrong kernel")
         return 1
     runners = check_runners if args.dtype == "float32" else _runners(args, arrays, args.dtype)[0]
-    if fla_rule is not None:
-        runners, fla_agrees = add_fla_anchor(runners, fla_rule, args, arrays,
-                                             reference=check_runners["ours_torch"]())
+    fla_refusal = fla_backward_refusal() if fla_rule is not None else None
+    if fla_rule is not None and fla_refusal is None:
+        runners, fla_agrees, fla_refusal = add_fla_anchor(
+            runners, fla_rule, args, arrays, reference=check_runners["ours_torch"]())
         if not fla_agrees:
             return 1
+    if fla_refusal is not None and not time_fla_forward_only(
+            fla_rule, args, arrays, flops / 3, reason=fla_refusal):
+        return 1
+    if fla_rule is not None:
         fla_rule = fla_rule if "fla" in runners else None
     accuracy = correlated_key_errors(args, shape, args.dtype, fla_rule=fla_rule)
     for name, err in accuracy.items():
@@ -416,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({peaks[0][2]})")
     print(f"\nfwd+bwd, {args.repeats} timed runs each, alternating after {args.warmup} warm-up")
     _print_table(times, flops, peaks, accuracy)
+    if fla_refusal is not None:
+        print(f"fla: no fwd+bwd row: its backward was not run ({fla_refusal}); its forward "
+              "alone is timed above")
     if "jax_old_inv" in times:
         ratio = statistics.median(times["jax_old_inv"]) / statistics.median(times["ours_jax"])
         print(f"JAX rule time, product-form inverse / blockwise inverse: {ratio:.2f}x")

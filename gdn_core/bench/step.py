@@ -1,9 +1,10 @@
 """The sweep's own training step on one chip, reference beside fused, both frameworks.
 
     python -m gdn_core.bench step [--device cpu|cuda] [--preset qwen3.5-0.8b] [--layers N]
-                                  [--seq-len 32768] [--batch 1] [--frameworks torch,jax]
-                                  [--kernels reference,fused] [--dtypes bfloat16]
-                                  [--steps 2] [--warmup 1] [--budget-s 270] [--out DIR]
+                                  [--seq-len 32768] [--batch 1] [--remat full]
+                                  [--frameworks torch,jax] [--kernels reference,fused]
+                                  [--dtypes bfloat16] [--steps 2] [--warmup 1]
+                                  [--budget-s 270] [--out DIR] [--plan]
 
 Each (dtype, framework, kernels) row runs `run_cp_training` of its framework, the function a
 sweep's trial runs, on one chip (CPSettings(mode="p2p", chips=1): no exchange; torch in a
@@ -13,9 +14,20 @@ attention hold more than half the model FLOPs, the LM head about a fifth). Each 
 process of its own, so its memory peak is its own and a crash or out-of-memory loses that
 row only. The rows share --budget-s (each gets what the rows before it left).
 
+Memory (step_plan.py): the table prints its plan first, each row's predicted memory per chip
+(gdn_core.memory.step.predict_step_memory, kernels-aware) against an H100 80GB and an H200
+141GB; --plan prints only that (no GPU, no compile). A row's child compares the prediction
+with what its own device says it can allocate before it starts, and a row over it is skipped.
+remat defaults to full: qwen3.5-0.8b's hybrid at 32K tokens needs about 202 GiB (torch) and
+310 GiB (JAX) per chip without it, about 27 and 32 GiB with it.
+
+Warm-up: --warmup must be at least 1 when a row runs kernels "fused": a library kernel tunes
+itself on its first call (fla's Triton autotune), which a timed step must never include.
+
 A row ends in one of four states:
   ok           measured
-  skipped      kernels="fused" that no kernel serves here (KernelUnavailable: its reason)
+  skipped      kernels="fused" that no kernel serves here (KernelUnavailable: its reason),
+               or predicted over what the device can allocate ("predicted X GiB > usable Y GiB")
   failed       an error, a non-finite loss, or MFU > 1 (impossible: the time or peak is wrong)
   not reached  the budget was spent by the rows before it
 Exit code 1 only when a row failed: a cold machine that runs out of budget still reports the
@@ -45,11 +57,15 @@ import dataclasses
 import json
 import math
 import os
-import pathlib
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+
+from ..device_memory import jax_gpu_allocator_env
+from .step_plan import (ONE_CHIP_MODE, format_plan, memory_refusal, plan_rows,
+                        predicted_memory, usable_here)
+from .step_table import format_table, write_outputs
 
 FRAMEWORKS = ("torch", "jax")
 DTYPES = ("bfloat16", "float32")
@@ -57,8 +73,6 @@ ROW_PREFIX = "STEP_ROW_JSON "
 """Marks the line on which a row's child process prints its result."""
 GEMM_SIZE = {"cpu": 1024, "cuda": 8192}
 """Side of the square GEMMs of a peak calibration, per device."""
-ONE_CHIP_MODE = "p2p"
-"""Any GDN CP mode on one chip runs the single-chip step; p2p is the sweep's baseline name."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,8 +86,12 @@ class StepRow:
     layers: int
     seq_len: int
     batch: int
+    remat: str = "none"
+    predicted_memory_bytes: int | None = None
+    """gdn_core.memory.step.predict_step_memory of the row (kernels-aware)."""
     status: str = "ok"
-    """ok | skipped (no kernel serves the point) | failed | not reached (budget spent)."""
+    """ok | skipped (no kernel serves the point, or predicted over the device's memory) |
+    failed | not reached (budget spent)."""
     reason: str | None = None
     """Why the row is skipped, failed or not reached."""
     device_name: str = ""
@@ -108,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decoder layers (default: the preset's full depth)")
     p.add_argument("--seq-len", type=int, default=32768)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--remat", choices=("none", "gdn", "full"), default="full",
+                   help="activation recomputation (full: each decoder layer)")
     p.add_argument("--frameworks", default=",".join(FRAMEWORKS),
                    help=f"comma-separated, from: {', '.join(FRAMEWORKS)}")
     p.add_argument("--kernels", default=",".join(KERNELS),
@@ -120,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock seconds for all rows together")
     p.add_argument("--out", default=os.environ.get("OUT") or None,
                    help="directory for step-table.json / .md (default: $OUT when set)")
+    p.add_argument("--plan", action="store_true",
+                   help="print each row's predicted memory against an H100 80GB and an H200 "
+                        "141GB and exit (no GPU, no compile)")
     p.add_argument("--row", default=None, help=argparse.SUPPRESS)  # dtype:framework:kernels
     return p
 
@@ -140,26 +163,19 @@ def _model_cfg(args):
     return get_preset(args.preset, num_layers=args.layers, layers="hybrid")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torch_row(args, model_cfg, train_cfg, cp) -> dict:
     import torch
     import torch.distributed as dist
 
     from .. import hardware
     from ..torch_gdn.cp.train import run_cp_training
+    from .ranks import free_port
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: torch sees no CUDA device")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1,
-                            init_method=f"tcp://127.0.0.1:{_free_port()}")
+                            init_method=f"tcp://127.0.0.1:{free_port()}")
     try:
         report = run_cp_training(model_cfg, train_cfg, group=None, cp=cp, steps=args.steps,
                                  warmup_steps=args.warmup, device=args.device)
@@ -216,8 +232,12 @@ def _datasheet_peak(device_name: str, dtype: str) -> tuple[float, str] | None:
 
 
 def _row_base(args, model_cfg, dtype: str, framework: str, kernels: str) -> dict:
+    predicted = predicted_memory(model_cfg, batch=args.batch, seq_len=args.seq_len,
+                                 dtype=dtype, remat=args.remat, framework=framework,
+                                 kernels=kernels).total
     return dict(framework=framework, kernels=kernels, dtype=dtype, preset=args.preset,
-                layers=model_cfg.num_layers, seq_len=args.seq_len, batch=args.batch)
+                layers=model_cfg.num_layers, seq_len=args.seq_len, batch=args.batch,
+                remat=args.remat, predicted_memory_bytes=predicted)
 
 
 def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
@@ -229,12 +249,19 @@ def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
 
     model_cfg = _model_cfg(args)
     base = _row_base(args, model_cfg, dtype, framework, kernels)
-    train_cfg = TrainConfig(batch_size=args.batch, seq_len=args.seq_len, dtype=dtype)
+    train_cfg = TrainConfig(batch_size=args.batch, seq_len=args.seq_len, dtype=dtype,
+                            remat=args.remat)
     try:  # the rule book first, as a sweep's worker does; the step checks again itself
         resolved = resolve_kernels(framework, kernels,
                                    device_kind="gpu" if args.device == "cuda" else "cpu",
                                    dtype=dtype, head_dim=model_cfg.attention.head_dim,
                                    has_attention=True)
+        # Then the memory, against what this row's device says it can give: a row predicted
+        # over it would only run out of memory after its model is built.
+        refusal = memory_refusal(base["predicted_memory_bytes"],
+                                 *usable_here(args.device, framework))
+        if refusal is not None:
+            return StepRow(**base, status="skipped", reason=refusal)
         cp = CPSettings(mode=ONE_CHIP_MODE, chips=1, kernels=kernels)
         got = (_torch_row if framework == "torch" else _jax_row)(args, model_cfg, train_cfg, cp)
     except KernelUnavailable as err:
@@ -265,8 +292,8 @@ def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
 def _child_argv(args, dtype: str, framework: str, kernels: str) -> list[str]:
     argv = [sys.executable, "-m", "gdn_core.bench", "step", "--row",
             f"{dtype}:{framework}:{kernels}", "--device", args.device, "--preset", args.preset,
-            "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--steps",
-            str(args.steps), "--warmup", str(args.warmup)]
+            "--seq-len", str(args.seq_len), "--batch", str(args.batch), "--remat", args.remat,
+            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     return argv + (["--layers", str(args.layers)] if args.layers is not None else [])
 
 
@@ -282,9 +309,12 @@ def run_row_in_child(args, dtype: str, framework: str, kernels: str, *,
         return StepRow(**base, status="not reached",
                        reason="--budget-s spent by the rows before it")
     start = time.perf_counter()
+    env = dict(os.environ)
+    if args.device == "cuda":  # JAX at the trials' stated fraction, not its 75% default
+        env.update(jax_gpu_allocator_env())
     try:
         done = subprocess.run(_child_argv(args, dtype, framework, kernels), capture_output=True,
-                              text=True, timeout=timeout_s)
+                              text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired as err:
         return StepRow(**base, status="not reached", wall_s=time.perf_counter() - start,
                        reason=f"stopped at the budget's end after {timeout_s:.0f} s: "
@@ -298,60 +328,6 @@ def run_row_in_child(args, dtype: str, framework: str, kernels: str, *,
     return StepRow(**{**fields, "wall_s": wall})
 
 
-def _gib(x: int | None) -> str:
-    return "-" if x is None else f"{x / 2**30:.2f}"
-
-
-def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
-    return "-" if x is None else format(x / scale, fmt)
-
-
-COLUMNS = ("framework", "kernels", "dtype", "model", "seq", "status", "step s", "tokens/s",
-           "MFU", "peak TFLOP/s", "mem GiB", "loss first→last", "compile s", "wall s")
-
-
-def _cells(row: StepRow) -> list[str]:
-    loss = f"{row.losses[0]:.3f}→{row.losses[-1]:.3f}" if row.losses else "-"
-    return [row.framework, row.kernels, row.dtype, f"{row.preset} x{row.layers}L hybrid",
-            str(row.seq_len), row.status, _num(row.step_time_s, ".3f"),
-            _num(row.tokens_per_s, ",.0f"), _num(row.mfu, ".1%"),
-            _num(row.peak_flops_per_s, ".4g", 1e12), _gib(row.peak_memory_bytes), loss,
-            _num(row.compile_time_s or None, ".0f"), _num(row.wall_s, ".0f")]
-
-
-def _notes(row: StepRow) -> str:
-    label = f"{row.framework} {row.kernels} {row.dtype}"
-    if not row.ok:
-        return f"{label}: {row.status.upper()}: {row.reason}"
-    times = [round(t, 4) for t in row.step_times_s]
-    return (f"{label}: GDN {row.gdn_kernel}; attention {row.attention_kernel}; device "
-            f"{row.device_name!r}; peak {row.peak_source}; memory {row.memory_source}; "
-            f"step times {times}")
-
-
-def format_table(rows: Sequence[StepRow]) -> str:
-    """The rows as an aligned text table, then each row's kernels and sources, or its reason."""
-    cells = [list(COLUMNS)] + [_cells(row) for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
-    text = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
-    return "\n".join(text + [_notes(row) for row in rows])
-
-
-def format_markdown(rows: Sequence[StepRow]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
-    return "\n".join(lines + [""] + [f"- {_notes(row)}" for row in rows]) + "\n"
-
-
-def write_outputs(rows: Sequence[StepRow], out_dir: str) -> list[pathlib.Path]:
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "step-table.json", out / "step-table.md"]
-    paths[0].write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1) + "\n")
-    paths[1].write_text(format_markdown(rows))
-    return paths
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from ..kernels import KERNELS
 
@@ -363,10 +339,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtypes = _choices(args.dtypes, DTYPES, "--dtypes")
     frameworks = _choices(args.frameworks, FRAMEWORKS, "--frameworks")
     kernels = _choices(args.kernels, KERNELS, "--kernels")
+    if "fused" in kernels and args.warmup < 1:
+        raise SystemExit(f"--warmup={args.warmup} with --kernels including fused: a fused "
+                         "kernel tunes itself on its first call (fla's Triton autotune), which "
+                         "must not be timed; use --warmup >= 1")
     model_cfg = _model_cfg(args)
+    plan = plan_rows(model_cfg, preset=args.preset, batch=args.batch, seq_len=args.seq_len,
+                     remat=args.remat, dtypes=dtypes, frameworks=frameworks, kernels=kernels)
+    print(f"memory plan: {args.preset} hybrid with {model_cfg.num_layers} layers, "
+          f"B={args.batch} T={args.seq_len}, remat {args.remat}\n{format_plan(plan)}",
+          flush=True)
+    if args.plan:
+        return 0
     print(f"the sweep's step on one chip: {args.preset} hybrid with {model_cfg.num_layers} "
-          f"layers, B={args.batch} T={args.seq_len}, device={args.device}, {args.warmup} "
-          f"warm-up + {args.steps} measured steps, budget {args.budget_s:.0f} s", flush=True)
+          f"layers, B={args.batch} T={args.seq_len}, remat {args.remat}, device={args.device}, "
+          f"{args.warmup} warm-up + {args.steps} measured steps, budget {args.budget_s:.0f} s",
+          flush=True)
     deadline = time.perf_counter() + args.budget_s
     rows = []
     for dtype in dtypes:

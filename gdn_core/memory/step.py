@@ -13,6 +13,9 @@ add up):
     backward_working   one layer's backward at a time: its cotangents and, under remat, its
                        rebuilt residuals (BACKWARD_WORKING_FRACTION of the layer's residuals)
     exchange_buffers   the CP mode's transient exchange buffers and saved pairs/states
+    kernel_workspace   kernels="fused": what the library kernel holds beyond the reference
+                       step's count (kernel_workspace.py: fla-core's chunked intermediates for
+                       torch's fused GDN, an estimate until measured on a chip; 0 otherwise)
     loss_logits        the chunked cross-entropy's float32 logits of one chunk, forward and
                        backward (never [tokens, vocab] whole)
     temporaries        the gradient sync's or the optimizer update's buffers (update phase)
@@ -31,10 +34,12 @@ import dataclasses
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from ..cp_layout import check_layout
 from ..cp_modes import check_attention_cp_shape, check_cp_shape, check_dp
+from ..kernels import DEFAULT_KERNELS, check_kernels
 from ..train_config import TrainConfig, check_framework
 from .activations import (COMPUTE_BYTES, FLOAT32_BYTES, attention_exchange_bytes,
                           attention_saved_bytes_per_token, gdn_exchange_bytes,
                           saved_bytes_per_token)
+from .kernel_workspace import FLA_WORKSPACE_SOURCE, fused_gdn_workspace_bytes
 from .parameters import decoder_layer_kinds, param_counts
 
 JAX_LOSS_CHUNK_TOKENS = 1024
@@ -83,19 +88,28 @@ class MemoryPrediction:
     exchange_buffers: int
     loss_logits: int
     temporaries: int
+    kernels: str = DEFAULT_KERNELS
+    kernel_workspace: int = 0
+    """A fused kernel's own buffers beyond the reference count, held in backward beside the
+    activations (kernel_workspace_source says how it was counted)."""
+
+    @property
+    def kernel_workspace_source(self) -> str:
+        return FLA_WORKSPACE_SOURCE if self.kernel_workspace else "none"
 
     @property
     def total(self) -> int:
         """The peak: weights and optimizer state throughout, plus the larger of the backward
         phase and the update phase (gradients and temporaries; the activations are gone).
 
-        Backward: compute weights, exchanges, activations and the larger of one layer's working
-        set and the loss's logits (they come and go before the layers' backward). JAX holds
-        the whole gradients beside the activations (the layer scan's stacked outputs); torch
-        sets gradients to None before each forward and frees each residual as the gradients
-        grow, so its backward peaks at the larger of the activations and the gradients.
+        Backward: compute weights, exchanges, a fused kernel's workspace, activations and
+        the larger of one layer's working set and the loss's logits (they come and go before
+        the layers' backward). JAX holds the whole gradients beside the activations (the
+        layer scan's stacked outputs); torch sets gradients to None before each forward and
+        frees each residual as the gradients grow, so its backward peaks at the larger of the
+        activations and the gradients.
         """
-        transient = self.compute_weights + self.exchange_buffers
+        transient = self.compute_weights + self.exchange_buffers + self.kernel_workspace
         if self.framework == "torch":
             backward = transient + max(
                 self.activations + max(self.backward_working, self.loss_logits),
@@ -116,7 +130,8 @@ class MemoryPrediction:
 def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
                         chips: int, framework: str, optimizer: bool = True,
                         attn_cp: str = "all_gather_kv",
-                        layout: str = "contiguous", dp: int = 1) -> MemoryPrediction:
+                        layout: str = "contiguous", dp: int = 1,
+                        kernels: str = DEFAULT_KERNELS) -> MemoryPrediction:
     """Predict the per-chip bytes of one CP training step (forward, backward, sync, AdamW).
 
     train_cfg: batch (per replica), global seq_len, dtype, param_sharding, remat as the step
@@ -126,11 +141,13 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
     replica's (a chip holds batch × seq_len / chips tokens whatever dp is); attn_cp: the
     attention layers' CP mode (hybrid decoder only); layout: contiguous or zigzag (the same
     bytes per chip: each chip holds T/D tokens either way). optimizer=False leaves out
-    AdamW's state and update: a gradient-only run, as a verify reference is.
+    AdamW's state and update: a gradient-only run, as a verify reference is. kernels:
+    reference or fused (fused adds the library kernel's workspace, kernel_workspace.py).
     Raises ValueError naming the numbers for a shape `mode` / `attn_cp` cannot split over
     `chips`.
     """
     check_framework(framework)
+    check_kernels(kernels)
     gdn = model_cfg.gdn
     check_cp_shape(mode=mode, chips=chips, seq_len=train_cfg.seq_len,
                    num_k_heads=gdn.num_k_heads, num_v_heads=gdn.num_v_heads,
@@ -219,6 +236,10 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
                                    remat=train_cfg.remat),
         loss_logits=LOSS_LOGIT_COPIES * loss_tokens * model_cfg.vocab_size * FLOAT32_BYTES,
         temporaries=max(synced, update) * FLOAT32_BYTES,
+        kernels=kernels,
+        kernel_workspace=fused_gdn_workspace_bytes(
+            model_cfg, framework=framework, kernels=kernels, mode=mode, chips=chips,
+            tokens=tokens, compute_bytes=compute_bytes, remat=train_cfg.remat),
     )
 
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from gdn_core.bench import step
+from gdn_core.device_memory import JAX_GPU_MEMORY_FRACTION
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.presets import get_preset
 
@@ -45,6 +47,9 @@ def test_script_without_cuda_says_so_skips_gpu_tests_and_exits_0(tmp_path):
     assert " skipped" in out and "passed" not in out and "failed" not in out, out[-3000:]
     assert "=== kernel" not in out and "=== step" not in out  # they need a GPU
     assert "env: ok" in out and "tests: ok" in out  # the summary
+    # JAX's allocator as the sweep's workers set it: one constant, one owner.
+    assert (f"XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION="
+            f"{JAX_GPU_MEMORY_FRACTION}") in out
     assert (tmp_path / "device-check.log").read_text().count("no CUDA device") >= 1
 
 
@@ -136,3 +141,91 @@ def test_script_cpu_dry_run_runs_every_part(tmp_path):
     for part in ("env", "tests", "kernel", "step"):
         assert f"{part}: ok" in done.stdout, part
     assert (tmp_path / "step-table.json").exists()
+
+
+PLAN_ROW = re.compile(r"^\s*(torch|jax)\s+(reference|fused)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\w+)\s+"
+                      r"(\w+)\s+([\d.]+)\s+([\d.]+)\s+(yes|NO)\s+([\d.]+)\s+(yes|NO)$")
+"""A plan row: framework, kernels, preset, layers, seq_len, remat, dtype, predicted GiB, then
+(usable GiB, fits) for the H100 80GB and the H200 141GB."""
+
+
+def plan_rows(text: str) -> list[tuple]:
+    return [m.groups() for m in map(PLAN_ROW.match, text.splitlines()) if m]
+
+
+@pytest.mark.timeout(120)
+def test_plan_lists_the_parts_and_step_rows_and_every_row_fits_an_h100(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path))
+    done = subprocess.run(["bash", str(SCRIPT), "--plan"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    out = done.stdout
+    limits = dict(re.findall(r"^  (env|tests|kernel|step)\s+(\d+) s", out, re.MULTILINE))
+    assert list(limits) == ["env", "tests", "kernel", "step"]
+    assert sum(map(int, limits.values())) <= 480 and f"sum {sum(map(int, limits.values()))} s" \
+        in out
+    rows = plan_rows(out)
+    assert [(r[0], r[1]) for r in rows] == [("torch", "reference"), ("torch", "fused"),
+                                            ("jax", "reference"), ("jax", "fused")]
+    for (framework, kernels, preset, layers, seq_len, remat, dtype, predicted, h100, h100_fits,
+         h200, h200_fits) in rows:
+        # The hybrid preset at full depth and 32K tokens, made to fit by remat full.
+        assert (preset, layers, seq_len, remat, dtype) == (
+            "qwen3.5-0.8b", "24", "32768", "full", "bfloat16"), framework
+        assert float(predicted) < float(h100) and h100_fits == "yes", (framework, kernels)
+        assert float(predicted) < float(h200) and h200_fits == "yes", (framework, kernels)
+        assert float(h100) < 80 < float(h200) < 141  # usable, not the datasheet's round figure
+    assert "kernel workspace (estimate from fla-core" in out and "until measured on a chip" in out
+    assert "=== " not in out and not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+@pytest.mark.timeout(120)
+def test_plan_needs_neither_torch_nor_jax_and_says_when_a_row_does_not_fit():
+    probe = ("import sys; from gdn_core.bench import step; "
+             "code = step.main(['--plan', '--device', 'cuda', '--remat', 'none']); "
+             "print('imported', sorted(m for m in ('torch', 'jax') if m in sys.modules), code)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported [] 0" in done.stdout  # shapes and arithmetic only: no GPU, no compile
+    rows = plan_rows(done.stdout)
+    assert len(rows) == 4
+    # Without recomputation the 32K hybrid needs ~202 (torch) / 310 GiB (JAX): no H100 fits.
+    assert all(r[5] == "none" and r[9] == "NO" and float(r[7]) > 150 for r in rows), rows
+
+
+def test_a_row_predicted_over_its_device_is_skipped_before_it_runs(monkeypatch):
+    monkeypatch.setattr(step, "usable_here", lambda device, framework: (2**20, "a stand-in"))
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the row ran although predicted over its device")
+    monkeypatch.setattr(step, "_torch_row", must_not_run)
+    args = step.build_parser().parse_args(["--device", "cpu", "--preset", "tiny",
+                                           "--seq-len", "64"])
+    row = step.run_row(args, "float32", "torch", "reference")
+    assert row.status == "skipped" and row.step_time_s is None
+    assert re.match(r"predicted \d+\.\d GiB > usable 0\.0 GiB \(a stand-in; ", row.reason)
+    assert row.predicted_memory_bytes > 2**20 and row.remat == "full"
+
+
+def test_fused_rows_need_a_warmup_step_and_reference_rows_do_not(tmp_path):
+    with pytest.raises(SystemExit, match=r"--warmup=0 with --kernels including fused.*"
+                                         r"autotune.*--warmup >= 1"):
+        step.main(["--warmup", "0", "--budget-s", "0"])
+    assert step.main(["--device", "cpu", "--preset", "tiny", "--warmup", "0", "--kernels",
+                      "reference", "--budget-s", "0", "--out", str(tmp_path)]) == 0
+
+
+def test_cuda_rows_run_jax_at_the_workers_allocator_fraction(monkeypatch):
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(argv, 1, stdout="", stderr="stand-in")
+    monkeypatch.setattr(step.subprocess, "run", fake_run)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    args = step.build_parser().parse_args(["--device", "cuda", "--preset", "tiny"])
+    row = step.run_row_in_child(args, "bfloat16", "jax", "reference", timeout_s=10)
+    assert row.status == "failed"  # the stand-in child's exit
+    assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] == str(JAX_GPU_MEMORY_FRACTION)
+    assert seen["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"

@@ -17,6 +17,7 @@ from gdn_core.train_config import TrainConfig
 from service.demo import demo_sweep
 from tests.service.conftest import TINY_SWEEP
 from workers.grid import expand_trials
+from workers import memory_admission
 from workers.memory_admission import chip_memory_bytes, host_memory_bytes
 from workers.sweep_spec import MAX_CHIPS, MAX_SEQ_LEN, AcceleratorSpec, SweepSpec
 
@@ -230,3 +231,69 @@ def test_gpu_admission_compares_against_what_each_framework_can_allocate():
     (trial,) = expand_trials(SweepSpec(**{**H100_27B, "param_shardings": ["fsdp"],
                                           "remats": ["full"]}, seq_lens=[high * 4096]))
     assert trial.skip_reason is not None and "a jax trial can allocate" in trial.skip_reason
+
+
+def test_gpu_admission_reads_the_device_where_it_can_and_names_the_datasheet_otherwise(
+        monkeypatch):
+    h100 = AcceleratorSpec(kind="gpu", type="h100")
+    datasheet, what = chip_memory_bytes(h100, 8, "torch")
+    assert datasheet == hardware.hbm_bytes_per_chip("h100") - CUDA_CONTEXT_RESERVE_BYTES
+    assert "(datasheet, gdn_core.hardware.CHIP_SPECS" in what  # this host has no GPU in use
+    # A card reports less than its datasheet's round 80 GiB (an H100 80GB: about 79.6).
+    reported = 85_470_085_120 - CUDA_CONTEXT_RESERVE_BYTES
+    asked = []
+
+    def device_says(framework, accelerator_type):
+        asked.append((framework, accelerator_type))
+        return reported, "torch.cuda.mem_get_info total 79.6 GiB of 'NVIDIA H100 80GB HBM3'"
+    monkeypatch.setattr(memory_admission, "gpu_usable_bytes_here", device_says)
+    measured, what = chip_memory_bytes(h100, 8, "torch")
+    assert measured == reported < datasheet and asked == [("torch", "h100")]
+    assert "as this process's device reports it (torch.cuda.mem_get_info total 79.6" in what
+    assert "datasheet" not in what
+    # Without a framework (the nominal figure), and on a TPU, the device is not asked.
+    assert chip_memory_bytes(h100, 8)[0] == hardware.hbm_bytes_per_chip("h100")
+    chip_memory_bytes(AcceleratorSpec(kind="tpu", type="v5p"), 8, "jax")
+    assert asked == [("torch", "h100")]
+
+
+def test_admission_counts_the_fused_kernels_workspace(monkeypatch):
+    """A torch point that fits with the reference kernels and not with fla's workspace is
+    refused for fused only, the reason naming the fused prediction."""
+    model = get_preset("tiny", num_layers=4)
+    train = TrainConfig(seq_len=8192, dtype="bfloat16")
+    reference, fused = (predict_step_memory(model, train, mode="p2p", chips=1,
+                                            framework="torch", kernels=kernels)
+                        for kernels in ("reference", "fused"))
+    assert fused.total - reference.total == fused.kernel_workspace > 0
+    usable = reference.total + fused.kernel_workspace // 2  # between the two
+    monkeypatch.setattr(memory_admission, "gpu_usable_bytes_here",
+                        lambda framework, accelerator_type: (usable, "a stand-in device"))
+    trials = expand_trials(SweepSpec(
+        name="fused-memory", frameworks=["torch"], kernels=["reference", "fused"], chips=[1],
+        seq_lens=[8192], model={"preset": "tiny", "num_layers": 4}, dtypes=["bfloat16"],
+        accelerator={"kind": "gpu", "type": "h100"}))
+    by_kernels = {t.kernels: t for t in trials}
+    assert by_kernels["reference"].skip_reason is None
+    assert f"({fused.total} bytes," in by_kernels["fused"].skip_reason
+    assert "a stand-in device" in by_kernels["fused"].skip_reason
+
+
+@pytest.mark.parametrize("kinds, kernels, warmup, refused", [
+    (["measure"], ["reference", "fused"], 0, True),
+    (["measure"], ["fused"], 1, False),
+    (["measure"], ["reference"], 0, False),
+    (["plan"], ["reference", "fused"], 0, False),  # plans compile the reference step only
+])
+def test_fused_kernels_need_a_warmup_step(kinds, kernels, warmup, refused):
+    fields = {**TINY_SWEEP, "kinds": kinds, "frameworks": ["jax"], "kernels": kernels,
+              "warmup_steps": warmup}
+    if not refused:
+        assert SweepSpec.model_validate(fields).warmup_steps == warmup
+        return
+    with pytest.raises(ValidationError) as caught:
+        SweepSpec.model_validate(fields)
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("warmup_steps",)
+    assert "warmup_steps=0 with kernels including 'fused'" in error["msg"]
+    assert "autotune" in error["msg"] and "warmup_steps >= 1" in error["msg"]
