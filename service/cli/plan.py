@@ -157,7 +157,7 @@ def format_answer(answer, *, rows: int) -> str:
 
 def _validate(session, sweep_id: int, out: TextIO) -> int:
     from service.db.models import Sweep
-    from service.planner.evidence import load_observations
+    from service.planner.evidence import interpreted_note, load_observations, split_speed
     from service.planner.validate import (
         MEMORY_GOAL,
         STEP_TIME_GOAL,
@@ -173,15 +173,16 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
     spec = sweep.spec
     preset = spec.get("model", {}).get("preset", "tiny")
     accelerator = spec.get("accelerator", {}).get("type", "cpu")
-    observations = load_observations(session, preset=preset, accelerator_type=accelerator,
-                                     sweep_ids=[sweep_id])
+    observations, interpreted = split_speed(load_observations(
+        session, preset=preset, accelerator_type=accelerator, sweep_ids=[sweep_id]))
     rows = validate(observations)
+    left_out = f" ({interpreted_note(interpreted, 'left out')})" if interpreted else ""
     if not rows:
         print(f"sweep {sweep_id} has no level to hold out (it needs two chip counts or two "
-              "seq_lens of succeeded trials)", file=sys.stderr)
+              f"seq_lens of succeeded trials){left_out}", file=sys.stderr)
         return 2
     out.write(f"sweep {sweep_id} ({preset} on {accelerator}): {len(observations)} succeeded "
-              f"trial(s), {len(rows)} held-out figure(s); goals: memory ≤ "
+              f"trial(s){left_out}, {len(rows)} held-out figure(s); goals: memory ≤ "
               f"{100 * MEMORY_GOAL:.0f}% every point, step time median ≤ "
               f"{100 * STEP_TIME_MEDIAN_GOAL:.0f}%, worst ≤ {100 * STEP_TIME_GOAL:.0f}%\n")
     out.write(f"{'held out':<22} {'trial':>5} {'point':<48} {'figure':<22} {'predicted':>11} "

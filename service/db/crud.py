@@ -9,11 +9,12 @@ import json
 from collections.abc import Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import Select, and_, delete, func, select, update
+from sqlalchemy import Select, and_, case, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, object_session
 
 from service.core.cron import next_due
+from service.db.interpreted import compiled_kernels
 from service.db.models import (
     FACT_COLUMNS,
     IdempotencyKey,
@@ -166,7 +167,9 @@ def public_trial_columns() -> tuple:
             *(c for c in Result.__table__.columns if c.key not in skip),
             Result.started_at.label("result_started_at"),
             _BaselineTrial.id.label("baseline_trial_id"),
-            _BaselineResult.tokens_per_s_per_chip.label("baseline_tokens_per_s_per_chip"))
+            # an interpreted baseline's tokens/s is no speed: no scaling efficiency from it
+            case((compiled_kernels(_BaselineResult), _BaselineResult.tokens_per_s_per_chip),
+                 else_=None).label("baseline_tokens_per_s_per_chip"))
 
 
 @functools.cache

@@ -23,10 +23,12 @@ from sqlalchemy.orm import Session
 from gdn_core.config import Layers
 from gdn_core.cp_layout import Layout
 from gdn_core.cp_modes import AttnCPMode
+from gdn_core.interpreted_kernels import INTERPRETED_SUFFIX
 from gdn_core.kernels import Kernels
 from gdn_core.train_config import ParamSharding, Remat
 from service.db.bounds import DB_INT_MAX, DbInt
 from service.db.crud import public_trials
+from service.db.interpreted import SPEED_FIELDS
 from service.db.models import Result
 from service.db.schemas import TrialPublic
 from workers.grid import TrialMode
@@ -206,7 +208,8 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def to_table(rows: Sequence[TrialPublic], count: int) -> str:
-    """A fixed-width text table for terminals, with a line saying how many rows matched."""
+    """A fixed-width text table for terminals, with a line saying how many rows matched; an
+    interpreted row's speeds read `interpreted` and its kernels `fused (interpreted)`."""
     def cell(value) -> str:
         if value is None:
             return ""
@@ -214,8 +217,15 @@ def to_table(rows: Sequence[TrialPublic], count: int) -> str:
             return f"{value:.4g}"
         return str(value)
 
+    def shown(row: TrialPublic, name: str) -> str:
+        if row.interpreted and name in SPEED_FIELDS:  # a correctness run: no speed to show
+            return "interpreted"
+        if row.interpreted and name == "kernels":
+            return f"{row.kernels}{INTERPRETED_SUFFIX}"
+        return cell(getattr(row, name))
+
     grid = [[title for _, title in TABLE_COLUMNS]]
-    grid += [[cell(getattr(row, name)) for name, _ in TABLE_COLUMNS] for row in rows]
+    grid += [[shown(row, name) for name, _ in TABLE_COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in grid) for i in range(len(TABLE_COLUMNS))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in grid]
     lines.append(f"{len(rows)} of {count} succeeded trial(s) matching")

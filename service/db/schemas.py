@@ -15,6 +15,7 @@ from gdn_core.kernels import DEFAULT_KERNELS, KERNELS
 from gdn_core.packing import SINGLE_DOCUMENT
 from service.core.cron import check_cron, check_timezone
 from service.core.environment_diff import EnvironmentChange
+from service.db.interpreted import ran_interpreted
 from workers.result import TrialMetrics
 from workers.sweep_spec import Name, PlainText, SweepSpec
 
@@ -147,6 +148,9 @@ class _TrialOutcome(BaseModel):
     """How each sequence was packed: single, or uniform:LO-HI (documents of LO … HI tokens;
     attention and the GDN state restart at each boundary). Model FLOPs and MFU count
     attention per document."""
+    interpreted: bool = False
+    """A kernel ran through its interpreter (its name ends " (interpreted)"; derived, never
+    stored): a correctness run, whose step time, tokens/s/chip, MFU and HFU are no speed."""
     steps: int
     warmup_steps: int
     accelerator: str
@@ -184,6 +188,11 @@ class TrialPublic(TrialMetrics, _TrialOutcome):
 
     model_config = ConfigDict(extra="ignore")  # TrialMetrics forbids extras; rows carry joins
 
+    @model_validator(mode="after")
+    def _interpreted_from_kernel_names(self) -> "TrialPublic":
+        self.interpreted = ran_interpreted(self.gdn_kernel, self.attention_kernel)
+        return self
+
 
 _TRIALS = TypeAdapter(list[TrialPublic])
 
@@ -213,7 +222,8 @@ def trials_from_mappings(rows, attempts: dict[int, list] | None = None) -> list[
             data["error"] = skip_reason
         baseline = data.pop("baseline_tokens_per_s_per_chip", None)
         mine = data.get("tokens_per_s_per_chip")
-        if baseline and mine is not None and data["status"] == "succeeded":
+        if (baseline and mine is not None and data["status"] == "succeeded"
+                and not ran_interpreted(data.get("gdn_kernel"), data.get("attention_kernel"))):
             data["scaling_efficiency"] = mine / baseline
             data["speedup_vs_one_chip"] = mine * data["chips"] / baseline
         data["attempt_history"] = (attempts or {}).get(data["id"], [])

@@ -28,7 +28,7 @@ from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import (
     TrainConfig,
 )
-from service.planner.evidence import Observation
+from service.planner.evidence import Observation, interpreted_caveat, say_left_out, split_speed
 from service.planner.fits import (
     AffineFit,
     LinkFit,
@@ -106,7 +106,8 @@ def predict_memory(request: CapacityRequest, model_cfg, point: Point,
                             dtype=request.dtype, param_sharding=point.param_sharding,
                             remat=point.remat)
     predicted = predict_step_memory(model_cfg, train_cfg, mode=point.mode, chips=point.cp_chips,
-                                    dp=point.dp, framework=point.framework).total
+                                    dp=point.dp, framework=point.framework,
+                                    kernels=request.kernels).total
     if model_cfg.moe is not None:
         exact = []  # its trials ran the dense stand-in: their memory is not the experts'
     peaks = [o for o in exact if o.memory_is_peak]
@@ -223,6 +224,9 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
     """Every candidate (framework, mesh of chips ≤ max_chips, mode, param_sharding, remat) of
     the request, predicted from `observations` (load_observations), and the three picks."""
     model_cfg = request.model()
+    observations, interpreted = split_speed(observations)
+    interpreted = [o for o in interpreted if o.kernels == request.kernels
+                   and o.framework in request.frameworks]
     candidates: list[Candidate] = []
     fitted: dict[tuple, tuple] = {}  # per step settings: the trials and the compute curve
     linked: dict[tuple, LinkFit] = {}  # per step settings and mode
@@ -251,6 +255,10 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
         if point.dp > 1:
             memory, comm, step = _mesh_figures(request, model_cfg, point, observations, group,
                                                local, memory, comm, step, links)
+        left_out = [o for o in interpreted
+                    if _matches(o, request, replica, model_cfg.num_layers, any_dp=True)]
+        if left_out:
+            memory, step = say_left_out(left_out, memory, step)
         candidates.append(_candidate(request, model_cfg, point, group, local, memory, capacity,
                                      step, comm))
     fitting = [c for c in candidates if c.fits]
@@ -267,6 +275,8 @@ def plan_capacity(observations: Sequence[Observation], request: CapacityRequest
         caveats.append(f"JAX's GDN layers run the reference chunk rule under either kernels "
                        f"value {JAX_GDN_NOT_FUSED}: MaxText turns its Pallas kernel off under "
                        "context parallelism; kernels=fused changes only JAX's attention.")
+    if interpreted:
+        caveats.append(interpreted_caveat(interpreted))
     if model_cfg.moe is not None:
         caveats.append(f"MoE preset: memory counts the published model's experts and their "
                        f"AdamW state ({model_cfg.moe.source}); step time, FLOPs and MFU are the "

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gdn_core.hardware import canonical_accelerator_type
 from gdn_core.packing import SINGLE_DOCUMENT
+from service.db.interpreted import INTERPRETED_NOTE, ran_interpreted
 from service.db.models import Result
+from service.planner.schemas import Figure
 from workers.grid import trial_cp_settings
 
 
@@ -54,6 +57,8 @@ class Observation:
     predicted_memory_bytes: int | None
     cp_comm_bytes: int | None
     grad_sync_bytes: int | None
+    interpreted: bool = False
+    """It ran a kernel through its interpreter: no evidence of speed or memory (split_speed)."""
 
     @property
     def local_tokens(self) -> int:
@@ -96,7 +101,8 @@ def load_observations(session: Session, *, preset: str, accelerator_type: str,
                       sweep_ids: list[int] | None = None) -> list[Observation]:
     """Succeeded single-document (PLANNED_DOCUMENTS) trials of `preset`: measured ones on
     `accelerator_type` (canonical, as CapacityRequest has it), and every plan (a compile is
-    XLA:CPU's wherever it ran; its estimate is labelled so)."""
+    XLA:CPU's wherever it ran; its estimate is labelled so). Interpreted runs come flagged:
+    what fits reads them through split_speed, which leaves them out."""
     stmt = select(*_COLUMNS).where(Result.status == "succeeded", Result.preset == preset,
                                    Result.documents == PLANNED_DOCUMENTS)
     if sweep_ids:
@@ -120,7 +126,8 @@ _COLUMNS = tuple(getattr(Result, name) for name in (
     "step_time_s", "hardware_flops_per_step", "peak_flops_per_chip",
     "peak_memory_bytes_per_chip", "memory_source", "estimated_memory_bytes_per_chip",
     "estimated_memory_source", "predicted_memory_bytes_per_chip",
-    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip"))
+    "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip", "gdn_kernel",
+    "attention_kernel"))
 """The result columns an Observation reads."""
 
 
@@ -152,4 +159,45 @@ def observation(r, *, chip: str) -> Observation:
         peak_memory_bytes=r.peak_memory_bytes_per_chip, peak_memory_source=r.memory_source,
         predicted_memory_bytes=r.predicted_memory_bytes_per_chip,
         cp_comm_bytes=r.cp_comm_bytes_per_step_per_chip,
-        grad_sync_bytes=r.grad_sync_bytes_per_step_per_chip)
+        grad_sync_bytes=r.grad_sync_bytes_per_step_per_chip,
+        interpreted=ran_interpreted(r.gdn_kernel, r.attention_kernel))
+
+
+def split_speed(observations: Sequence[Observation]
+                ) -> tuple[list[Observation], list[Observation]]:
+    """(the evidence, the interpreted runs left out of it). An interpreted kernel's step time
+    is its interpreter's, and its memory the interpreter's buffers (numpy arrays of every
+    block, XLA's lowering of a Pallas interpreter loop), not the kernel's: neither figure is
+    fitted. They are loaded all the same, so an answer can say why it lacks them."""
+    return ([o for o in observations if not o.interpreted],
+            [o for o in observations if o.interpreted])
+
+
+def interpreted_note(interpreted: Sequence[Observation], what: str = "") -> str:
+    """Why `interpreted` (trials a figure or an answer would have rested on) were not used."""
+    shown = sorted({o.trial_id for o in interpreted})
+    ids = ", ".join(map(str, shown[:6])) + (f" and {len(shown) - 6} more"
+                                            if len(shown) > 6 else "")
+    return (f"{INTERPRETED_NOTE}: trial{'s' if len(shown) > 1 else ''} {ids} "
+            f"ran interpreted (GDN_SWEEP_INTERPRET_KERNELS=1): {what or 'no evidence'}")
+
+
+def interpreted_caveat(interpreted: Sequence[Observation]) -> str:
+    """An answer's caveat naming the interpreted trials of its request it left out."""
+    return interpreted_note(interpreted, "none of their figures is evidence here: the step "
+                                         "time is the interpreter's, and so is the memory (its "
+                                         "buffers, not the kernel's)")
+
+
+def say_left_out(left_out: Sequence[Observation], memory: Figure, step: Figure
+                 ) -> tuple[Figure, Figure]:
+    """A candidate's memory and step, each saying that the interpreted trials of its settings
+    (`left_out`) were not used, where it rests on no trial of exactly the point."""
+    def said(figure: Figure, what: str) -> Figure:
+        if figure.basis in ("measured", "estimated"):
+            return figure
+        note = "; ".join(filter(None, (figure.note, interpreted_note(left_out, what))))
+        return figure.model_copy(update={"note": note})
+
+    return (said(memory, "their memory is the interpreter's, not the kernel's"),
+            said(step, "their step time is no speed"))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from gdn_core.presets import get_preset
 from service.planner.capacity import plan_capacity
-from service.planner.evidence import Observation
+from service.planner.evidence import Observation, split_speed
 from service.planner.schemas import CapacityRequest
 
 MEMORY_GOAL = 0.03
@@ -94,7 +94,9 @@ def _candidate(train: Sequence[Observation], o: Observation):
 
 
 def validate(observations: Sequence[Observation]) -> list[HeldOut]:
-    """Every held-out trial's memory and step-time error (module docstring)."""
+    """Every held-out trial's memory and step-time error (module docstring); interpreted runs
+    are neither held out nor trained on (evidence.split_speed: no speed, no kernel's memory)."""
+    observations, _ = split_speed(observations)
     rows = []
     for name, held in _holdouts(observations):
         train = [o for o in observations if o.trial_id not in held]

@@ -4,7 +4,9 @@ sweeps were created.
 
 A run's value for a metric is the median over the point's repeats in that sweep, its low and
 high the repeats' extremes (for step time, the fastest and slowest measured step of any repeat;
-tokens/s/chip follows the step's spread). Only succeeded measure trials count.
+tokens/s/chip follows the step's spread). Only succeeded measure trials count, and none that
+ran a kernel through its interpreter (service/db/interpreted.py): its step time is the
+interpreter's, and its memory the interpreter's buffers — no level to watch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.db.interpreted import compiled_kernels
 from service.db.models import Result, Schedule, Sweep, Trial
 
 METRICS: dict[str, bool] = {
@@ -97,7 +100,7 @@ def load_series(*, session: Session, schedule_ids: Sequence[int] | None = None,
         Schedule.id.in_({m.schedule_id for m in meta.values()} - {None}))).all())
     rows = session.execute(select(*_COLUMNS).join(Trial, Trial.id == Result.trial_id).where(
         Result.sweep_id.in_(list(meta)), Result.status == "succeeded",
-        Result.kind == "measure")).all()
+        Result.kind == "measure", compiled_kernels())).all()
     grouped: dict[tuple, dict[int, list]] = {}
     for row in rows:
         group = None if sweep_ids is not None else meta[row.sweep_id].schedule_id

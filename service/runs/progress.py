@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from gdn_core.kernels import DEFAULT_KERNELS
 from gdn_core.packing import SINGLE_DOCUMENT
+from service.db.interpreted import ran_interpreted
 from service.db.models import Result, Trial
 from workers.events import TrialFinished
 from workers.result import TrialResult
@@ -60,6 +61,8 @@ class SummaryRow:
     tokens_per_s_per_chip: float | None
     mfu: float | None
     peak_memory_bytes_per_chip: int | None
+    interpreted: bool = False
+    """Its kernels ran through their interpreters: tokens/s/chip and MFU are no speed."""
 
 
 def _settings_text(t) -> str:
@@ -82,10 +85,12 @@ def db_rows(session, sweep_id: int) -> list[SummaryRow]:
         select(Trial.framework, Trial.mode, Trial.chips, Trial.seq_len, Trial.kind, Trial.dtype,
                Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.layers,
                Trial.attn_cp, Trial.layout, Trial.kernels, Trial.documents, Trial.status,
-               Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip)
+               Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip,
+               Result.gdn_kernel, Result.attention_kernel)
         .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
     return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len, _settings_text(r), r.status,
-                       r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip)
+                       r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip,
+                       ran_interpreted(r.gdn_kernel, r.attention_kernel))
             for r in found]
 
 
@@ -98,7 +103,9 @@ def _result_rows(trials: list[TrialSpec], results: dict[str, TrialResult]) -> li
             trial.framework, trial.mode, trial.chips, trial.seq_len, _settings_text(trial),
             result.status if result is not None else "pending",
             metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
-            metrics and metrics.peak_memory_bytes_per_chip))
+            metrics and metrics.peak_memory_bytes_per_chip,
+            metrics is not None and ran_interpreted(metrics.gdn_kernel,
+                                                    metrics.attention_kernel)))
     return rows
 
 
@@ -113,8 +120,9 @@ def _bytes(value: int | None) -> str:
 
 def summary_table(rows: list[SummaryRow]) -> str:
     """One line per trial, sorted by framework, mode, chips, seq_len: status, tokens/s/chip,
-    MFU, peak memory per chip. A settings column only when the sweep varies a setting beyond
-    framework, mode, chips and seq_len (it then tells rows of one grid point apart)."""
+    MFU (`interpreted` for a run through the kernels' interpreters: no speed), peak memory
+    per chip. A settings column only when the sweep varies a setting beyond framework, mode,
+    chips and seq_len (it then tells rows of one grid point apart)."""
     rows = sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len, r.settings))
     with_settings = len({r.settings for r in rows}) > 1
     header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),
@@ -122,8 +130,9 @@ def summary_table(rows: list[SummaryRow]) -> str:
     table = [header] + [
         [r.framework, r.mode, str(r.chips), str(r.seq_len),
          *([r.settings] if with_settings else []), r.status,
-         "-" if r.tokens_per_s_per_chip is None else f"{r.tokens_per_s_per_chip:.4g}",
-         "-" if r.mfu is None else f"{r.mfu:.2%}", _bytes(r.peak_memory_bytes_per_chip)]
+         *(["interpreted"] * 2 if r.interpreted else [
+             "-" if r.tokens_per_s_per_chip is None else f"{r.tokens_per_s_per_chip:.4g}",
+             "-" if r.mfu is None else f"{r.mfu:.2%}"]), _bytes(r.peak_memory_bytes_per_chip)]
         for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     numeric = {"chips", "seq_len", "tok/s/chip", "MFU", "mem/chip"}

@@ -47,9 +47,10 @@ def fire_night(session_factory, night: int) -> int:
 
 
 def record_night(session_factory, sweep_id: int, step_time_s, *, memory_bytes: int = 1 << 30,
-                 jitter: float = 0.01) -> None:
+                 jitter: float = 0.01, gdn_kernel_of=lambda key: None) -> None:
     """Every trial of the sweep succeeded at `step_time_s(key)` (its repeats a `jitter`
-    apart, each with a measured-step spread), then the sweep is finished."""
+    apart, each with a measured-step spread), its GDN kernel stored as `gdn_kernel_of(key)`,
+    then the sweep is finished."""
     with session_factory() as session:
         trials = crud.sweep_trials(session=session, sweep_id=sweep_id)
     for trial in trials:
@@ -59,7 +60,7 @@ def record_night(session_factory, sweep_id: int, step_time_s, *, memory_bytes: i
             trial=trial, status="succeeded", attempts=1, metrics=TrialMetrics(
                 step_time_s=step, step_time_min_s=step * 0.99, step_time_max_s=step * 1.01,
                 measured_steps=3, tokens_per_s_per_chip=tokens,
-                peak_memory_bytes_per_chip=memory_bytes)))
+                peak_memory_bytes_per_chip=memory_bytes, gdn_kernel=gdn_kernel_of(trial.key))))
     with session_factory() as session:
         assert finish(session=session, sweep_id=sweep_id, status="finished")
 
@@ -74,14 +75,14 @@ def nightly_levels(seed: int, nights: int, *, level_s: float = 0.05, sigma: floa
 
 
 def run_nights(session_factory, levels: dict[str, list[float]], *, first: int = 0,
-               shifted: str = "seq_len=64") -> list[int]:
+               shifted: str = "seq_len=64", gdn_kernel_of=lambda key: None) -> list[int]:
     """Fire and record one night per level from night `first` on: trials whose key holds
     `shifted` take `levels['shifted']`, the others `levels['steady']`; the sweep ids."""
     sweep_ids = []
     for i in range(len(levels["shifted"])):
         sweep_id = fire_night(session_factory, first + i)
         record_night(session_factory, sweep_id, lambda key, i=i: levels[
-            "shifted" if shifted in key else "steady"][i])
+            "shifted" if shifted in key else "steady"][i], gdn_kernel_of=gdn_kernel_of)
         sweep_ids.append(sweep_id)
     return sweep_ids
 

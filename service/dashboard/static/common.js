@@ -102,6 +102,16 @@ GS.stepTime = function (t) {
   return at(t.step_time_s) + unit + spread + (t.measured_steps ? ` ×${t.measured_steps}` : "");
 };
 
+// A run through the kernels' own interpreters (GDN_SWEEP_INTERPRET_KERNELS=1 on a CPU; the
+// API's `interpreted`) is a correctness check, never a speed: tables show "interpreted" in
+// place of its speeds, and no speed plot draws it.
+GS.interpreted = (t) => Boolean(t && t.interpreted);
+GS.INTERPRETED_TITLE = "run through the kernels' interpreters: a correctness check, not a speed";
+// A speed figure's cell text: `text`, or "interpreted" for such a run.
+GS.speed = (t, text) => (GS.interpreted(t) ? "interpreted" : text);
+// The kernels value as a table shows it: "fused (interpreted)" for such a run.
+GS.kernelsLabel = (t) => (t.kernels || "reference") + (GS.interpreted(t) ? " (interpreted)" : "");
+
 // A table cell with the number of attempts; each attempt's status, hosts and reason as its title.
 GS.attempts = function (t) {
   const history = t.attempt_history || [];

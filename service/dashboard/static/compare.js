@@ -201,8 +201,10 @@ Compare.render = async function () {
     return;
   }
   const truncated = ids.filter((id) => Compare.results.get(id).truncated);
-  document.getElementById("compare-notes").textContent = truncated.length
-    ? `${truncated.map((id) => "#" + id).join(", ")}: only the first ${Cmp.num(Cmp.MAX_ROWS)} results are shown` : "";
+  const interpreted = ids.reduce((n, id) => n + Compare.results.get(id).interpreted, 0);
+  document.getElementById("compare-notes").textContent = [truncated.length
+    ? `${truncated.map((id) => "#" + id).join(", ")}: only the first ${Cmp.num(Cmp.MAX_ROWS)} results are shown` : "",
+    Cmp.interpretedNote(interpreted)].filter(Boolean).join("; ");
   Compare.drawParcoords(document.getElementById("parcoords-view"),
                         ids.flatMap((id) => Compare.results.get(id).rows), ids);
   Compare.drawSideBySide(document.getElementById("side-by-side"), ids);

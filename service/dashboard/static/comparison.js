@@ -10,9 +10,13 @@ Cmp.PLOT_CONFIG = { responsive: true, displaylogo: false };
 Cmp.PAGE_ROWS = 5000;
 Cmp.MAX_ROWS = 50000;  // per sweep: beyond this a browser tab gets slow; the page says so
 Cmp.NO_RESULTS = "no succeeded trial in these sweeps yet";
+// What a view says of the results it left out as interpreted ("" for none).
+Cmp.interpretedNote = (n) => (n ? `${Cmp.num(n)} interpreted result${n === 1 ? "" : "s"} not drawn ` +
+  "(run through the kernels' interpreters: a correctness check, not a speed)" : "");
 
-// Every succeeded result of one sweep with a measured throughput (plan trials have none),
-// paging through GET /api/results: { rows, count, truncated }.
+// Every succeeded result of one sweep with a measured throughput (plan trials have none) and
+// not run through the kernels' interpreters (GS.interpreted: no speed), paging through
+// GET /api/results: { rows, count, truncated, interpreted: how many were left out as such }.
 Cmp.sweepResults = async function (sweepId) {
   const rows = [];
   let count = 0;
@@ -23,8 +27,9 @@ Cmp.sweepResults = async function (sweepId) {
     count = page.count;
     if (!page.data.length) break;
   } while (rows.length < count && rows.length < Cmp.MAX_ROWS);
-  return { rows: rows.filter((t) => t.tokens_per_s_per_chip !== null && t.tokens_per_s_per_chip !== undefined),
-           count, truncated: rows.length < count };
+  const timed = rows.filter((t) => t.tokens_per_s_per_chip !== null && t.tokens_per_s_per_chip !== undefined);
+  return { rows: timed.filter((t) => !GS.interpreted(t)), count, truncated: rows.length < count,
+           interpreted: timed.filter(GS.interpreted).length };
 };
 
 // What has to agree for two trials to be the same work on one chip (any CP mode, attention CP

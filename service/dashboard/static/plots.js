@@ -15,7 +15,16 @@ Plots.SYMBOL = { jax: "circle", torch: "square" };
 Plots.CONFIG = { responsive: true, displaylogo: false };
 Plots.FONT = "12px 'Open Sans', verdana, arial, sans-serif";  // plotly's default legend font
 
-Plots.ok = (trials, metric) => trials.filter((t) => t.status === "succeeded" && t[metric] !== null);
+// Trials with a speed figure `metric` to draw: never a run through the kernels' interpreters
+// (GS.interpreted: a correctness check, whose step time is the interpreter's).
+Plots.ok = (trials, metric) => trials.filter((t) => t.status === "succeeded" && t[metric] !== null &&
+                                                    !GS.interpreted(t));
+// A speed plot's empty note when every succeeded trial ran interpreted (else `otherwise`).
+Plots.speedEmpty = function (trials, otherwise) {
+  const done = trials.filter((t) => t.status === "succeeded");
+  return done.length && done.every(GS.interpreted) ? "only runs through the kernels' interpreters " +
+    "succeeded: a correctness check, not a speed" : otherwise;
+};
 
 Plots.median = function (values) {
   const s = [...values].sort((a, b) => a - b), m = s.length >> 1;
@@ -119,7 +128,7 @@ Plots.throughput = function (sweep, trials) {
       ...Plots.axes(chipsList.indexOf(Number(chips))), line: Plots.lineOf(t) }));
     seen.add(name);
   }
-  return { traces, layout, panels: chipsList.length };
+  return { traces, layout, panels: chipsList.length, empty: Plots.speedEmpty(trials) };
 };
 
 // tokens/s/chip vs chips, one panel per seq_len: every CP mode's line starts at the one-chip
@@ -142,7 +151,7 @@ Plots.scaling = function (sweep, trials) {
   }
   const empty = chipsList.some((c) => c > 1) ? Plots.emptyText(sweep, "trial on more than one chip")
     : "this sweep runs on one chip only: nothing to scale";
-  return { traces, layout, panels: seqs.length, empty };
+  return { traces, layout, panels: seqs.length, empty: Plots.speedEmpty(trials, empty) };
 };
 
 // What a memory figure is. Measured peaks (device allocator, process RSS) and XLA's estimate
@@ -264,7 +273,7 @@ Plots.mfu = function (sweep, trials) {
   const layout = { title: { text: "MFU by mode × chips", subtitle: { text: "best over seq_len" } },
                    barmode: "group", height: 380, yaxis: { title: { text: "MFU" }, tickformat: ".3~%",
                    rangemode: "tozero" }, xaxis: { type: "category" } };
-  return { traces, layout };
+  return { traces, layout, empty: Plots.speedEmpty(trials) };
 };
 
 // Room for every legend entry below the panels (a legend beside them clips long names, one

@@ -63,6 +63,7 @@ function params() {
 
 function resultRow(t) {
   const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
+  const speed = (text, title) => num(GS.speed(t, text), GS.interpreted(t) ? GS.INTERPRETED_TITLE : title);
   return GS.el("tr", { "data-trial-id": t.id },
     num(t.id), GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
     GS.el("td", {}, t.kind || ""), GS.el("td", {}, t.preset), GS.el("td", {}, t.framework),
@@ -70,14 +71,14 @@ function resultRow(t) {
     num(t.batch_size), num(t.global_batch_size || t.batch_size),
     GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
     GS.el("td", {}, t.remat), GS.el("td", {}, t.layers), GS.el("td", {}, t.attn_cp || ""),
-    GS.el("td", {}, t.layout), GS.el("td", {}, t.kernels || "reference"),
+    GS.el("td", {}, t.layout), GS.el("td", {}, GS.kernelsLabel(t)),
     GS.el("td", {}, t.documents || "single"),
     GS.el("td", {}, t.gdn_kernel || ""), GS.el("td", {}, t.attention_kernel || ""),
     num(t.repeat), GS.el("td", {}, t.accelerator),
     GS.el("td", {}, t.device_name || ""), GS.attempts(t),
-    num(GS.num(t.tokens_per_s_per_chip)),
-    num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
-    num(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), num(GS.pct(t.mfu)), num(GS.pct(t.hfu)),
+    speed(GS.num(t.tokens_per_s_per_chip)),
+    speed(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
+    speed(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), speed(GS.pct(t.mfu)), speed(GS.pct(t.hfu)),
     num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
     num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
     num(GS.bytes(t.predicted_memory_bytes_per_chip)),

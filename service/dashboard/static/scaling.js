@@ -189,11 +189,12 @@ Scaling.render = function (root, results) {
   const body = root.querySelector("#scaling-body"), select = root.querySelector("#scaling-slice");
   const controls = root.querySelector(".cmp-controls");
   const points = Cmp.points(results.rows);
-  root.querySelector("#scaling-truncated").textContent = results.truncated
-    ? `first ${Cmp.num(Cmp.MAX_ROWS)} of ${Cmp.num(results.count)} results shown` : "";
+  root.querySelector("#scaling-truncated").textContent = [results.truncated
+    ? `first ${Cmp.num(Cmp.MAX_ROWS)} of ${Cmp.num(results.count)} results shown` : "",
+    Cmp.interpretedNote(results.interpreted)].filter(Boolean).join("; ");
   if (!points.length) {
     controls.hidden = true;
-    Cmp.showEmpty(body, Scaling.EMPTY);
+    Cmp.showEmpty(body, Cmp.interpretedNote(results.interpreted) || Scaling.EMPTY);
     root.dataset.state = "empty";
     return;
   }

@@ -18,11 +18,12 @@ function meshTitle(t) {
 
 function trialRow(t, repeated) {
   const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
+  const speed = (text, title) => num(GS.speed(t, text), GS.interpreted(t) ? GS.INTERPRETED_TITLE : title);
   const loss = t.loss_first === null ? "" : `${GS.num(t.loss_first, 4)} → ${GS.num(t.loss_last, 4)}`;
   const settings = `${t.dtype} · ${t.param_sharding} · remat ${t.remat}` +
                    (t.layers === "hybrid" ? ` · hybrid${t.attn_cp ? ", attn " + t.attn_cp : ""}` : "") +
                    (t.layout === "zigzag" ? " · zigzag" : "") +
-                   (t.kernels === "fused" ? " · fused" : "") +
+                   (t.kernels === "fused" ? " · " + GS.kernelsLabel(t) : "") +
                    ((t.documents || "single") !== "single" ? ` · documents ${t.documents}` : "") +
                    (repeated ? ` · repeat ${t.repeat}` : "");
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
@@ -32,9 +33,9 @@ function trialRow(t, repeated) {
                     ? "one chip per replica, no context parallelism: pure data parallel"
                     : "one chip, no context parallelism: the baseline" }, t.mode),
     num(meshLabel(t), meshTitle(t)), num(GS.num(t.seq_len, 21)), GS.el("td", {}, settings),
-    GS.el("td", {}, GS.badge(t.status)), GS.attempts(t), num(GS.num(t.tokens_per_s_per_chip)),
-    num(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
-    num(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), num(GS.pct(t.mfu)),
+    GS.el("td", {}, GS.badge(t.status)), GS.attempts(t), speed(GS.num(t.tokens_per_s_per_chip)),
+    speed(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
+    speed(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), speed(GS.pct(t.mfu)),
     num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
     num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
     num(GS.bytes(t.predicted_memory_bytes_per_chip)),
