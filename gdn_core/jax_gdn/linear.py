@@ -57,18 +57,18 @@ def linear(x_BTI, weight_OI, out_dtype=None):
     bf16 inputs give bf16 dots, float32 ones run at HIGHEST precision.
     """
     out_dtype = x_BTI.dtype if out_dtype is None else jnp.dtype(out_dtype)
-    return _linear(x_BTI, _vary_like(weight_OI.astype(x_BTI.dtype), x_BTI), out_dtype)
+    return _linear(x_BTI, vary_like(weight_OI.astype(x_BTI.dtype), x_BTI), out_dtype)
 
 
-def _vary_like(weight, x):
+def vary_like(weight, x):
     """weight, cast to vary over x's mesh axes under a shard_map with check_vma (a no-op
     elsewhere), so the custom backward's weight gradient has the weight's type and JAX's
     transpose of the cast sums it over those axes."""
-    missing = _varying_axes(x) - _varying_axes(weight)
+    missing = varying_axes(x) - varying_axes(weight)
     return lax.pcast(weight, tuple(sorted(missing)), to="varying") if missing else weight
 
 
-def _varying_axes(x) -> frozenset:
+def varying_axes(x) -> frozenset:
     aval = jax.typeof(x)
     if hasattr(aval, "vma"):  # JAX releases that name it so
         return frozenset(aval.vma)

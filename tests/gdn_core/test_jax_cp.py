@@ -268,3 +268,20 @@ def test_ulysses_value_heads_not_divisible():
                                          r"be one of 1, 2, 3, 6"):
         chunk_gated_delta_rule_cp(q[:, :, :3], k[:, :, :3], v[:, :, :6], g[..., :6],
                                   beta[..., :6], mesh=mesh, axis=axis, mode="ulysses")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_one_chip_is_the_one_chip_rule_bit_for_bit(layout):
+    """On a one-chip mesh every mode runs the plain rule (no fold, no exchange): o and the
+    final state equal chunk_gated_delta_rule's bit for bit (the fold's round-off would show)."""
+    x = make_inputs(RuleCase(1, 128, 1, 2, 32, 32, "weak", 16), seed=0)
+    args = [jnp.asarray(x[n]) for n in ("q", "k", "v", "g", "beta")]
+    common = dict(initial_state=jnp.asarray(x["initial_state"]), output_final_state=True,
+                  use_qk_l2norm=True, chunk_size=16)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("cp",))
+    o_1, final_1 = jax.jit(lambda *a: jax_gdn.chunk_gated_delta_rule(*a, **common))(*args)
+    for mode in ("ulysses", "p2p", "all_gather", "log_scan"):
+        o, final = jax.jit(lambda *a: chunk_gated_delta_rule_cp(
+            *a, mesh=mesh, axis="cp", mode=mode, layout=layout, **common))(*args)
+        assert bool((o == o_1).all()) and bool((final == final_1).all()), mode

@@ -119,13 +119,13 @@ CFG = GDNConfig(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head
                 conv_kernel_size=4, chunk_size=CHUNK)
 
 
-def make_layer() -> GatedDeltaNet:
+def make_layer(cfg: GDNConfig = CFG) -> GatedDeltaNet:
     """Seeded weights, slow decay (A ≤ 0.1) so that state would cross documents if it could."""
-    layer = GatedDeltaNet(CFG)
+    layer = GatedDeltaNet(cfg)
     gen = torch.Generator().manual_seed(0)
     layer.reset_parameters(gen)
     with torch.no_grad():
-        layer.A_log.copy_(torch.empty(CFG.num_v_heads).uniform_(0.005, 0.1, generator=gen).log())
+        layer.A_log.copy_(torch.empty(cfg.num_v_heads).uniform_(0.005, 0.1, generator=gen).log())
     return layer
 
 

@@ -36,6 +36,7 @@ from gdn_core.torch_gdn.fla_interpreter import SHIMS_WRITTEN_FOR
 from gdn_core.torch_gdn.gdn_kernels import FlaCPContextKernel, FlaGDNKernel
 
 from .rule_inputs import RuleCase, make_inputs
+from .test_torch_cp_packed_documents import make_layer as seeded_slow_decay_layer
 from .torch_dist import run_in_process_group
 
 MODES = ("ulysses", "p2p", "all_gather", "log_scan")
@@ -238,12 +239,7 @@ CFG = GDNConfig(hidden_size=64, num_k_heads=HK, num_v_heads=HV, head_k_dim=DK, h
 
 def make_layer() -> GatedDeltaNet:
     """Seeded weights, slow decay, so that state would cross documents if it could."""
-    layer = GatedDeltaNet(CFG)
-    gen = torch.Generator().manual_seed(0)
-    layer.reset_parameters(gen)
-    with torch.no_grad():
-        layer.A_log.copy_(torch.empty(HV).uniform_(0.005, 0.1, generator=gen).log())
-    return layer
+    return seeded_slow_decay_layer(CFG)
 
 
 def layer_data(T: int) -> tuple[np.ndarray, np.ndarray]:
@@ -448,10 +444,11 @@ def test_one_chip_is_one_kernel_call_and_the_plain_layer():
 
 # --- the hybrid decoder's training step, and what the resolver says ---------------------------
 
-def hybrid_step_job(rank: int, world: int) -> dict:
-    """run_cp_training of the tiny hybrid decoder (GDN p2p, attention ring, packed documents)
-    under kernels="fused" with the switch on, verified against one chip (the reference model
-    on the whole batch)."""
+def hybrid_step_job(rank: int, world: int, mode: str = "p2p",
+                    layout: str = "contiguous") -> dict:
+    """run_cp_training of the tiny hybrid decoder (GDN `mode`, attention ring, packed
+    documents, `layout`) under kernels="fused" with the switch on, verified against one chip
+    (the reference model on the whole batch)."""
     import dataclasses as dc
 
     from gdn_core.cp_modes import CPSettings
@@ -463,17 +460,22 @@ def hybrid_step_job(rank: int, world: int) -> dict:
     model = get_preset("tiny", layers="hybrid", num_layers=2)
     train = dc.replace(TrainConfig(seq_len=128), documents="uniform:16-48")
     report = run_cp_training(model, train, group=None,
-                             cp=CPSettings(mode="p2p", chips=2, attn_cp="ring", kernels="fused"),
+                             cp=CPSettings(mode=mode, chips=2, attn_cp="ring", layout=layout,
+                                           kernels="fused"),
                              steps=1, warmup_steps=1, verify=True)
     return dict(err=report.max_rel_err, verified=report.verified_seq_len, losses=report.losses)
 
 
 @pytest.mark.timeout(300)
-def test_interpreted_fused_hybrid_step_matches_one_chip():
+@pytest.mark.parametrize(("mode", "layout"), [
+    pytest.param(m, lay, marks=() if (m, lay) == ("p2p", "contiguous") else pytest.mark.slow)
+    for m in MODES for lay in LAYOUTS])
+def test_interpreted_fused_hybrid_step_matches_one_chip(mode, layout):
     """The whole step (fla interpreted in the GDN layers, SDPA in the attention layers, packed
     documents): the CP loss and every parameter gradient equal the one-chip reference model's
     on the full sequence; the losses are finite."""
-    ranks = run_in_process_group(hybrid_step_job, world_size=2, timeout_s=240)
+    ranks = run_in_process_group(hybrid_step_job, world_size=2, args=(mode, layout),
+                                 timeout_s=240)
     for r in ranks:
         assert r["verified"] == 128
         assert r["err"] < TOL, r["err"]

@@ -68,12 +68,14 @@ INTERPRETED = " (interpreted)"
 def test_fused_hybrid_trial_with_interpreted_kernels_succeeds_and_says_so(
         local_ray, monkeypatch, framework, seq_len, gdn_interpreted, attention_interpreted):
     """GDN_SWEEP_INTERPRET_KERNELS=1 in the driver reaches the trial's processes: a fused
-    hybrid trial (p2p GDN, ring attention, 2 chips) succeeds on a CPU, verified against one
-    chip, and stores which of its kernels ran interpreted."""
+    hybrid trial (p2p GDN, ring attention, 2 chips) succeeds on a CPU and stores which of its
+    kernels ran interpreted. (Its numbers against one chip: the interpreted step tests,
+    test_torch_fused_interpreted.py and test_jax_splash_interpreted.py; here only what crosses
+    Ray, to keep the trial inside the default tier's budget.)"""
     monkeypatch.setenv("GDN_SWEEP_INTERPRET_KERNELS", "1")
     spec = tiny_spec(frameworks=[framework], kernels=["fused"], layers=["hybrid"],
                      modes=["p2p"], attn_cps=["ring"], chips=[2], seq_lens=[seq_len],
-                     model={"preset": "tiny", "num_layers": 2}, steps=1, verify=True,
+                     model={"preset": "tiny", "num_layers": 2}, steps=1,
                      trial_timeout_s=240.0)
     (result,) = run_sweep(spec, MemorySink())
     assert result.status == "succeeded", result.error
@@ -81,5 +83,4 @@ def test_fused_hybrid_trial_with_interpreted_kernels_succeeds_and_says_so(
     m = result.metrics
     assert m.gdn_kernel.endswith(INTERPRETED) == gdn_interpreted, m.gdn_kernel
     assert m.attention_kernel.endswith(INTERPRETED) == attention_interpreted, m.attention_kernel
-    assert m.max_rel_err is not None and m.max_rel_err < 1e-4, m.max_rel_err
     assert_no_leaks()

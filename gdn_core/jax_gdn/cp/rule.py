@@ -11,13 +11,15 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from ...cp_layout import Layout, check_layout
 from ...cp_modes import CP_MODES, check_cp_shape, check_mode
 from ...shapes import check_rule_args
-from ..chunk import initial_state_or_zeros
+from ..chunk import chunk_gated_delta_rule, initial_state_or_zeros
 from ..documents import check_cu_seqlens
+from ..linear import vary_like, varying_axes
 from .all_gather import all_gather_rule
 from .common import AxisName, chip_count, mesh_chip_count, place_on_mesh
 from .log_scan import log_scan_rule
@@ -89,14 +91,35 @@ def cp_rule_shard_unchecked(q, k, v, g, beta, *, axis: AxisName, mode: str, init
                             output_final_state=False, use_qk_l2norm=False, chunk_size=64,
                             layout: Layout = "contiguous", cu_seqlens=None):
     """chunk_gated_delta_rule_cp_shard without its checks: for a caller that has validated
-    mode, layout and shapes (the CP layer of a step whose settings were checked once)."""
+    mode, layout and shapes (the CP layer of a step whose settings were checked once). On one
+    chip (either layout holds the sequence in order) it is the one-chip rule: no fold, no
+    exchange."""
     (B, _, _, Dk), (_, _, Hv, Dv) = q.shape, v.shape
+    if chip_count(axis) == 1:
+        return _one_chip(q, k, v, g, beta, initial_state_or_zeros(initial_state, B, Hv, Dk, Dv),
+                         axis=axis, output_final_state=output_final_state,
+                         use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                         cu_seqlens=cu_seqlens)
     h0_BHKV = initial_state_or_zeros(initial_state, B, Hv, Dk, Dv)
     documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
     return CP_RULES[mode](q, k, v, g, beta, h0_BHKV, axis=axis,
                           output_final_state=output_final_state,
                           use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size, layout=layout,
                           **documents)
+
+
+def _one_chip(q, k, v, g, beta, h0_BHKV, *, axis, output_final_state, use_qk_l2norm,
+              chunk_size, cu_seqlens):
+    """The one-chip rule inside a shard_map over a one-chip `axis`. Under shard_map's
+    replication check the state is cast to vary like the inputs (the scan carries it), and the
+    final state is summed over the axis (one chip: the value itself) to come back replicated."""
+    o, final = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=vary_like(h0_BHKV, q),
+                                      output_final_state=output_final_state,
+                                      use_qk_l2norm=use_qk_l2norm, chunk_size=chunk_size,
+                                      cu_seqlens=cu_seqlens)
+    if final is not None and varying_axes(final):
+        final = lax.psum(final, axis)
+    return o, final
 
 
 def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: str,
