@@ -8,7 +8,8 @@ that affinity, and runs a trial's training step under the rank memory cap, turni
 out-of-memory error into RankOutOfMemoryError with the peak it reached. The framework's half
 says how: its device name, its GEMM, its training step and its peak memory. Before a trial
 runs, each process resolves the trial's `kernels` where the device and packages are known
-(packed documents included: a fused kernel that takes no document boundaries is refused).
+(packed documents included: a fused kernel that takes no document boundaries is refused), and
+a GPU process checks the predicted memory against what its device reports usable.
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ class ChipProcess:
         except KernelUnavailable as err:
             return {"unavailable": str(err)}
         return {"gdn": resolved.gdn, "attention": resolved.attention}
+
+    def device_memory_problem(self, trial: TrialSpec) -> str | None:
+        """Why the trial's step is predicted not to fit this process's GPU as the device
+        reports it (memory_admission.device_memory_problem), or None (it fits, the sweep
+        admits over memory, or the device is not a GPU)."""
+        if self.kind != "gpu" or trial.admit_over_memory or trial.kind != "measure":
+            return None
+        from .memory_admission import device_memory_problem
+
+        return device_memory_problem(trial.to_model_config(), trial.to_train_config(),
+                                     trial.cp_settings(), framework=trial.framework,
+                                     accelerator_type=trial.accelerator_type)
 
     def run(self, trial: TrialSpec, memory_limit_bytes: int | None):
         """This process's CPTrainReport of the trial's training step."""

@@ -151,6 +151,9 @@ class TrialSpec(BaseModel):
     verify: bool
     timeout_s: float
     skip_reason: str | None = None
+    admit_over_memory: bool = False
+    """Run it even where its predicted memory exceeds the chip's (SweepSpec.admit_over_memory):
+    the worker's re-check against its device's reported memory is skipped too."""
     profile: bool = False
     """Run one extra step under the framework's profiler after the measured ones and keep its
     trace (SweepSpec.profile; workers.profiling); not part of the key: the point is the same."""
@@ -269,6 +272,7 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 timeout_s=spec.trial_timeout_s, repeat=repeat,
                 repeats=spec.repeats if kind == "measure" else 1,
                 baseline_key=baseline_key, skip_reason=skip_reasons[point],
+                admit_over_memory=spec.admit_over_memory,
                 profile=spec.profile and kind == "measure"))
     return trials
 

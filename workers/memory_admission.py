@@ -3,7 +3,8 @@ every way a sweep comes in (the API, `gdn-sweep run`, the JSONL path) is checked
 
 A measured point whose predicted memory per chip (gdn_core.memory) exceeds the chip's
 (chip_memory_bytes) is kept as skipped with the prediction, unless the sweep sets
-`admit_over_memory`. (Not service.runs.admission: what every way in refuses beyond the
+`admit_over_memory`; on a GPU the trial's own process asks again, of the memory its device
+reports (device_memory_problem), before the step is built. (Not service.runs.admission: what every way in refuses beyond the
 SweepSpec's own checks, the grid cap.)
 """
 
@@ -75,6 +76,26 @@ def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSetting
     available, what = chip_memory_bytes(accelerator, cp.chips, framework)
     if available is None:
         return None
+    return _over(model_cfg, train_cfg, cp, framework=framework, available=available,
+                 what=what)
+
+
+def device_memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings, *,
+                          framework: str, accelerator_type: str) -> str | None:
+    """The same question on a trial's own GPU process, against what its device reports usable
+    (gdn_core.device_memory.gpu_usable_bytes_here: a card's real total, JAX's real limit),
+    which the sweep's expansion, on a host without the GPU, could only take from the
+    datasheet. None: it fits, or the device says nothing (CPU, TPU, not yet in use)."""
+    usable = gpu_usable_bytes_here(framework, accelerator_type)
+    if usable is None:
+        return None
+    available, source = usable
+    return _over(model_cfg, train_cfg, cp, framework=framework, available=available,
+                 what=f"the {_gib(available)} this {accelerator_type} reports usable "
+                      f"({source})")
+
+
+def _over(model_cfg, train_cfg, cp, *, framework: str, available: int, what: str) -> str | None:
     # What the trial allocates: a MoE preset's dense stand-in (the planner counts the experts).
     predicted = predict_step_memory(model_cfg.stand_in, train_cfg, mode=cp.mode,
                                     chips=cp.cp_chips, dp=cp.dp, framework=framework,
@@ -87,4 +108,4 @@ def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSetting
             "admit_over_memory: true to run it anyway")
 
 
-__all__ = ["chip_memory_bytes", "host_memory_bytes", "memory_problem"]
+__all__ = ["chip_memory_bytes", "device_memory_problem", "host_memory_bytes", "memory_problem"]

@@ -116,9 +116,11 @@ class TrialRunner:
             device_name = ", ".join(group.device_names) or None
             group.check_devices(trial.accelerator_type)  # the chip MFU's peak is for
             kernels = group.resolve_kernels(trial)
-            if "unavailable" in kernels:  # a fused kernel cannot serve it here: never a fallback
-                result = _Attempt(status="skipped", error=kernels["unavailable"],
-                                  hosts=_hosts(group),
+            # A fused kernel that cannot serve it here (never a fallback), or a GPU whose
+            # reported memory the prediction exceeds: skipped before anything is built.
+            refusal = kernels.get("unavailable") or group.device_memory_problem(trial)
+            if refusal is not None:
+                result = _Attempt(status="skipped", error=refusal, hosts=_hosts(group),
                                   metrics=TrialMetrics(device_name=device_name))
             else:
                 peak = self._peak(trial, group)

@@ -99,6 +99,13 @@ class WorkerGroup:
             return {"unavailable": "; ".join(reasons)}
         return answers[0]
 
+    def device_memory_problem(self, trial: TrialSpec) -> str | None:
+        """Why the trial does not fit these processes' GPUs as they report their memory
+        (ChipProcess.device_memory_problem), or None."""
+        answers = ray.get([a.device_memory_problem.remote(trial) for a in self.actors],
+                          timeout=self.ctx.options.worker_start_timeout_s)
+        return next((a for a in answers if a is not None), None)
+
     def oom_counters(self) -> list[tuple[str | None, int | None]]:
         """Each process's memory-cgroup OOM-kill counter (file, count), read before a run."""
         return ray.get([a.oom_counter.remote() for a in self.actors],

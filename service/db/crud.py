@@ -93,7 +93,8 @@ def sweep_trials(*, session: Session, sweep_id: int) -> list[TrialSpec]:
     rows = session.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id))
     # a plan runs once whatever the repeats (expand_trials)
     return [trial_spec(row, repeats=spec.repeats if row.kind == "measure" else 1,
-                       profile=spec.profile) for row in rows]
+                       profile=spec.profile, admit_over_memory=spec.admit_over_memory)
+            for row in rows]
 
 
 def list_sweeps(*, session: Session, offset: int, limit: int,

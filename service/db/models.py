@@ -400,7 +400,7 @@ FACT_COLUMNS: tuple[str, ...] = (
     "kernels", "documents", "accelerator_kind", "accelerator_type", "repeat")
 """Trial columns copied into its result row."""
 
-TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile"})
+TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile", "admit_over_memory"})
 """workers.grid.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
 PROFILE_COLUMNS: tuple[str, ...] = ("profile_path", "profile_bytes", "profile_format",
                                     "profile_summary", "profile_error")
@@ -414,11 +414,14 @@ def trial_row(*, sweep_id: int, spec: TrialSpec, status: str,
                  **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
 
 
-def trial_spec(row: Trial, *, repeats: int, profile: bool = False) -> TrialSpec:
+def trial_spec(row: Trial, *, repeats: int, profile: bool = False,
+               admit_over_memory: bool = False) -> TrialSpec:
     """The TrialSpec `row` was written from (trial_row's inverse), given its sweep's `repeats`
-    (1 for plans) and `profile` (measured trials only), the fields no trial column holds.
-    ValueError if the fields no longer make the row's key: results find their row by key."""
+    (1 for plans), `profile` (measured trials only) and `admit_over_memory`, the fields no
+    trial column holds. ValueError if the fields no longer make the row's key: results find
+    their row by key."""
     spec = TrialSpec(repeats=repeats, profile=profile and row.kind == "measure",
+                     admit_over_memory=admit_over_memory,
                      **{name: getattr(row, name)
                                          for name in TrialSpec.model_fields
                                          if name not in TRIAL_SPEC_ONLY})

@@ -297,3 +297,34 @@ def test_fused_kernels_need_a_warmup_step(kinds, kernels, warmup, refused):
     assert error["loc"] == ("warmup_steps",)
     assert "warmup_steps=0 with kernels including 'fused'" in error["msg"]
     assert "autotune" in error["msg"] and "warmup_steps >= 1" in error["msg"]
+
+
+def test_a_gpu_process_rechecks_against_its_device_and_honours_admit_over_memory(monkeypatch):
+    """The sweep's expansion had only the datasheet (no GPU on the driver); the trial's own
+    process asks its device: a point admitted on the datasheet's "80 GB" but over what the
+    card reports is skipped there with both figures named, unless the sweep admits it; CPU
+    processes and plans are not asked."""
+    from workers.chip_process import ChipProcess
+
+    trial = next(t for t in expand_trials(SweepSpec(
+        name="device-recheck", frameworks=["torch"], chips=[1], seq_lens=[8192],
+        model={"preset": "tiny", "num_layers": 4}, dtypes=["bfloat16"],
+        accelerator={"kind": "gpu", "type": "h100"})) if t.skip_reason is None)
+    predicted = predict_step_memory(get_preset("tiny", num_layers=4),
+                                    TrainConfig(seq_len=8192, dtype="bfloat16"), mode="p2p",
+                                    chips=1, framework="torch").total
+    reported = {"bytes": predicted - 1}
+    monkeypatch.setattr(memory_admission, "gpu_usable_bytes_here",
+                        lambda framework, accelerator_type: (reported["bytes"], "a stand-in"))
+    process = object.__new__(ChipProcess)  # the actors' shared half, without Ray
+    process.kind = "gpu"
+    problem = process.device_memory_problem(trial)
+    assert problem is not None and "reports usable (a stand-in)" in problem
+    assert f"({predicted} bytes" in problem and "admit_over_memory: true" in problem
+    assert process.device_memory_problem(trial.model_copy(update={"admit_over_memory": True})) \
+        is None
+    reported["bytes"] = predicted  # fits exactly
+    assert process.device_memory_problem(trial) is None
+    reported["bytes"] = 1
+    process.kind = "cpu"
+    assert process.device_memory_problem(trial) is None
