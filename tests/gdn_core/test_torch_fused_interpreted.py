@@ -444,6 +444,10 @@ def test_one_chip_is_one_kernel_call_and_the_plain_layer():
 
 # --- the hybrid decoder's training step, and what the resolver says ---------------------------
 
+HYBRID_SEQ_LEN = 64
+"""Tokens of the hybrid step's sequence: 32 a rank, two 16-token chunks (several documents)."""
+
+
 def hybrid_step_job(rank: int, world: int, mode: str = "p2p",
                     layout: str = "contiguous") -> dict:
     """run_cp_training of the tiny hybrid decoder (GDN `mode`, attention ring, packed
@@ -458,7 +462,7 @@ def hybrid_step_job(rank: int, world: int, mode: str = "p2p",
 
     os.environ[INTERPRET_ENV] = "1"
     model = get_preset("tiny", layers="hybrid", num_layers=2)
-    train = dc.replace(TrainConfig(seq_len=128), documents="uniform:16-48")
+    train = dc.replace(TrainConfig(seq_len=HYBRID_SEQ_LEN), documents="uniform:8-24")
     report = run_cp_training(model, train, group=None,
                              cp=CPSettings(mode=mode, chips=2, attn_cp="ring", layout=layout,
                                            kernels="fused"),
@@ -477,7 +481,7 @@ def test_interpreted_fused_hybrid_step_matches_one_chip(mode, layout):
     ranks = run_in_process_group(hybrid_step_job, world_size=2, args=(mode, layout),
                                  timeout_s=240)
     for r in ranks:
-        assert r["verified"] == 128
+        assert r["verified"] == HYBRID_SEQ_LEN
         assert r["err"] < TOL, r["err"]
         assert all(np.isfinite(r["losses"]))
 
