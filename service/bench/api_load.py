@@ -215,10 +215,14 @@ def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int
 
 
 def _psutil():
-    import psutil
-    import ray  # noqa: F401 - ray[default] ships psutil and puts it on sys.path
+    """psutil, which ray[default] ships (ray/thirdparty_files) and puts on sys.path when ray is
+    imported: ray must come first. Two import statements were once sorted into the wrong order
+    (ModuleNotFoundError before anything was measured, issue 36), hence import_module."""
+    import importlib
 
-    return psutil
+    import ray  # noqa: F401
+
+    return importlib.import_module("psutil")
 
 
 def _cpu_s(processes) -> float:

@@ -17,8 +17,9 @@ from sqlalchemy.engine import make_url
 
 from gdn_core.presets import PRESETS
 from service.db.engine import make_engine, upgrade_database
-from service.db.models import FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, utcnow
-from workers.grid import trial_key
+from service.db.models import (FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, trial_values,
+                               utcnow)
+from workers.grid import TrialSpec, trial_key
 
 FRAMEWORKS, MODES = ("jax", "torch"), ("ulysses", "p2p", "all_gather", "log_scan")
 CHIPS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -59,16 +60,16 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
                 status = _status(rng, chips, seq_len)
                 point = dict(framework=framework, mode=mode, seq_len=seq_len, dtype=dtype,
                              param_sharding="replicated", remat="none")
-                trials.append(dict(
-                    id=trial_id, sweep_id=sweep_id, key=trial_key(chips=chips, **point),
+                spec = TrialSpec(
+                    chips=chips, **point, batch_size=1, preset=preset, num_layers=8,
+                    vocab_size=1024, steps=3, warmup_steps=1, accelerator_kind=kind,
+                    accelerator_type=chip, verify=False, timeout_s=600.0,
                     # chips=1 once per mode (one_chip_baseline false): each mode's own baseline
-                    baseline_key=trial_key(chips=1, **point) if chips > 1 else None, repeat=0,
-                    framework=framework, mode=mode, chips=chips, seq_len=seq_len, batch_size=1,
-                    preset=preset, num_layers=8, vocab_size=1024, dtype=dtype,
-                    param_sharding="replicated", remat="none", steps=3, warmup_steps=1,
-                    accelerator_kind=kind,
-                    accelerator_type=chip, verify=False, timeout_s=600.0, skip_reason=None,
-                    status=status, created_at=now, started_at=now))
+                    baseline_key=trial_key(chips=1, **point) if chips > 1 else None)
+                # The row the service writes for such a trial (trial_values), every column the
+                # schema has: one it gains takes its TrialSpec default here too (issue 36).
+                trials.append(dict(trial_values(sweep_id=sweep_id, spec=spec, status=status,
+                                                created_at=now), id=trial_id, started_at=now))
                 ok = status == "succeeded"
                 step = seq_len / chips * 1e-5 * rng.uniform(0.8, 1.25)
                 results.append(dict(

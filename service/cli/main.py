@@ -1,11 +1,11 @@
 """The `gdn-sweep` command line.
 
     gdn-sweep train --preset tiny --framework torch   train on one chip, print the metrics
-    gdn-sweep bench kernel|cp|memory [options]        benchmarks (python -m gdn_core.bench)
+    gdn-sweep bench kernel|cp|cp-gdn|memory|step      benchmarks (python -m gdn_core.bench)
     gdn-sweep bench scheduling [options]              Ray's per-trial overhead (workers)
     gdn-sweep bench sweep [SWEEP.yaml] [options]      a sweep's wall time: compile, steps, rest
     gdn-sweep bench api [options]                     REST latency over 100,000 result rows
-    gdn-sweep run sweep.yaml [--db URL|--jsonl F]     run a sweep on Ray (local or a cluster)
+    gdn-sweep run sweep.yaml [--db URL | --jsonl F]   run a sweep on Ray (local or a cluster)
     gdn-sweep import FILE... [--db URL]               JSON-lines results into the database
     gdn-sweep serve [--workers N]                     API + dashboard + scheduler
     gdn-sweep scheduler                               the scheduler alone (no HTTP)

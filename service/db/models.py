@@ -407,11 +407,19 @@ PROFILE_COLUMNS: tuple[str, ...] = ("profile_path", "profile_bytes", "profile_fo
 """Result columns of a profiled trial (workers.result.TrialProfile's fields, prefixed)."""
 
 
+def trial_values(*, sweep_id: int, spec: TrialSpec, status: str,
+                 created_at: dt.datetime) -> dict[str, Any]:
+    """The column values of the trial row of a workers.grid.TrialSpec (its key, grid
+    coordinates and settings): trial_row's, and a bulk insert's (service/bench)."""
+    return dict(sweep_id=sweep_id, key=spec.key, status=status, created_at=created_at,
+                **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
+
+
 def trial_row(*, sweep_id: int, spec: TrialSpec, status: str,
               created_at: dt.datetime) -> Trial:
     """A trial row for a workers.grid.TrialSpec (its key, grid coordinates and settings)."""
-    return Trial(sweep_id=sweep_id, key=spec.key, status=status, created_at=created_at,
-                 **spec.model_dump(exclude=TRIAL_SPEC_ONLY))
+    return Trial(**trial_values(sweep_id=sweep_id, spec=spec, status=status,
+                                created_at=created_at))
 
 
 def trial_spec(row: Trial, *, repeats: int, profile: bool = False,
