@@ -16,6 +16,7 @@ and for fla's own context parallelism (its cp_context, fla.ops.cp), two more:
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import sys
 
@@ -41,9 +42,12 @@ def _equal_timings(self, *args, config=None, **kwargs):
     return [1.0, 1.0, 1.0]
 
 
+@functools.cache
 def _modules() -> dict:
     """Triton's and fla's modules this file touches, imported in interpreter mode (the
-    environment is set first; it only takes effect for what is not imported yet)."""
+    environment is set first; it only takes effect for what is not imported yet). Once per
+    process: every loop index of an interpreted kernel asks for `tl` (a failed import is not
+    cached)."""
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton.language as tl
@@ -117,8 +121,10 @@ def _decorated_for_interpreter(kernel, interpreted_type) -> bool:
     return isinstance(kernel, interpreted_type)
 
 
+@functools.cache
 def load_fla_gated_delta_rule():
-    """fla-core's chunk_gated_delta_rule, runnable on a CPU under Triton's interpreter.
+    """fla-core's chunk_gated_delta_rule, runnable on a CPU under Triton's interpreter; the
+    checks and shims run once per process (every kernel call asks).
 
     Raises KernelUnavailable when triton or fla-core is missing, or either was imported in
     this process before the interpreter was on (their functions are compiled-mode then)."""
