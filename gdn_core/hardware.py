@@ -1,13 +1,13 @@
 """Per-chip hardware figures: datasheet peak FLOP/s by (chip, compute dtype), HBM capacity, the
 chip a runtime's device name denotes, and measured GEMM peaks (torch and JAX).
 
-The peak table is the denominator of MFU (ARCHITECTURE.md, Metrics): the peak of the chip in
+The peak table is the denominator of MFU (docs/architecture.md, Metrics): the peak of the chip in
 the dtype its matmuls run in. "bfloat16" is the dense (no 2:4 sparsity) bf16 tensor-core / MXU
 figure; "float32" is true FP32 — not TF32: torch keeps `allow_tf32=False` for matmuls by
 default and our JAX float32 path runs at Precision.HIGHEST. TPUs publish no float32 figure
 (their MXUs are bf16; float32 at HIGHEST runs several bf16 passes): a float32 TPU run is
 divided by the bf16 peak and recorded as such (`peak_dtype`; MaxText's convention, as
-ARCHITECTURE.md says). On CPU hosts there is no datasheet figure at all; the peak is a GEMM
+docs/architecture.md says). On CPU hosts there is no datasheet figure at all; the peak is a GEMM
 calibration whose source is recorded.
 
 torch and jax are imported only by the calibration functions, so the tables stay cheap to load.
@@ -38,6 +38,9 @@ class ChipSpec:
     """Peak FP32 FLOP/s without TF32 (GPU CUDA cores); None where no datasheet gives one."""
     hbm_bytes: int
     """Nominal HBM capacity, the vendor's "GB" read as GiB."""
+    hbm_bytes_per_s: float
+    """Peak HBM bandwidth, bytes per second (the vendor's GB/s, 10**9 bytes): the memory
+    roof of a roofline (service/planner/roofline.py)."""
 
 
 # Sources (dense = the datasheets' "with sparsity" bf16 figure halved):
@@ -52,18 +55,30 @@ class ChipSpec:
 #     67) with 141 GB; NVL BF16 1,671 sparse → 835 dense, FP32 60, 141 GB.
 #   B200: NVIDIA HGX B200 per-GPU specification (nvidia.com/en-us/data-center/hgx): BF16 4.5
 #     PFLOP/s sparse → 2,250 dense, FP32 75 TFLOP/s; 192 GB (HBM3e, 180 GB usable on HGX).
+# HBM bandwidth (GB/s = 10**9 bytes/s), the same pages:
+#   TPU: docs.cloud.google.com/tpu/docs/v4 "HBM2 capacity and bandwidth 32 GiB, 1200 GBps";
+#     /v5e "16 GB, 819 GBps"; /v5p "HBM bandwidth per chip (GBps) 2765"; /v6e "HBM bandwidth
+#     per chip 1638 GBps" (1,640 in Google's launch material; the docs' figure kept). v4's
+#     1,228 GB/s seen elsewhere is not Google's documented figure.
+#   A100: the A100 datasheet, 80GB SXM 2,039 GB/s (80GB PCIe 1,935): the table's "a100"
+#     covers both, so the SXM figure — a roof is an upper bound on speed.
+#   H100: nvidia.com/en-us/data-center/h100 — SXM 3.35 TB/s, NVL 3.9 TB/s; the H100 PCIe
+#     product brief (PB-11133-001) "greater than 2,000 GBps" → 2.0 TB/s.
+#   H200: nvidia.com/en-us/data-center/h200 — 4.8 TB/s, SXM and NVL alike.
+#   B200: NVIDIA HGX B200 per-GPU specification — 8 TB/s.
+_GBPS = 10 ** 9
 CHIP_SPECS: dict[str, ChipSpec] = {
-    "v4": ChipSpec(275 * TFLOPS, None, 32 * GIB),
-    "v5e": ChipSpec(197 * TFLOPS, None, 16 * GIB),
-    "v5p": ChipSpec(459 * TFLOPS, None, 95 * GIB),
-    "v6e": ChipSpec(918 * TFLOPS, None, 32 * GIB),
-    "a100": ChipSpec(312 * TFLOPS, 19.5 * TFLOPS, 80 * GIB),
-    "h100-sxm": ChipSpec(989 * TFLOPS, 67 * TFLOPS, 80 * GIB),
-    "h100-pcie": ChipSpec(756 * TFLOPS, 51 * TFLOPS, 80 * GIB),
-    "h100-nvl": ChipSpec(835 * TFLOPS, 60 * TFLOPS, 94 * GIB),
-    "h200-sxm": ChipSpec(989 * TFLOPS, 67 * TFLOPS, 141 * GIB),
-    "h200-nvl": ChipSpec(835 * TFLOPS, 60 * TFLOPS, 141 * GIB),
-    "b200": ChipSpec(2250 * TFLOPS, 75 * TFLOPS, 192 * GIB),
+    "v4": ChipSpec(275 * TFLOPS, None, 32 * GIB, 1200 * _GBPS),
+    "v5e": ChipSpec(197 * TFLOPS, None, 16 * GIB, 819 * _GBPS),
+    "v5p": ChipSpec(459 * TFLOPS, None, 95 * GIB, 2765 * _GBPS),
+    "v6e": ChipSpec(918 * TFLOPS, None, 32 * GIB, 1638 * _GBPS),
+    "a100": ChipSpec(312 * TFLOPS, 19.5 * TFLOPS, 80 * GIB, 2039 * _GBPS),
+    "h100-sxm": ChipSpec(989 * TFLOPS, 67 * TFLOPS, 80 * GIB, 3350 * _GBPS),
+    "h100-pcie": ChipSpec(756 * TFLOPS, 51 * TFLOPS, 80 * GIB, 2000 * _GBPS),
+    "h100-nvl": ChipSpec(835 * TFLOPS, 60 * TFLOPS, 94 * GIB, 3900 * _GBPS),
+    "h200-sxm": ChipSpec(989 * TFLOPS, 67 * TFLOPS, 141 * GIB, 4800 * _GBPS),
+    "h200-nvl": ChipSpec(835 * TFLOPS, 60 * TFLOPS, 141 * GIB, 4800 * _GBPS),
+    "b200": ChipSpec(2250 * TFLOPS, 75 * TFLOPS, 192 * GIB, 8000 * _GBPS),
 }
 """Datasheet figures by canonical accelerator type."""
 
@@ -184,6 +199,11 @@ def peak_source(accelerator_type: str, dtype: str = "bfloat16") -> str:
 def hbm_bytes_per_chip(accelerator_type: str) -> int:
     """Return the nominal HBM capacity of one chip in bytes (vendor figure read as GiB)."""
     return CHIP_SPECS[canonical_accelerator_type(accelerator_type)].hbm_bytes
+
+
+def hbm_bandwidth_per_chip(accelerator_type: str) -> float:
+    """Peak HBM bandwidth of one chip in bytes per second (datasheet; ChipSpec)."""
+    return CHIP_SPECS[canonical_accelerator_type(accelerator_type)].hbm_bytes_per_s
 
 
 def accelerator_type_from_device_name(device_name: str) -> str | None:
@@ -357,7 +377,8 @@ __all__ = [
     "ACCELERATOR_ALIASES", "ACCELERATOR_TYPES", "CHIP_SPECS", "ChipSpec", "ComputeDType",
     "HBM_BYTES_PER_CHIP", "PEAK_BF16_DENSE_FLOPS_PER_CHIP", "PEAK_DTYPES", "PeakMeasurement",
     "accelerator_type_from_device_name", "calibrate_cpu_peak_flops",
-    "canonical_accelerator_type", "device_mismatch", "hbm_bytes_per_chip",
+    "canonical_accelerator_type", "device_mismatch", "hbm_bandwidth_per_chip",
+    "hbm_bytes_per_chip",
     "measure_gemm_flops_per_s", "measure_jax_gemm_flops_per_s", "LINK_PRIORS", "LinkPrior",
     "link_prior",
     "peak_flops_per_chip", "peak_source",

@@ -1,5 +1,5 @@
-"""The `kernels` dimension: which implementation a training step runs (ARCHITECTURE.md
-"Kernels: reference and fused").
+"""The `kernels` dimension: which implementation a training step runs (docs/architecture.md,
+"Kernels").
 
     reference  this project's own torch / JAX code: the ground truth every check compares to
     fused      what a training team runs: library kernels (fla-core's chunk_gated_delta_rule,

@@ -128,7 +128,7 @@ class CPTrainReport(TrainReport):
     """Data-parallel replicas (CPSettings.dp); the CP group of each has chips // dp chips."""
     cp_comm_bytes_per_step: int
     """Bytes this chip received per step in the mode's exchanges (forward + backward, halo
-    included; ARCHITECTURE.md's table)."""
+    included; docs/architecture.md's table)."""
     grad_sync_bytes_per_step: int
     """Bytes this chip received per step for the weights themselves, apart from CP traffic:
     the gradient all-reduce (replicated; ring convention 2·(D−1)/D × gradient bytes), or the
@@ -152,5 +152,6 @@ class CPTrainReport(TrainReport):
 
     @property
     def comm_bytes_per_step(self) -> int:
-        """Everything this chip received per step (ARCHITECTURE.md comm_bytes_per_step_per_chip)."""
+        """Everything this chip received per step (comm_bytes_per_step_per_chip:
+        docs/architecture.md, Metrics)."""
         return self.cp_comm_bytes_per_step + self.grad_sync_bytes_per_step

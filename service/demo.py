@@ -5,7 +5,8 @@
 
 Starts the service (SQLite file, local Ray, the scheduler), submits the demo sweep through
 the REST API (tiny preset; jax and torch; all_gather and p2p; chips 1, 2, 4 up to the host's
-cores; three sequence lengths), prints the dashboard URL and keeps serving until Ctrl-C.
+cores; three sequence lengths), prints the dashboard URL, prints one line with the URL of the
+sweep's results page when the sweep finishes, and keeps serving until Ctrl-C.
 Running it again resumes an unfinished demo sweep instead of queueing another. A demo sweep the
 service does not accept stops the service with exit status 1.
 
@@ -30,6 +31,7 @@ import httpx
 from workers import process_probe
 
 POLL_S = 2.0
+FINAL_SWEEP_STATUSES = ("finished", "cancelled", "failed")
 
 
 def demo_sweep(cores: int | None = None) -> dict:
@@ -104,8 +106,40 @@ def wait_for_sweep(client: httpx.Client, sweep_id: int, *, timeout_s: float,
         if counts != shown:
             print(f"sweep {sweep_id} {sweep['status']}: {counts}", file=out, flush=True)
             shown = counts
-        if sweep["status"] in ("finished", "cancelled", "failed") or time.monotonic() > deadline:
+        if sweep["status"] in FINAL_SWEEP_STATUSES or time.monotonic() > deadline:
             return sweep
+        time.sleep(POLL_S)
+
+
+def finish_line(sweep: dict, base_url: str) -> str:
+    """What the demo prints when its sweep ends: how its trials ended and where to read them."""
+    counts = {status: n for status, n in sweep["counts"].items() if n}
+    others = ", ".join(f"{n} {status}" for status, n in counts.items() if status != "succeeded")
+    return (f"sweep {sweep['id']} {sweep['status']}: {counts.get('succeeded', 0)} of "
+            f"{sweep['trials_total']} trials succeeded{f' ({others})' if others else ''}; "
+            f"results: {base_url}/sweeps/{sweep['id']} (table: "
+            f"{base_url}/results?sweep_id={sweep['id']})")
+
+
+def follow_demo(client: httpx.Client, server, base_url: str, sweep_id: int,
+                out=sys.stdout) -> dict | None:
+    """Wait quietly for the sweep to end (the dashboard shows it live), then print its
+    finish_line; return its last view. None when the service stops first (Ctrl-C), or the sweep
+    can no longer be read (then a line says so; the service serves on)."""
+    while not server.should_exit:
+        try:
+            sweep = client.get(f"/api/sweeps/{sweep_id}").raise_for_status().json()
+        except httpx.TransportError:  # a busy or stopping service: ask again
+            time.sleep(POLL_S)
+            continue
+        except httpx.HTTPStatusError as err:
+            print(f"the demo stopped following sweep {sweep_id}: {err}", file=out, flush=True)
+            return None
+        if sweep["status"] in FINAL_SWEEP_STATUSES:
+            print(finish_line(sweep, base_url), file=out, flush=True)
+            return sweep
+        time.sleep(POLL_S)
+    return None
 
 
 def smoke_verdict(sweep: dict) -> str | None:
@@ -150,9 +184,12 @@ def _submit_when_up(server, base_url: str, token: str, sweep: dict, *, smoke: bo
                   f"{base_url}/sweeps/{sweep_id}", flush=True)
             if not smoke:
                 print("(Ray starts on the first sweep; Ctrl-C stops the service, a restart "
-                      "resumes the sweep)", flush=True)
+                      "resumes the sweep; a line here says when it has finished)", flush=True)
+                follow_demo(client, server, base_url, sweep_id)
                 return
-            problem = smoke_verdict(wait_for_sweep(client, sweep_id, timeout_s=timeout_s))
+            ended = wait_for_sweep(client, sweep_id, timeout_s=timeout_s)
+            print(finish_line(ended, base_url), flush=True)
+            problem = smoke_verdict(ended)
     except httpx.HTTPError as err:
         problem = f"could not submit or follow the sweep: {err}"
     if problem:
@@ -173,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db; "
                              "--smoke: a new SQLite file in a temporary folder)")
     parser.add_argument("--no-demo-sweep", action="store_true", help="only serve")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="serve beyond loopback without GDN_SWEEP_API_TOKEN, on purpose")
     parser.add_argument("--smoke", action="store_true",
                         help="run a 4-trial sweep that must succeed, then stop (exit 0 or 1)")
     parser.add_argument("--smoke-timeout-s", type=float, default=900.0)
@@ -181,11 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from service.core.config import Settings
+    from service.core.exposure import refusal_to_serve
     from service.main import create_app
 
     with tempfile.TemporaryDirectory(prefix="gdn-sweep-smoke-") as scratch:
         db = args.db or (f"sqlite:///{Path(scratch) / 'smoke.db'}" if args.smoke else None)
-        settings = Settings(**({"database_url": db} if db else {}))
+        settings = Settings(served_host=args.host,
+                            allow_unauthenticated=args.allow_unauthenticated,
+                            **({"database_url": db} if db else {}))
+        if settings.open_to_network and not settings.allow_unauthenticated:
+            print(f"python -m service.demo: {refusal_to_serve(args.host)}", file=sys.stderr)
+            return 2
         port = args.port or (_free_port(args.host) if args.smoke else 8000)
         if not _port_free(args.host, port):
             print(f"port {port} on {args.host} is taken; pass --port", file=sys.stderr)

@@ -49,6 +49,7 @@ project's script; ray's other commands are foreign)."""
 FOREIGN_PROGRAMS = {
     "export": "a shell builtin: sets what the commands after it read",
     "cd": "a shell builtin",
+    "source": "a shell builtin: activates the virtual environment the set-up makes",
     "docker": "Docker's CLI (its -f deploy/Dockerfile is checked to exist)",
     "kubectl": "Kubernetes' CLI, against a cluster (its -f file is checked to exist)",
     "gcloud": "Google Cloud's CLI, against a cloud project",
@@ -57,6 +58,10 @@ FOREIGN_PROGRAMS = {
     "git": "git itself",
     "tar": "tar itself",
 }
+FOREIGN_MODULES = {
+    "venv": "the standard library's virtual environments (the README's set-up)",
+}
+"""`python -m MODULE` commands of other projects: not parsed here, and why."""
 FOREIGN_RAY_COMMANDS = ("up", "exec", "rsync-down", "get-auth-token", "dashboard", "monitor")
 """Ray's cluster launcher: needs a cloud or SSH hosts (tests/deploy/ runs some on a local
 head); the config files they name are checked to exist."""

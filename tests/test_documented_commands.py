@@ -8,7 +8,8 @@ checked without running anything, by what would run it:
   gdn-sweep ARGS              the CLI's argparse parser, and for `bench NAME` the benchmark's
                               own, reached through the CLI's dispatch (service/cli/main.py)
   python -m MODULE ARGS       MODULE run as `python -m` does (runpy) up to its parse_args;
-                              MODULE must be one of PARSED_MODULES (pytest: see below)
+                              MODULE must be one of PARSED_MODULES (pytest: see below), or
+                              another project's, in documented_commands.FOREIGN_MODULES
   python deploy/run_sweep.py  that script, likewise (and `ray submit CONFIG SCRIPT -- ARGS`,
                               `ray job submit … -- COMMAND`: the config exists, then the same)
   bash SCRIPT ARGS            SCRIPT exists; a script that passes "$@" to `python3 -m MODULE`
@@ -36,8 +37,8 @@ import warnings
 
 import pytest
 
-from tests.documented_commands import (FOREIGN_PROGRAMS, FOREIGN_RAY_COMMANDS, ROOT,
-                                       checkout_paths, collect, variants)
+from tests.documented_commands import (FOREIGN_MODULES, FOREIGN_PROGRAMS, FOREIGN_RAY_COMMANDS,
+                                       ROOT, checkout_paths, collect, variants)
 
 PARSED_MODULES = ("gdn_core.bench", "service.cli", "service.demo", "service.bench.api_load",
                   "gdn_core.jax_gdn.plan")
@@ -89,6 +90,8 @@ def parse_problem(run, argv: list[str]) -> str | None:
     except Parsed:
         return None
     except SystemExit as exit_:
+        if exit_.code in (0, None):
+            return None  # `--help`: argparse printed the help and exits 0
         return (err.getvalue().strip().splitlines() or [f"exit {exit_.code}"])[-1]
     finally:
         sys.argv = saved_argv
@@ -109,6 +112,8 @@ def problem_of(words: list[str]) -> str | None:
         module = args[1]
         if module == "pytest":
             return None  # pytest's options; its paths are checked above
+        if module in FOREIGN_MODULES:
+            return None
         if module not in PARSED_MODULES:
             return f"python -m {module}: not in PARSED_MODULES (add it, if it has a parser)"
         return parse_problem(lambda: runpy.run_module(module, run_name="__main__",
@@ -172,8 +177,10 @@ def test_the_collector_finds_the_documents_commands():
     texts = {c.text for c in COMMANDS}
     sources = {c.source.split(":")[0] for c in COMMANDS}
     assert {"README.md", "deploy/README.md", "service/README.md", "workers/README.md",
+            "docs/architecture.md", "docs/testing.md",
             "service/bench/api_load.py (help)"} <= sources
-    assert "bash scripts/test.sh -m slow" in texts  # an indented code line
+    assert "bash scripts/test.sh -m slow" in texts  # an indented code line (docs/testing.md)
+    assert "python3 -m venv .venv" in texts and "bash scripts/run.sh --port 8001" in texts
     assert ("gdn-sweep bench api --concurrency 50,500 --duration-s 30 --workers 1,2 "
             "--uncached --baseline DIR") in texts  # an inline span over two lines
     assert "gdn-sweep bench cp-gdn" in texts  # the README's `bench NAME` row

@@ -4,6 +4,7 @@ that one."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,51 @@ def test_the_host_is_timed_once_and_its_slowness_passed_on(monkeypatch):
     monkeypatch.setenv(HOST_SLOWNESS_ENV, "3.5")
     assert host_slowness() == 3.5
     assert REFERENCE_LOOP_S > 0
+
+
+CONTENDED_TESTS = """
+import time
+
+def test_spins(tmp_path_factory):
+    start, cpu = time.perf_counter(), time.process_time()
+    while time.process_time() - cpu < {cpu_s}:
+        pass
+    print("WALL", time.perf_counter() - start)
+
+def test_sleeps():
+    time.sleep({sleep_s})
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task/%d/schedstat" % os.getpid()),
+                    reason="the kernel reports no per-thread run-queue wait (schedstat)")
+@pytest.mark.timeout(60)
+def test_time_spent_waiting_for_a_cpu_other_work_held_is_not_charged(pytester, monkeypatch):
+    """Pinned to one core beside two busy processes, a test that needs 0.4 s of CPU takes about
+    three times as long: over a 0.8 s budget in wall time, within it in its own; a test that
+    sleeps 1.2 s is charged all of it (it waits, but not for a CPU)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("GDN_SWEEP_TEST_BUDGET_S", "0.8")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(  # the inner run imports tests.time_budget
+        filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")])))
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n")
+    pytester.makepyfile(CONTENDED_TESTS.format(cpu_s=0.4, sleep_s=1.2))
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # the hogs and the inner run inherit one core
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        result = pytester.runpytest_subprocess("-p", "tests.time_budget", "-s",
+                                               "-p", "no:cacheprovider")
+    finally:
+        os.sched_setaffinity(0, cores)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    wall = float(next(line.split()[-1] for line in result.outlines if "WALL" in line))
+    assert wall > 0.8, f"the hogs did not contend (spin took {wall:.2f} s)"
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_sleeps: its call took 1.2 s, over the default "
+                                 "tier's budget of 0.8 s*"])
+    assert "test_spins: its" not in result.stdout.str()

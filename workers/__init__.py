@@ -1,4 +1,4 @@
-"""workers: Ray placement and execution of sweep trials (see ARCHITECTURE.md, workers/README.md).
+"""workers: Ray placement and execution of sweep trials (docs/architecture.md, workers/README.md).
 
 Main entry point: `run_sweep(spec, sink, ...)` / `SweepDriver` (driver.py). One concern per
 module: placement (placement groups), torch_ranks (one actor per rank), jax_hosts (one actor per

@@ -1,4 +1,4 @@
-"""Fold every process's CPTrainReport of a trial into the TrialMetrics of ARCHITECTURE.md.
+"""Fold every process's CPTrainReport of a trial into the TrialMetrics of docs/architecture.md.
 
 A torch report covers one rank (one chip); a JAX report covers one process's chips (its
 memory figure is already per chip). Per step the slowest process sets the pace, so step_time

@@ -7,7 +7,7 @@ from typing import Literal
 
 from .compile_cache import default_jax_cache_dir
 from .environment import SweepSource
-from .profile_store import default_artifact_dir
+from .profile_store import ProfileRetention, default_artifact_dir
 
 PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 PLACEMENT_STRATEGIES: tuple[str, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -47,6 +47,11 @@ class DriverOptions:
     """Where the driver stores trial artifacts (profile traces) that results refer to by a
     relative path. Default: $GDN_SWEEP_ARTIFACT_DIR, else ~/.cache/gdn-sweep/artifacts (the
     service's Settings.artifact_dir reads the same variable, so it serves what was stored)."""
+    profile_retention: ProfileRetention = dataclasses.field(
+        default_factory=ProfileRetention.from_env)
+    """How much the traces under artifact_dir may hold (bytes, age, the disk's free minimum);
+    default: $GDN_SWEEP_PROFILE_MAX_BYTES, …_MAX_AGE_DAYS, …_MIN_FREE_BYTES, else 20 GiB, 30
+    days, 1 GiB (workers.profile_store)."""
     cpu_peak_calibration_s: float = 0.5
     """Seconds of GEMM timing for the MFU denominator of CPU chips, by the trial's own
     processes under their affinity, once per (node, framework, dtype, cores) per sweep."""

@@ -1,11 +1,11 @@
-"""What a trial produced: its status and the metrics of ARCHITECTURE.md."""
+"""What a trial produced: its status and the metrics of docs/architecture.md."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .grid import TrialSpec
 
@@ -18,7 +18,7 @@ FINAL_STATUSES: frozenset[str] = frozenset(
 
 
 class TrialMetrics(BaseModel):
-    """Measured figures of a finished trial (names and meaning as in ARCHITECTURE.md): the one
+    """Measured figures of a finished trial (names and meaning as in docs/architecture.md): the one
     list of metrics, which the service's results columns and API fields follow."""
 
     model_config = ConfigDict(extra="forbid")
@@ -107,6 +107,17 @@ class TrialProfile(BaseModel):
     """workers.profile_summary.summarise_trace: top ops by self time; compute, collective and
     idle seconds of the profiled step."""
     error: str | None = None
+    status: Literal["stored", "failed", "skipped"] | None = None
+    """stored (at `path`); failed (the profiler or the fetch failed: see error); skipped (the
+    trace was taken but not kept: the artifact directory's disk or retention limit had no
+    room, error says which). The trial's measurements stand in every case. Not given: stored
+    when there is a path, else failed."""
+
+    @model_validator(mode="after")
+    def _status_from_path(self) -> TrialProfile:
+        if self.status is None:
+            self.status = "stored" if self.path is not None else "failed"
+        return self
 
 
 class TrialResult(BaseModel):

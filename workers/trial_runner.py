@@ -187,7 +187,7 @@ class TrialRunner:
             return TrialProfile(format="none", error="process 0 kept no profile of the step")
         try:
             return store_profile(captured, artifact_dir=self.options.artifact_dir,
-                                 trial_key=trial.key)
+                                 trial_key=trial.key, retention=self.options.profile_retention)
         except OSError as err:
             return TrialProfile(format=captured.format, summary=captured.summary,
                                 error=f"the trace could not be stored under "

@@ -6,7 +6,7 @@ ANALYTIC columns (nothing compiled; the hybrid's whole CP step is compared again
 by the sweep, `gdn-sweep run` with layers: hybrid, attn_cps, layouts). Per (mode, attn_cp, D),
 whole model, one training step:
   memory/chip    gdn_core.memory.step.predict_step_memory at the fixed local shard
-  recv/chip      bytes a chip receives: the GDN layers by ARCHITECTURE.md's table (forward and
+  recv/chip      bytes a chip receives: the GDN layers by docs/architecture.md's table (forward and
                  backward, conv halo included) + the attention layers'
                  (torch_gdn.cp.attention.attention_comm_bytes)
   flops ratio    hardware FLOPs of the CP step ÷ those of one chip over the whole sequence
@@ -58,7 +58,7 @@ MIB = 2 ** 20
 def gdn_received_bytes(model_cfg: ModelConfig, *, mode: str, chips: int, batch: int,
                        local_tokens: int, itemsize: int) -> int:
     """Bytes the busiest chip receives for the GDN layers in one step (forward + backward),
-    by ARCHITECTURE.md's table: p2p one fp32 state, all_gather (D−1) (A, B) pairs, log_scan
+    by docs/architecture.md's table: p2p one fp32 state, all_gather (D−1) (A, B) pairs, log_scan
     at most log2 D pairs, ulysses q, k, v, g, β to head shards and o back; plus the conv halo
     (K−1 tokens × conv channels) in the sequence-sharded modes."""
     if chips == 1:
@@ -198,7 +198,7 @@ def report(model_cfg: ModelConfig, *, modes, attn_cps, chips_list, local_tokens:
         f"layers ({model_cfg.attention.num_heads}/{model_cfg.attention.num_kv_heads} heads, "
         f"head_dim {model_cfg.attention.head_dim}); local shard {local_tokens} tokens x batch "
         f"{batch}; {dtype}")
-    out("ANALYTIC (memory, flops, ARCHITECTURE.md's comm table; not measured): "
+    out("ANALYTIC (memory, flops, docs/architecture.md's comm table; not measured): "
         "memory/chip, recv/chip, flops ratio, attn flop (attention's share of the mixer "
         "FLOPs), imbal (max/min per-chip attention FLOPs); whole-model training step per chip")
     if measure:

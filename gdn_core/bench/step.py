@@ -33,7 +33,7 @@ A row ends in one of four states:
 Exit code 1 only when a row failed: a cold machine that runs out of budget still reports the
 rows it finished and exits 0.
 
-Columns (ARCHITECTURE.md, Metrics):
+Columns (docs/architecture.md, Metrics):
   step s       median wall time of the measured steps (after warm-up), device synchronised
   tokens/s     batch × seq_len / step s
   MFU          gdn_core.flops.model.model_flops_per_step (independent of the kernels) /

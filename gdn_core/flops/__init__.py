@@ -10,7 +10,7 @@
     utilisation.py  mfu and tokens_per_s_per_chip
     conventions.py  the constants and argument checks they share
 
-Conventions (one definition for code, database and dashboard; see ARCHITECTURE.md, Metrics):
+Conventions (one definition for code, database and dashboard; see docs/architecture.md, Metrics):
 - 2 FLOPs per multiply-accumulate (MAC). Only matmul-shaped work is counted. Elementwise work is
   neglected: decays and masks, exp, the q/k L2 norm, SiLU, the gated RMSNorm on the rule's
   output, the other RMSNorms, residual adds and the loss. It is O(tokens × channels), next to

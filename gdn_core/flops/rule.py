@@ -14,7 +14,7 @@ hardware work (hardware.hardware_flops_per_step):
                its forward builds (I + L)⁻¹ blockwise (solve_tril), its backward recomputes
                w, u and the chunk states before its own gradient kernels (fla_block_macs).
 
-JAX has no fused GDN kernel that composes with CP state (ARCHITECTURE.md, Kernels): a JAX step
+JAX has no fused GDN kernel that composes with CP state (docs/architecture.md, Kernels): a JAX step
 runs the reference rule whatever `kernels` says (gdn_kernel).
 Conventions and letters: the package docstring (gdn_core.flops).
 """
@@ -121,7 +121,7 @@ SUB = 16
 @dataclasses.dataclass(frozen=True, slots=True)
 class FlaBlockMacs:
     """MACs of one (batch row, value head, chunk) block of fla's chunk_gated_delta_rule, by
-    kernel, as fla-org/flash-linear-attention runs it (the snapshot STYLE.md names)."""
+    kernel, as fla-org/flash-linear-attention runs it (at its commit bc3b101)."""
 
     kkt: int
     """Forward, fused kkt + solve_tril: β k kᵀ on the n·(n + 1)/2 lower 16×16 sub-blocks of

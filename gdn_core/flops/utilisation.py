@@ -1,4 +1,4 @@
-"""Utilisation metrics of a measured step: mfu and tokens_per_s_per_chip (ARCHITECTURE.md,
+"""Utilisation metrics of a measured step: mfu and tokens_per_s_per_chip (docs/architecture.md,
 Metrics: one definition for code, database and dashboard)."""
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ _bearer = HTTPBearer(auto_error=False, description="GDN_SWEEP_API_TOKEN, when on
 
 def require_token(settings: SettingsDep, credentials: Annotated[
         HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    """401 unless no token is configured or the request carries `Authorization: Bearer <it>`."""
+    """401 unless no token is configured or the request carries `Authorization: Bearer <it>`.
+    The comparison takes the same time whatever a wrong token shares with the right one
+    (secrets.compare_digest), and no answer names either."""
     if not settings.api_token:
         return
     if credentials is None:
@@ -57,4 +59,13 @@ def require_token(settings: SettingsDep, credentials: Annotated[
                             headers={"WWW-Authenticate": "Bearer"})
 
 
+def require_read_token(settings: SettingsDep, credentials: Annotated[
+        HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """require_token on every call when the settings put reads behind the token too."""
+    if settings.token_for_reads:
+        require_token(settings, credentials)
+
+
 TokenDep = Depends(require_token)
+ReadTokenDep = Depends(require_read_token)
+"""On every /api route but health: reads need the token when GDN_SWEEP_TOKEN_FOR_READS."""

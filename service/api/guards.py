@@ -39,9 +39,20 @@ MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 EMPTY_STYLE_HASH = "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"
 """CSP hash of an empty <style>: plotly.js adds one and fills it through CSSOM (insertRule,
-which CSP does not govern), so no inline style source needs to be allowed. (The maplibre CSS
-its bundle also injects, for map traces the dashboard never draws, stays refused.)"""
-DASHBOARD_CSP = (f"default-src 'self'; script-src 'self'; style-src 'self' {EMPTY_STYLE_HASH}; "
+which CSP does not govern), so no inline style source needs to be allowed. The same hash, with
+'unsafe-hashes', admits an empty style *attribute*: plotly's colour bar resets its fill rects
+with `style=""` (the compare page's parallel coordinates); any other style attribute stays
+refused, and an empty one styles nothing."""
+PLOTLY_MAPLIBRE_STYLE_HASH = "'sha256-ji27qzEtxXZW+7dun6UwjHXJ18e6WAin1VvNtkzIE/o='"
+"""CSP hash of the maplibre-gl stylesheet plotly.js 4.1.1 injects as a <style> when it loads
+(both bundles served: the plotly package's and vendor/plotly-strict.min.js). It only styles
+`.maplibregl-*` elements of map traces, which the dashboard never draws; admitting it by hash
+(not 'unsafe-inline') keeps every other inline style refused and the console free of the
+refusal. A new plotly.js changes it: the browser tests then fail on the console error, whose
+text names the new hash (tests/service/test_csp_hashes.py recomputes it from the bundles)."""
+DASHBOARD_CSP = (f"default-src 'self'; script-src 'self'; "
+                 f"style-src 'self' {EMPTY_STYLE_HASH} {PLOTLY_MAPLIBRE_STYLE_HASH}; "
+                 f"style-src-attr 'unsafe-hashes' {EMPTY_STYLE_HASH}; "
                  "img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'self'; "
                  "frame-ancestors 'none'")
 DOCS_CSP = (f"default-src 'self'; script-src 'self' {SWAGGER_INIT_HASH}; "

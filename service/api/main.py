@@ -2,6 +2,8 @@
 
 from fastapi import APIRouter
 
+from service.api.deps import ReadTokenDep
+
 from service.api.routes import (
     capacity,
     environments,
@@ -15,6 +17,7 @@ from service.api.routes import (
 )
 
 api_router = APIRouter(prefix="/api")
-for module in (sweeps, trials, environments, results, capacity, health, options, schedules,
+api_router.include_router(health.router)  # open: probes carry no token, and it holds no data
+for module in (sweeps, trials, environments, results, capacity, options, schedules,
                regressions):
-    api_router.include_router(module.router)
+    api_router.include_router(module.router, dependencies=[ReadTokenDep])

@@ -8,7 +8,8 @@ Two kinds of series, each with its source:
   a request no route matched is `unmatched`.
 - State read when Prometheus scrapes (a custom collector, nothing cached): sweeps and trials
   by status, the queue's depth and the schedule lag from the database
-  (service/db/operator_counts.py), and this host's result spool (service/runs/spool.py). The
+  (service/db/operator_counts.py), this host's result spool (service/runs/spool.py) and the
+  profile traces held under the artifact directory (workers/profile_store.py). The
   database read gets DB_READ_TIMEOUT_S on a thread of its own; when it fails or is slow the
   scrape still answers 200, with `gdn_sweep_db_up 0` and the database's series left out (the
   spool's are read from disk and stay).
@@ -39,6 +40,7 @@ from service.core.config import Settings
 from service.db.models import utcnow
 from service.db.operator_counts import operator_counts
 from service.runs.spool import Spool
+from workers.profile_store import held_traces
 
 log = logging.getLogger(__name__)
 DB_READ_TIMEOUT_S = 3.0
@@ -102,8 +104,10 @@ class RequestMetrics:
 class ServiceCollector(Collector):
     """The gauges read at scrape time (see the module docstring)."""
 
-    def __init__(self, *, session_factory: sessionmaker[Session], spool: Spool) -> None:
+    def __init__(self, *, session_factory: sessionmaker[Session], spool: Spool,
+                 artifact_dir: str, profile_max_bytes: int) -> None:
         self._session_factory, self._spool = session_factory, spool
+        self._artifact_dir, self._profile_max_bytes = artifact_dir, profile_max_bytes
         # One read at a time: a scrape while an earlier read still hangs does not start another.
         self._reader = concurrent.futures.ThreadPoolExecutor(1, "gdn-sweep-metrics")
         self._reading: concurrent.futures.Future | None = None
@@ -114,6 +118,7 @@ class ServiceCollector(Collector):
 
     def collect(self):
         yield from self._spool_gauges()
+        yield from self._profile_gauges()
         counts = self._read_database()
         up = GaugeMetricFamily("gdn_sweep_db_up", "1 when the database answered this scrape's "
                                "reads, else 0 (its series are then left out)")
@@ -152,6 +157,20 @@ class ServiceCollector(Collector):
             yield gauge
 
 
+    def _profile_gauges(self):
+        traces = held_traces(self._artifact_dir)
+        for name, value, help_text in (
+                ("gdn_sweep_profile_bytes", sum(size for _, size, _ in traces),
+                 "bytes of profile traces under the artifact directory (read from disk)"),
+                ("gdn_sweep_profile_traces", len(traces),
+                 "profile traces under the artifact directory"),
+                ("gdn_sweep_profile_max_bytes", self._profile_max_bytes,
+                 "the retention limit: beyond it the oldest traces are removed")):
+            gauge = GaugeMetricFamily(name, help_text)
+            gauge.add_metric([], value)
+            yield gauge
+
+
 def _database_gauges(counts):
     sweeps = GaugeMetricFamily("gdn_sweep_sweeps", "sweeps by status (database)",
                                labels=["status"])
@@ -184,7 +203,8 @@ def install_metrics(app: FastAPI, settings: Settings) -> None:
                          registry=registry)
     app.state.metrics_collector = ServiceCollector(
         session_factory=app.state.session_factory,
-        spool=Spool(settings.spool_dir, settings.database_url))
+        spool=Spool(settings.spool_dir, settings.database_url),
+        artifact_dir=settings.artifact_dir, profile_max_bytes=settings.profile_max_bytes)
     registry.register(app.state.metrics_collector)
     app.add_middleware(RequestMetrics, routes=RouteTemplates(app), requests=requests,
                        duration=duration)

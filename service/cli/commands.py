@@ -16,7 +16,9 @@ import sys
 import threading
 from typing import TextIO
 
+from service.cli.read_database import shown_url
 from service.core.config import Settings
+from service.core.exposure import refusal_to_serve
 
 log = logging.getLogger("service.cli.commands")
 SCHEDULER_STOP_TIMEOUT_S = 150.0
@@ -35,25 +37,32 @@ def _export(**variables: str | None) -> None:
 
 def serve(*, host: str = "127.0.0.1", port: int = 8000, database_url: str | None = None,
           ray_address: str | None = None, log_level: str | None = None, workers: int = 1,
-          access_log: bool = True) -> int:
+          access_log: bool = True, allow_unauthenticated: bool = False) -> int:
     """Run the API and dashboard in `workers` uvicorn processes, and the scheduler: inside
     the one worker, or with several, in one `gdn-sweep scheduler` process of its own (API
     workers then run none: exactly one scheduler per database). SIGTERM and Ctrl-C stop it
-    all cleanly (the scheduler, then a local Ray, every process of it); exit code 0."""
+    all cleanly (the scheduler, then a local Ray, every process of it); exit code 0.
+    Beyond loopback without GDN_SWEEP_API_TOKEN it refuses to start (exit 2) unless
+    `allow_unauthenticated`."""
     import uvicorn
 
     from service.core.logging import configure_logging
 
-    _export(DATABASE_URL=database_url, RAY_ADDRESS=ray_address, GDN_SWEEP_LOG_LEVEL=log_level)
+    _export(DATABASE_URL=database_url, RAY_ADDRESS=ray_address, GDN_SWEEP_LOG_LEVEL=log_level,
+            GDN_SWEEP_SERVED_HOST=host,  # the API and scheduler processes read it: webhooks
+            GDN_SWEEP_ALLOW_UNAUTHENTICATED="true" if allow_unauthenticated else None)
     settings = Settings()
     # the Host check answers the name bound to (an address is answered anyway)
     _export(GDN_SWEEP_ALLOWED_HOSTS=",".join([*settings.allowed_hosts, host.lower()]))
     configure_logging(settings.log_level, settings.log_format)
-    if host not in ("127.0.0.1", "localhost", "::1") and not settings.api_token:
-        log.warning("serving on %s with no GDN_SWEEP_API_TOKEN: anyone who reaches it can "
-                    "start and cancel sweeps", host)
+    if settings.open_to_network:
+        if not settings.allow_unauthenticated:
+            print(f"gdn-sweep serve: {refusal_to_serve(host)}", file=sys.stderr)
+            return 2
+        log.warning("serving on %s with no GDN_SWEEP_API_TOKEN (--allow-unauthenticated): "
+                    "anyone who reaches it can start and cancel sweeps", host)
     log.info("dashboard on http://%s:%d/", "127.0.0.1" if host == "0.0.0.0" else host, port,
-             extra={"database": _shown(settings.database_url), "workers": workers})
+             extra={"database": shown_url(settings.database_url), "workers": workers})
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops like Ctrl-C
     scheduler_process = None
     try:
@@ -123,7 +132,7 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
     runner.start()
     schedules.start()
     log.info("scheduler started", extra={"runner": runner.runner_id,
-                                         "database": _shown(settings.database_url)})
+                                         "database": shown_url(settings.database_url)})
     try:
         while not stop.wait(1.0):
             if runner.join(0):
@@ -147,42 +156,44 @@ def db_upgrade(*, database_url: str | None = None, revision: str = "head",
 
     settings = cli_settings(database_url=database_url)
     at = upgrade_database(settings.database_url, revision)
-    print(f"database {_shown(settings.database_url)} at revision {at}", file=out)
+    print(f"database {shown_url(settings.database_url)} at revision {at}", file=out)
     return 0
 
 
 def results(*, database_url: str | None = None, csv: bool = False, out: TextIO | None = None,
-            **filter_values) -> int:
+            err: TextIO | None = None, **filter_values) -> int:
     """Print succeeded trials from the database to `out` (default: the sys.stdout of the
     call): `filter_values` are GET /api/results' query parameters (lists for the repeatable
-    ones; None or empty: not given)."""
-    out = sys.stdout if out is None else out
+    ones; None or empty: not given). Without --db or DATABASE_URL it names the database it
+    reads on `err`; a SQLite file that does not exist is refused, and not created."""
+    out, err = sys.stdout if out is None else out, sys.stderr if err is None else err
     from pydantic import ValidationError
 
+    from service.cli.read_database import EXIT_NO_DATABASE, MissingDatabase, database_to_read
+    from service.cli.results_table import results_table
     from service.db.engine import make_engine, make_session_factory, upgrade_database
     from service.db.results_query import ResultFilters, query_results, to_csv
     from service.runs.admission import validation_text
 
-    settings = cli_settings(database_url=database_url)
     try:
         given = {name: value for name, value in filter_values.items() if value not in (None, [])}
         filters = ResultFilters(**given, format="csv" if csv else "json")
-    except ValidationError as err:
-        print(validation_text(err), file=sys.stderr)
+    except ValidationError as invalid:
+        print(validation_text(invalid), file=err)
         return 2
-    upgrade_database(settings.database_url)
-    engine = make_engine(settings.database_url)
+    try:
+        url = database_to_read(database_url, err=err)
+    except MissingDatabase as missing:
+        print(missing, file=err)
+        return EXIT_NO_DATABASE
+    upgrade_database(url)
+    engine = make_engine(url)
     try:
         with make_session_factory(engine)() as session:
             rows, count = query_results(session=session, filters=filters)
     finally:
         engine.dispose()
-    if csv:
-        out.write(to_csv(rows))
-        return 0
-    from service.db.results_query import to_table
-
-    out.write(to_table(rows, count))
+    out.write(to_csv(rows) if csv else results_table(rows, count))
     return 0
 
 
@@ -191,9 +202,3 @@ def add_service_commands(sub: argparse._SubParsersAction) -> None:
     from service.cli.parsers import add_parsers
 
     add_parsers(sub, serve=serve, scheduler=scheduler, results=results, db_upgrade=db_upgrade)
-
-
-def _shown(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)

@@ -1,17 +1,9 @@
-"""The `gdn-sweep` command line.
+"""The `gdn-sweep` command line: the parser, and the actions of train, bench, run and import
+(the service's commands are in commands.py, parsers.py, plan.py, schedule.py, regressions.py).
 
-    gdn-sweep train --preset tiny --framework torch   train on one chip, print the metrics
-    gdn-sweep bench kernel|cp|cp-gdn|memory|step      benchmarks (python -m gdn_core.bench)
-    gdn-sweep bench scheduling [options]              Ray's per-trial overhead (workers)
-    gdn-sweep bench sweep [SWEEP.yaml] [options]      a sweep's wall time: compile, steps, rest
-    gdn-sweep bench api [options]                     REST latency over 100,000 result rows
-    gdn-sweep run sweep.yaml [--db URL | --jsonl F]   run a sweep on Ray (local or a cluster)
-    gdn-sweep import FILE... [--db URL]               JSON-lines results into the database
-    gdn-sweep serve [--workers N]                     API + dashboard + scheduler
-    gdn-sweep scheduler                               the scheduler alone (no HTTP)
-    gdn-sweep results [filters] [--csv]               succeeded trials from the database
-    gdn-sweep regressions [--schedule NAME]           open regressions; exit 3 when one is new
-    gdn-sweep db upgrade                              apply the Alembic migrations
+`gdn-sweep --help` lists every command from the registered sub-parsers themselves (each with
+its one-line help), so the list cannot leave one out; `gdn-sweep COMMAND --help` gives a
+command's options.
 """
 
 from __future__ import annotations
@@ -20,6 +12,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from gdn_core.train_config import COMPUTE_DTYPES, REMATS
@@ -206,9 +199,10 @@ Run a sweep on the Ray cluster this runs on (`ray submit` / `ray job submit`): a
 each run (its own id and date) unless --resume, into the shared database (--db) or a
 JSON-lines file (--jsonl, for `gdn-sweep import`). A relative sweep path is read from
 the working directory, else from the checkout the package runs from (under `ray submit`,
-the one the cluster's file_mounts copied). The sweep's id and a summary table are printed
-at the end. Exit codes: 0 every trial succeeded or was skipped, 1 otherwise or
-when the database or Ray cannot be reached, 2 bad input, 130 interrupted."""
+the one the cluster's file_mounts copied). The sweep's id, a summary table, the reason of
+each trial that did not succeed and where to see the results are printed at the end. Exit
+codes: 0 every trial succeeded or was skipped, 1 otherwise or when the database or Ray cannot
+be reached, 2 bad input, 130 interrupted."""
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -228,9 +222,12 @@ def _add_import_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gdn-sweep", description=__doc__,
+    parser = argparse.ArgumentParser(prog="gdn-sweep", usage="gdn-sweep [-h] COMMAND ...",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    # the commands are listed in the description, generated below from the registered
+    # sub-parsers (argparse's own listing would come after the options, wrapped narrow)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                prog="gdn-sweep", help=argparse.SUPPRESS)
     train = sub.add_parser("train", help="train a preset on one chip and print its metrics")
     train.add_argument("--preset", default="tiny")
     train.add_argument("--framework", choices=FRAMEWORKS, default="torch")
@@ -246,8 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-steps", type=int, default=2)
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(run=_train)
-    bench = sub.add_parser("bench", help="benchmarks: kernel, cp, memory (see python -m "
-                           "gdn_core.bench), scheduling (Ray's per-trial overhead)", add_help=False)
+    from gdn_core.bench import BENCHMARKS
+
+    bench = sub.add_parser("bench", help="benchmarks, printing figures: "
+                           f"{', '.join([*BENCHMARKS, *EXTRA_BENCHMARKS])} (`gdn-sweep bench` "
+                           "lists them)", add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda args: _bench(args.bench_args))
     add_run_arguments(sub.add_parser("run", help="run a sweep YAML on Ray into the database "
@@ -256,16 +256,48 @@ def build_parser() -> argparse.ArgumentParser:
     from service.cli.commands import add_service_commands
 
     add_service_commands(sub)
+    parser.description = DESCRIPTION + "\n" + command_summary(subcommands(parser))
     return parser
 
 
+def command_summary(commands: dict[str, str], width: int = 92) -> str:
+    """The `gdn-sweep --help` list: one entry per command, its help wrapped beside it."""
+    column = max(len(name) for name in commands) + 4
+    return "\n".join(textwrap.fill(text, width, initial_indent=f"  {name:<{column - 2}}",
+                                    subsequent_indent=" " * column)
+                     for name, text in commands.items())
+
+
+DESCRIPTION = """\
+Measure how Gated DeltaNet training scales under context parallelism: sweeps of CP mode x
+chips x sequence length run on Ray, results in a SQL database, read from the dashboard
+(`gdn-sweep serve`), `gdn-sweep results` or SQL. `gdn-sweep COMMAND --help` gives a
+command's options.
+
+commands:"""
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """{name: one-line help} of every command registered on the `gdn-sweep` parser: what
+    its --help lists."""
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {choice.dest: choice.help for choice in action._choices_actions}
+    return {name: helps.get(name) or "" for name in action.choices}
+
+
+EXTRA_BENCHMARKS = {
+    "scheduling": "Ray's per-trial overhead (workers.bench_scheduling)",
+    "sweep": "a sweep's wall time: compile, steps, the rest (service.bench.sweep)",
+    "api": "REST latency over 100,000 result rows (service.bench.api_load)",
+    "planner-validate": "record a seq_len sweep, `plan --validate` it "
+                        "(service.bench.planner_validate)",
+}
+"""`gdn-sweep bench` names beyond gdn_core.bench.BENCHMARKS (dispatched in _bench)."""
 BENCH_USAGE = """\
 usage: gdn-sweep bench <name> [options]   (gdn-sweep bench <name> --help for its options)
 benchmarks:
 {gdn_core}
-  scheduling  Ray's per-trial overhead (workers.bench_scheduling)
-  sweep       a sweep's wall time: compile, steps, the rest (service.bench.sweep)
-  api         REST latency over 100,000 result rows (service.bench.api_load)
+{extra}
 """
 
 
@@ -273,8 +305,12 @@ def _bench(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         from gdn_core.bench import BENCHMARKS
 
-        print(BENCH_USAGE.format(gdn_core="\n".join(
-            f"  {name:<11} {target.split(':')[0]}" for name, target in BENCHMARKS.items())),
+        width = max(map(len, [*BENCHMARKS, *EXTRA_BENCHMARKS]))
+        print(BENCH_USAGE.format(
+            gdn_core="\n".join(f"  {name:<{width}} {target.split(':')[0]}"
+                               for name, target in BENCHMARKS.items()),
+            extra="\n".join(f"  {name:<{width}} {text}"
+                             for name, text in EXTRA_BENCHMARKS.items())),
             end="")
         return 0
     if argv[:1] == ["scheduling"]:
@@ -285,6 +321,10 @@ def _bench(argv: list[str]) -> int:
         from service.bench.sweep import main as sweep_main
 
         return sweep_main(argv[1:]) or 0
+    if argv[:1] == ["planner-validate"]:
+        from service.bench.planner_validate import main as planner_validate_main
+
+        return planner_validate_main(argv[1:]) or 0
     if argv[:1] == ["api"]:
         from service.bench.api_load import main as api_main
 

@@ -12,7 +12,8 @@ from gdn_core.kernels import KERNELS
 from workers.grid import TRIAL_MODES
 from workers.sweep_spec import FRAMEWORKS, TRIAL_KINDS
 
-DB_HELP = "database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db)"
+DB_HELP = ("database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db in the current "
+           "folder)")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -30,9 +31,13 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.add_argument("--log-level", choices=LOG_LEVELS, help="default $GDN_SWEEP_LOG_LEVEL, info")
     p.add_argument("--no-access-log", dest="access_log", action="store_false",
                    help="no log line per HTTP request")
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve beyond loopback without GDN_SWEEP_API_TOKEN, on purpose "
+                        "(refused otherwise; the dashboard shows a banner)")
     p.set_defaults(run=lambda a: serve(host=a.host, port=a.port, database_url=a.database_url,
                                        ray_address=a.ray_address, log_level=a.log_level,
-                                       workers=a.workers, access_log=a.access_log))
+                                       workers=a.workers, access_log=a.access_log,
+                                       allow_unauthenticated=a.allow_unauthenticated))
 
     p = sub.add_parser("scheduler", help="run the scheduler alone (no HTTP): sweeps queued "
                        "in the database run here; for `serve` processes started with "
@@ -43,7 +48,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
     p.set_defaults(run=lambda a: scheduler(database_url=a.database_url,
                                            ray_address=a.ray_address, log_level=a.log_level))
 
-    p = sub.add_parser("results", help="print succeeded trials from the database")
+    p = sub.add_parser("results", help="print succeeded trials from the database: a table "
+                       "(one number format per column, memory in GiB) or --csv")
     p.add_argument("--db", dest="database_url", help=DB_HELP)
     p.add_argument("--kind", action="append", choices=TRIAL_KINDS,
                    help="measure (default) or plan (compile-only trials); repeat for both")
@@ -89,7 +95,8 @@ def add_parsers(sub: argparse._SubParsersAction, *, serve, scheduler, results,
         sweep_id=a.sweep_id,
         sort=a.sort, limit=a.limit if a.limit is not None or a.csv else 50))
 
-    p = sub.add_parser("db", help="database maintenance")
+    p = sub.add_parser("db", help="database maintenance: `db upgrade` applies the Alembic "
+                       "migrations")
     db_sub = p.add_subparsers(dest="db_command", required=True)
     up = db_sub.add_parser("upgrade", help="apply the Alembic migrations")
     up.add_argument("--db", dest="database_url", help=DB_HELP)

@@ -7,14 +7,17 @@ import json
 import sys
 from typing import TextIO
 
-from gdn_core.cp_modes import CP_MODES
+from gdn_core.config import LAYERS
+from gdn_core.cp_layout import LAYOUTS
+from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES
 from gdn_core.hardware import GIB
 from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
 
 BASIS_MARK = {"measured": "m", "estimated": "e", "interpolated": "i", "extrapolated": "x",
-              "predicted": "p", "refused": "-"}
+              "predicted": "p", "roofline": "r", "refused": "-"}
 LEGEND = ("m measured (a trial of this point), e a plan's XLA estimate, i interpolated, "
-          "x extrapolated, p analytic prediction, - refused (see --json for why)")
+          "x extrapolated, p analytic prediction, r roofline at a stated efficiency, "
+          "- refused (why: below)")
 
 
 def add_plan_parser(sub, db_help: str) -> None:
@@ -37,6 +40,15 @@ def add_plan_parser(sub, db_help: str) -> None:
     p.add_argument("--dtype", choices=COMPUTE_DTYPES, default="bfloat16")
     p.add_argument("--framework", action="append", choices=("jax", "torch"))
     p.add_argument("--mode", action="append", choices=CP_MODES)
+    p.add_argument("--layers", action="append", choices=LAYERS,
+                   help="decoder, repeatable (default: the preset's own — hybrid for the "
+                        "published presets)")
+    p.add_argument("--attn-cp", action="append", choices=ATTN_CP_MODES,
+                   help="the hybrid's attention CP mode, repeatable (default: the undominated "
+                        "ones)")
+    p.add_argument("--layout", action="append", choices=LAYOUTS,
+                   help="sequence layout, repeatable (default: zigzag for ring attention, "
+                        "contiguous otherwise)")
     p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
     p.add_argument("--remat", action="append", choices=REMATS)
     p.add_argument("--kernels", choices=("reference", "fused"), default=None,
@@ -63,7 +75,7 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from pydantic import ValidationError
 
-    from service.core.config import Settings
+    from service.cli.read_database import EXIT_NO_DATABASE, MissingDatabase, database_to_read
     from service.db.engine import make_engine, make_session_factory, upgrade_database
     from service.planner.capacity import plan_capacity
     from service.planner.evidence import evidence_for
@@ -75,30 +87,43 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
                           "--validate SWEEP_ID)")
     if args.fit:
         return run_fit(args, out)
-    settings = Settings(**({"database_url": args.database_url} if args.database_url else {}))
-    upgrade_database(settings.database_url)
-    engine = make_engine(settings.database_url)
     try:
-        with make_session_factory(engine)() as session:
-            if args.validate is not None:
-                return _validate(session, args.validate, out)
-            given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
-                     "frameworks": args.framework, "modes": args.mode, "dp": args.dp,
-                     "param_shardings": args.param_sharding, "remats": args.remat,
-                     "kernels": args.kernels, "sweep_id": args.sweep_id,
-                     "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
-                                           if args.chip_memory_gib else None)}
-            try:
-                request = CapacityRequest(
-                    preset=args.preset, seq_len=args.seq_len, accelerator=args.accelerator,
-                    max_chips=args.max_chips, batch_size=args.batch, dtype=args.dtype,
-                    **{k: v for k, v in given.items() if v})
-            except ValidationError as err:
-                print(validation_text(err), file=sys.stderr)
-                return 2
-            answer = plan_capacity(evidence_for(session, request), request)
-    finally:
-        engine.dispose()
+        url = database_to_read(args.database_url, err=sys.stderr)
+    except MissingDatabase as missing:
+        if args.validate is not None:
+            print(missing, file=sys.stderr)
+            return EXIT_NO_DATABASE
+        print(f"{missing}: planning from the datasheets and published runs alone",
+              file=sys.stderr)
+        url = None
+    if args.validate is None:
+        given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
+                 "frameworks": args.framework, "modes": args.mode, "dp": args.dp,
+                 "layers": args.layers, "attn_cps": args.attn_cp, "layouts": args.layout,
+                 "param_shardings": args.param_sharding, "remats": args.remat,
+                 "kernels": args.kernels, "sweep_id": args.sweep_id,
+                 "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
+                                       if args.chip_memory_gib else None)}
+        try:
+            request = CapacityRequest(
+                preset=args.preset, seq_len=args.seq_len, accelerator=args.accelerator,
+                max_chips=args.max_chips, batch_size=args.batch, dtype=args.dtype,
+                **{k: v for k, v in given.items() if v})
+        except ValidationError as err:
+            print(validation_text(err), file=sys.stderr)
+            return 2
+    evidence = []
+    if url is not None:
+        upgrade_database(url)
+        engine = make_engine(url)
+        try:
+            with make_session_factory(engine)() as session:
+                if args.validate is not None:
+                    return _validate(session, args.validate, out)
+                evidence = evidence_for(session, request)
+        finally:
+            engine.dispose()
+    answer = plan_capacity(evidence, request)
     if args.json:
         out.write(answer.model_dump_json(indent=1) + "\n")
     else:
@@ -116,32 +141,101 @@ def _mesh(c) -> str:
     return f"{c.dp}×{c.cp_chips}"
 
 
+def _split(c) -> str:
+    """The GDN mode, and the hybrid's attention CP mode and layout where they apply."""
+    if c.cp_chips == 1:
+        return "none"
+    attention = f"/{c.attn_cp}" if c.attn_cp else ""
+    return f"{c.mode}{attention}" + ("/zigzag" if c.layout == "zigzag" else "")
+
+
+def describe(c) -> str:
+    """A candidate in words: "1 chip (no CP)", "8 chips, data parallel (dp 8, no CP)",
+    "p2p/ring/zigzag on 64 chips (dp×cp 1×64)"."""
+    if c.chips == 1:
+        where = "1 chip (no CP)"
+    elif c.cp_chips == 1:
+        where = f"{c.chips} chips, data parallel (dp {c.dp}, no CP)"
+    else:
+        where = f"{_split(c)} on {c.chips} chips (dp×cp {_mesh(c)})"
+    return f"{c.layers} {where}, {c.param_sharding}, remat {c.remat}"
+
+
 def _row(c) -> str:
-    return (f"{c.framework:<5} {c.mode:<10} {c.chips:>6} {_mesh(c):>9} {c.param_sharding:<10} "
-            f"{c.remat:<5} "
+    return (f"{c.framework:<5} {c.layers[:6]:<6} {_split(c):<28} {c.chips:>5} {_mesh(c):>8} "
+            f"{c.param_sharding:<10} {c.remat:<4} "
             f"{_fig(c.memory_bytes_per_chip, GIB, '{:,.1f}')} {_fig(c.tokens_per_s_per_chip)} "
-            f"{_fig(c.tokens_per_s)} {_fig(c.mfu, 0.01, '{:.1f}')} "
+            f"{_fig(c.chip_hours_per_billion_tokens, 1, '{:,.4g}')} {_fig(c.tokens_per_s)} "
+            f"{_fig(c.mfu, 0.01, '{:.1f}')} "
             f"{_fig(c.comm_bytes_per_step_per_chip, 2 ** 20, '{:,.1f}')}")
 
 
-HEADER = (f"{'fw':<5} {'mode':<10} {'chips':>6} {'dp×cp':>9} {'params':<10} {'remat':<5} "
-          f"{'GiB/chip':>11} {'tok/s/chip':>11} {'tok/s':>11} {'MFU %':>11} {'comm MiB':>11}")
+HEADER = (f"{'fw':<5} {'layers':<6} {'mode/attn_cp/layout':<28} {'chips':>5} {'dp×cp':>8} "
+          f"{'params':<10} {'rmat':<4} {'GiB/chip':>11} {'tok/s/chip':>11} {'chip-h/1B tok':>11} "
+          f"{'tok/s':>11} {'MFU %':>11} {'comm MiB':>11}")
+
+
+def _pick_line(title: str, pick, answer, why_none: str) -> str:
+    if pick is None:
+        return f"{title}: none — {why_none}"
+    speed = pick.tokens_per_s_per_chip
+    if speed.value is None:
+        return f"{title}: {describe(pick)} (speed unknown: {speed.note})"
+    hours = pick.chip_hours_per_billion_tokens.value
+    return (f"{title}: {describe(pick)}: {speed.value:,.0f} tokens/s/chip, {hours:,.4g} "
+            f"chip-hours per 10⁹ tokens, {pick.tokens_per_s.value:,.0f} tokens/s in all "
+            f"({_basis_words(speed, answer)})")
+
+
+def _basis_words(figure, answer) -> str:
+    if figure.basis == "roofline" and answer.speed_basis is not None:
+        return f"roofline at {answer.speed_basis.label}"
+    ids = figure.trial_ids
+    return f"{figure.basis}, trials {ids[:6]}" + (" …" if len(ids) > 6 else "")
+
+
+def _why_no_speed(answer) -> str:
+    """Why no fitting candidate has a step time: the refusals' reasons, most common first."""
+    fitting = [c for c in answer.candidates if c.fits]
+    if not fitting:
+        return _why_nothing_fits(answer)
+    notes: dict[str, int] = {}
+    for c in fitting:
+        if c.step_time_s.value is None:
+            notes[c.step_time_s.note] = notes.get(c.step_time_s.note, 0) + 1
+    if not notes:
+        return "no candidate that fits has a speed"
+    note, count = max(notes.items(), key=lambda kv: kv[1])
+    return f"no candidate that fits has a step time ({count} of {len(fitting)}: {note})"
+
+
+def _why_nothing_fits(answer) -> str:
+    sized = [c for c in answer.candidates if c.memory_bytes_per_chip.value is not None]
+    if not sized:
+        return "no candidate has a memory figure"
+    least = min(sized, key=lambda c: c.memory_bytes_per_chip.value)
+    return (f"nothing fits {answer.chip_memory_bytes / GIB:,.1f} GiB per chip within "
+            f"{answer.request.max_chips} chips; the least is {describe(least)} at "
+            f"{least.memory_bytes_per_chip.value / GIB:,.1f} GiB per chip")
 
 
 def format_answer(answer, *, rows: int) -> str:
     r = answer.request
-    lines = [f"{r.preset} at seq_len {r.seq_len:,} × batch {r.batch_size} per replica on "
-             f"{r.accelerator}, "
+    lines = [f"{r.preset or 'custom shape'} ({', '.join(r.planned_layers())}) at seq_len "
+             f"{r.seq_len:,} × batch {r.batch_size} per replica on {r.accelerator}, {r.dtype}, "
              f"{r.kernels} kernels "
              f"({answer.chip_memory_bytes / GIB:,.1f} GiB per chip: {answer.chip_memory_source});"
-             f" {answer.evidence_trials} trial(s) of evidence", LEGEND, ""]
-    for title, pick in (("fewest chips that fit", answer.fewest_chips),
-                        ("fewest chip-hours per token", answer.cheapest),
-                        (f"fastest within {r.max_chips} chips", answer.fastest)):
-        lines.append(f"{title}: " + ("none" if pick is None else
-                                     f"{pick.mode} × {pick.chips} chips (dp×cp "
-                                     f"{_mesh(pick)}), {pick.param_sharding},"
-                                     f" remat {pick.remat}, trials {pick.step_time_s.trial_ids}"))
+             f" {answer.evidence_trials} trial(s) of evidence", LEGEND]
+    if answer.speed_basis is not None:
+        lines.append(f"r (roofline) figures assume {answer.speed_basis.label}: "
+                     f"{answer.speed_basis.source}")
+    lines.append("")
+    no_speed = _why_no_speed(answer)
+    for title, pick, why in (("fewest chips that fit", answer.fewest_chips,
+                              _why_nothing_fits(answer)),
+                             ("fewest chip-hours per token", answer.cheapest, no_speed),
+                             (f"fastest within {r.max_chips} chips", answer.fastest, no_speed)):
+        lines.append(_pick_line(title, pick, answer, why))
     if answer.plan_checks:
         lines += ["", "plans beside measured trials of the same point (XLA:CPU estimate ÷ "
                   "measured peak):"]
@@ -149,15 +243,23 @@ def format_answer(answer, *, rows: int) -> str:
                   f"{c.measured_peak_bytes / GIB:,.3f} GiB ({c.measured_source}) = "
                   f"{c.ratio:.2f}×" for c in answer.plan_checks[:rows]]
     fitting = [c for c in answer.candidates if c.fits]
+    shown = fitting[:rows]
     lines += ["", f"{len(fitting)} of {len(answer.candidates)} candidates fit; the first "
-              f"{min(rows, len(fitting))}:", HEADER, *(_row(c) for c in fitting[:rows]), ""]
-    lines += [f"note: {c}" for c in answer.caveats]
+              f"{len(shown)}:", HEADER, *(_row(c) for c in shown)]
+    refused = {c.step_time_s.note for c in shown if c.step_time_s.basis == "refused"}
+    lines += [f"  - refused: {note}" for note in sorted(refused)[:3]]
+    lines += [""] + [f"note: {c}" for c in answer.caveats]
     return "\n".join(lines) + "\n"
 
 
 def _validate(session, sweep_id: int, out: TextIO) -> int:
     from service.db.models import Sweep
-    from service.planner.evidence import interpreted_note, load_observations, split_speed
+    from service.planner.evidence import (
+        canonical_chip,
+        interpreted_note,
+        load_observations,
+        split_speed,
+    )
     from service.planner.validate import (
         MEMORY_GOAL,
         STEP_TIME_GOAL,
@@ -172,7 +274,7 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
         return 2
     spec = sweep.spec
     preset = spec.get("model", {}).get("preset", "tiny")
-    accelerator = spec.get("accelerator", {}).get("type", "cpu")
+    accelerator = canonical_chip(spec.get("accelerator", {}).get("type", "cpu"))
     observations, interpreted = split_speed(load_observations(
         session, preset=preset, accelerator_type=accelerator, sweep_ids=[sweep_id]))
     rows = validate(observations)
@@ -204,8 +306,30 @@ def _validate(session, sweep_id: int, out: TextIO) -> int:
         out.write(f"  {s['figure']:<22} {s['basis']:<13} {s['trials']:>3} point(s)  median "
                   f"{median:>7} (goal {100 * s['median_goal']:.0f}%)  worst {worst:>7} "
                   f"(goal {100 * s['goal']:.0f}%)  {verdict}\n")
+    _roofline_section(observations, out)
     out.write(json.dumps({"summary": summary(rows)}) + "\n")
     return 0
+
+
+def _roofline_section(observations, out: TextIO) -> None:
+    """How far the roofline estimate was from each measured trial (roofline_check.py)."""
+    import statistics
+
+    from service.planner.roofline_check import roofline_checks
+
+    checks = roofline_checks(observations)
+    if not checks:
+        return
+    out.write(f"\nroofline estimate against each measured trial ({checks[0].efficiency}; the "
+              "roof: the fastest the step could be):\n")
+    out.write(f"{'trial':>5} {'point':<48} {'measured s':>11} {'estimate s':>11} {'error':>8} "
+              f"{'roof s':>11} {'roof/measured':>13}\n")
+    for c in checks:
+        out.write(f"{c.trial_id:>5} {c.point:<48} {c.measured_s:>11.4g} {c.estimate_s:>11.4g} "
+                  f"{100 * c.error:>7.1f}% {c.roof_s:>11.4g} {c.share_of_roof:>13.3g}\n")
+    errors = [c.error for c in checks]
+    out.write(f"  roofline estimate: median error {100 * statistics.median(errors):.1f}%, worst "
+              f"{100 * max(errors):.1f}% over {len(checks)} trial(s)\n")
 
 
 def run_fit(args: argparse.Namespace, out: TextIO) -> int:

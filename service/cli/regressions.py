@@ -2,7 +2,8 @@
 GET /api/regressions answers, worst first, read from the database directly.
 
 Exit status, for cron: 0 none is new, 3 a new regression is open (first seen with its series'
-latest run), 2 bad input (a schedule or sweep that does not exist), 1 database unreachable.
+latest run), 2 bad input (a schedule or sweep that does not exist), 1 database unreachable
+(or a SQLite file that does not exist: nothing is created, read_database.py).
 """
 
 from __future__ import annotations
@@ -32,16 +33,20 @@ def add_regressions_parser(sub, db_help: str) -> None:
 
 def run_regressions(args: argparse.Namespace, out: TextIO | None = None,
                     err: TextIO | None = None) -> int:
-    from service.core.config import Settings
+    from service.cli.read_database import MissingDatabase, database_to_read
     from service.db.engine import make_engine, make_session_factory, upgrade_database
     from service.db.errors import clean_error, is_transient
     from service.regressions.report import ScopeError, regressions_report, resolve_scope
 
     out, err = out or sys.stdout, err or sys.stderr
-    settings = Settings(**({"database_url": args.database_url} if args.database_url else {}))
     try:
-        upgrade_database(settings.database_url)
-        engine = make_engine(settings.database_url)
+        url = database_to_read(args.database_url, err=err)
+    except MissingDatabase as missing:
+        print(missing, file=err)
+        return EXIT_DATABASE
+    try:
+        upgrade_database(url)
+        engine = make_engine(url)
         try:
             with make_session_factory(engine)() as session:
                 schedule_ids, sweep_ids = resolve_scope(

@@ -2,7 +2,8 @@
 directly with the API's crud (a running service fires them; no HTTP involved).
 
 Bad input (cron, time zone, sweep file, unknown id) is one line on stderr, exit 2, nothing
-written; an unreachable database is one line, exit 1.
+written; an unreachable database is one line, exit 1 (so is a SQLite file that does not
+exist, except for `add`, which creates the database: read_database.py).
 """
 
 from __future__ import annotations
@@ -56,14 +57,20 @@ def add_schedule_parser(sub, db_help: str) -> None:
 def run_schedule(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None) -> int:
     """Run the chosen action; one line on `err` and a non-zero exit for any refusal."""
+    from service.cli.read_database import MissingDatabase, database_to_read
     from service.core.config import Settings
     from service.db.errors import clean_error, is_transient
 
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        settings = Settings(**({"database_url": args.database_url} if args.database_url
-                               else {}))
+        url = args.database_url
+        if args.action is not _add:  # only add creates a database; the rest read one
+            url = database_to_read(url, err=err)
+        settings = Settings(**({"database_url": url} if url else {}))
         return args.action(args, settings, out)
+    except MissingDatabase as missing:
+        print(missing, file=err)
+        return EXIT_DATABASE
     except ScheduleInputError as refused:
         print(refused, file=err)
         return EXIT_BAD_INPUT

@@ -6,6 +6,10 @@
     GDN_SWEEP_MAX_CONCURRENT_TRIALS   trials a sweep runs at once (default 2)
     GDN_SWEEP_GRID_CAP                largest grid a POST /api/sweeps may ask for (default 512)
     GDN_SWEEP_API_TOKEN               bearer token required on mutating calls (empty: none)
+    GDN_SWEEP_TOKEN_FOR_READS         true: every /api call needs the token, reads too (default
+                                      false; /api/health and /metrics stay open)
+    GDN_SWEEP_ALLOW_UNAUTHENTICATED   true: serve beyond loopback without a token on purpose
+                                      (`serve --allow-unauthenticated`; the dashboard says so)
     GDN_SWEEP_RUN_SCHEDULER           run sweeps in this process (default true), and fire
                                       the schedules that are due
     GDN_SWEEP_SCHEDULE_POLL_S         how often due schedules are looked for (default 5 s)
@@ -22,6 +26,15 @@
     GDN_SWEEP_LOG_FORMAT              text (default: time level logger message key=value…) or json
     GDN_SWEEP_ARTIFACT_DIR            where profile traces are stored and served from (default
                                       ~/.cache/gdn-sweep/artifacts; the sweep driver writes there)
+    GDN_SWEEP_SERVED_HOST             the address `serve --host` binds (serve sets it, for its own
+                                      scheduler too); beyond loopback, webhooks may reach only
+                                      global addresses
+    GDN_SWEEP_WEBHOOK_ALLOWED_HOSTS   internal webhook receivers allowed all the same: host names,
+                                      addresses or CIDR networks (default none)
+    GDN_SWEEP_PROFILE_MAX_BYTES       bytes all profile traces may hold (default 20 GiB; oldest
+                                      removed first); GDN_SWEEP_PROFILE_MAX_AGE_DAYS (default
+                                      30) and GDN_SWEEP_PROFILE_MIN_FREE_BYTES (default 1 GiB:
+                                      a trace that would leave less free is skipped)
     GDN_SWEEP_API_THREADS             threads per API worker serving requests, and requests let
                                       in at once (default 4); the database pool holds as many
                                       connections, plus 4
@@ -33,10 +46,11 @@ import json
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from workers.profile_store import default_artifact_dir
+from service.core.exposure import serves_beyond_loopback
+from workers.profile_store import ProfileRetention, default_artifact_dir
 
 NameList = Annotated[list[str], NoDecode]
 """A list read from the environment as comma-separated names (or a JSON list)."""
@@ -64,6 +78,11 @@ class Settings(BaseSettings):
     """Largest number of trials (frameworks × modes × chips × seq_lens) one sweep may have."""
     api_token: str = ""
     """Bearer token for POST calls; empty leaves the API open (fine on localhost only)."""
+    token_for_reads: bool = False
+    """Every /api call needs the token, reads included (health and /metrics excepted)."""
+    allow_unauthenticated: bool = False
+    """Serve beyond loopback without a token, on purpose: every mutating call is open to
+    whoever reaches the port (the dashboard shows a banner saying so)."""
     run_scheduler: bool = True
     """Run queued sweeps from this process. Run exactly one scheduler per database."""
     upgrade_on_start: bool = True
@@ -106,6 +125,13 @@ class Settings(BaseSettings):
     driver of a sweep writes where its DriverOptions.artifact_dir says, which reads the same
     GDN_SWEEP_ARTIFACT_DIR: give the service and `gdn-sweep run --db` the same value (on a
     cluster, a path the head node writes)."""
+    profile_max_bytes: int = Field(default=ProfileRetention().max_bytes, ge=1)
+    """Bytes all profile traces under artifact_dir may hold; the oldest go first beyond it."""
+    profile_max_age_days: float = Field(default=ProfileRetention().max_age_days, gt=0)
+    """Profile traces older than this are removed when the next one is stored."""
+    profile_min_free_bytes: int = Field(default=ProfileRetention().min_free_bytes, ge=0)
+    """A trace that would leave the artifact directory's disk less free is skipped (the
+    trial's result is stored all the same)."""
     max_request_bytes: int = Field(default=1024 * 1024, ge=1)
     """Largest request body accepted; a longer one is refused with 413 (declared or streamed)."""
     allowed_hosts: NameList = ["127.0.0.1", "localhost", "::1"]
@@ -115,6 +141,31 @@ class Settings(BaseSettings):
     allowed_origins: NameList = []
     """Origins (scheme://host[:port]) besides the service's own whose pages may send POST,
     PUT, PATCH and DELETE; other cross-origin ones get 403 (no cross-site cancel)."""
+    served_host: str = "127.0.0.1"
+    """The address the service is bound to (`serve --host` sets it). Beyond loopback, a
+    webhook may reach only global addresses (service/regressions/destinations.py)."""
+    webhook_allowed_hosts: NameList = []
+    """Internal webhook receivers allowed even when the service serves beyond loopback: host
+    names, addresses or CIDR networks (10.0.0.0/8)."""
+
+    @model_validator(mode="after")
+    def _reads_need_a_token(self) -> Settings:
+        if self.token_for_reads and not self.api_token:
+            raise ValueError("GDN_SWEEP_TOKEN_FOR_READS=true needs GDN_SWEEP_API_TOKEN: reads "
+                             "cannot be put behind a token that is not set")
+        return self
+
+    @property
+    def open_to_network(self) -> bool:
+        """Served beyond loopback with no token: anyone who reaches the port may start and
+        cancel sweeps (serve refuses it unless allow_unauthenticated)."""
+        return serves_beyond_loopback(self.served_host) and not self.api_token
+
+    def profile_retention(self) -> ProfileRetention:
+        """The limits the sweep driver keeps profile traces within."""
+        return ProfileRetention(max_bytes=self.profile_max_bytes,
+                                max_age_days=self.profile_max_age_days,
+                                min_free_bytes=self.profile_min_free_bytes)
 
     @field_validator("database_url")
     @classmethod
@@ -138,7 +189,7 @@ class Settings(BaseSettings):
     def _strip(cls, value: str) -> str:
         return value.strip()
 
-    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @field_validator("allowed_hosts", "allowed_origins", "webhook_allowed_hosts", mode="before")
     @classmethod
     def _name_list(cls, value):
         if isinstance(value, str):

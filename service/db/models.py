@@ -142,7 +142,7 @@ class Result(Base):
 
     Immutable once written, and self-contained: the trial's grid coordinates are copied in
     (`FACT_COLUMNS`), so GET /api/results and the planning views filter, sort and count one
-    table with its own indexes. Metric names as in ARCHITECTURE.md.
+    table with its own indexes. Metric names as in docs/architecture.md.
     """
 
     __tablename__ = "results"
@@ -249,6 +249,8 @@ class Result(Base):
     profile_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     """Top ops by self time; compute, collective and idle seconds of the profiled step."""
     profile_error: Mapped[str | None] = mapped_column(Text)
+    profile_status: Mapped[str | None] = mapped_column(String(16))
+    """stored, failed or skipped (no room under the artifact directory: profile_error says)."""
 
     trial: Mapped[Trial] = relationship(back_populates="result")
 
@@ -403,7 +405,7 @@ FACT_COLUMNS: tuple[str, ...] = (
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile", "admit_over_memory"})
 """workers.grid.TrialSpec fields that are no trial column (the sweep's spec holds them)."""
 PROFILE_COLUMNS: tuple[str, ...] = ("profile_path", "profile_bytes", "profile_format",
-                                    "profile_summary", "profile_error")
+                                    "profile_summary", "profile_error", "profile_status")
 """Result columns of a profiled trial (workers.result.TrialProfile's fields, prefixed)."""
 
 

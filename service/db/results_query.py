@@ -23,12 +23,10 @@ from sqlalchemy.orm import Session
 from gdn_core.config import Layers
 from gdn_core.cp_layout import Layout
 from gdn_core.cp_modes import AttnCPMode
-from gdn_core.interpreted_kernels import INTERPRETED_SUFFIX
 from gdn_core.kernels import Kernels
 from gdn_core.train_config import ParamSharding, Remat
 from service.db.bounds import DB_INT_MAX, DbInt
 from service.db.crud import public_trials
-from service.db.interpreted import SPEED_FIELDS
 from service.db.models import Result
 from service.db.schemas import TrialPublic
 from workers.grid import TrialMode
@@ -54,6 +52,9 @@ SORT_FIELDS = {
 }
 """Accepted `sort` keys (comma-separated; a leading '-' sorts descending)."""
 
+ResultStatus = Literal["succeeded", "failed", "oom", "timeout", "skipped", "cancelled"]
+"""A finished trial's outcome (its `results` row)."""
+
 JSON_PAGE = 100
 
 FilterText = Annotated[StrictStr, Field(max_length=200), BeforeValidator(check_plain_text)]
@@ -64,6 +65,9 @@ class ResultFilters(BaseModel):
     """Query parameters of GET /api/results (repeat a list parameter to match any of them)."""
 
     model_config = ConfigDict(extra="forbid")
+    status: list[ResultStatus] = Field(default=["succeeded"], min_length=1, description=(
+        "the outcome: succeeded (the default), failed, oom, timeout, skipped or cancelled "
+        "(why in `error`: the skip reason or the failure); repeat for several"))
     kind: list[TrialKind] = Field(default=["measure"], description="measure (the default) or "
                                   "plan (compile-only: no throughput); repeat for both")
     preset: list[FilterText] = []
@@ -119,7 +123,8 @@ class ResultFilters(BaseModel):
 
 
 def _where(filters: ResultFilters) -> list:
-    where = [Result.status == "succeeded"]
+    statuses = filters.status
+    where = [Result.status == statuses[0] if len(statuses) == 1 else Result.status.in_(statuses)]
     for values, column in ((filters.kind, Result.kind), (filters.preset, Result.preset),
                            (filters.framework, Result.framework),
                            (filters.mode, Result.mode), (filters.chips, Result.chips),
@@ -172,7 +177,9 @@ def query_results(*, session: Session, filters: ResultFilters) -> tuple[list[Tri
     where = _where(filters)
     count = session.scalar(select(func.count()).select_from(Result).where(*where)) or 0
     limit = filters.limit or (JSON_PAGE if filters.format == "json" else None)
-    order_by = _order_by(filters.sort, with_plans="plan" in filters.kind)
+    # rows without metrics (plans, trials that did not succeed) sort as plans do: NULLs last
+    order_by = _order_by(filters.sort, with_plans="plan" in filters.kind
+                         or filters.status != ["succeeded"])
     page = (select(Result.trial_id).where(*where).order_by(*order_by)
             .offset(filters.offset).limit(limit))
     return public_trials(session=session, ids=page, order_by=order_by), count
@@ -192,41 +199,3 @@ def to_csv(rows: Sequence[TrialPublic]) -> str:
                          ("" if data[c] is None else data[c]) for c in CSV_COLUMNS])
     return out.getvalue()
 
-
-TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "trial"), ("sweep_id", "sweep"), ("kind", "kind"), ("preset", "preset"), ("framework", "framework"),
-    ("mode", "mode"), ("chips", "chips"), ("dp", "dp"), ("seq_len", "seq_len"),
-    ("batch_size", "batch"), ("global_batch_size", "global_batch"),
-    ("dtype", "dtype"), ("param_sharding", "params"), ("remat", "remat"),
-    ("layers", "layers"), ("attn_cp", "attn_cp"), ("layout", "layout"),
-    ("kernels", "kernels"), ("documents", "documents"),
-    ("accelerator", "accel"), ("repeat", "rep"), ("tokens_per_s_per_chip", "tok/s/chip"),
-    ("scaling_efficiency", "vs_1chip"), ("step_time_s", "step_s"), ("step_time_min_s", "min_s"),
-    ("step_time_max_s", "max_s"), ("measured_steps", "n"), ("mfu", "mfu"),
-    ("peak_memory_bytes_per_chip", "peak_mem/chip"), ("memory_source", "measured_by"),
-    ("estimated_memory_bytes_per_chip", "xla_est/chip"))
-
-
-def to_table(rows: Sequence[TrialPublic], count: int) -> str:
-    """A fixed-width text table for terminals, with a line saying how many rows matched; an
-    interpreted row's speeds read `interpreted` and its kernels `fused (interpreted)`."""
-    def cell(value) -> str:
-        if value is None:
-            return ""
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return str(value)
-
-    def shown(row: TrialPublic, name: str) -> str:
-        if row.interpreted and name in SPEED_FIELDS:  # a correctness run: no speed to show
-            return "interpreted"
-        if row.interpreted and name == "kernels":
-            return f"{row.kernels}{INTERPRETED_SUFFIX}"
-        return cell(getattr(row, name))
-
-    grid = [[title for _, title in TABLE_COLUMNS]]
-    grid += [[shown(row, name) for name, _ in TABLE_COLUMNS] for row in rows]
-    widths = [max(len(r[i]) for r in grid) for i in range(len(TABLE_COLUMNS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in grid]
-    lines.append(f"{len(rows)} of {count} succeeded trial(s) matching")
-    return "\n".join(lines) + "\n"

@@ -97,6 +97,9 @@ class ProfilePublic(BaseModel):
     """wall_s, busy_s, idle_s, compute_s, collective_s (seconds of the profiled step) and
     top_ops [{name, category, self_s, count}] by self time (workers.profile_summary)."""
     error: str | None = None
+    status: Literal["stored", "failed", "skipped"] = "stored"
+    """stored; failed (the profiler failed); skipped (taken, but the artifact directory had
+    no room within its retention limits: error says which)."""
 
 
 class _TrialOutcome(BaseModel):
@@ -203,6 +206,7 @@ def _profile(data: dict) -> dict | None:
     values = dict(format=fmt, bytes=data.pop("profile_bytes", None),
                   summary=data.pop("profile_summary", None) or {},
                   error=data.pop("profile_error", None),
+                  status=data.pop("profile_status", None) or ("stored" if path else "failed"),
                   url=None if path is None else f"/api/trials/{data['id']}/profile")
     return None if fmt is None else values
 
@@ -320,6 +324,12 @@ class OptionsPublic(BaseModel):
     result_sort_fields: list[str]
     grid_cap: int
     auth_required: bool
+    """Mutating calls need the bearer token."""
+    reads_need_token: bool = False
+    """Every /api call needs it (GDN_SWEEP_TOKEN_FOR_READS)."""
+    open_to_network: bool = False
+    """Served beyond loopback with no token (`serve --allow-unauthenticated`): the dashboard
+    shows a banner."""
 
 
 CronText = Annotated[PlainText, Field(min_length=1, max_length=200,

@@ -59,6 +59,11 @@ class Observation:
     grad_sync_bytes: int | None
     interpreted: bool = False
     """It ran a kernel through its interpreter: no evidence of speed or memory (split_speed)."""
+    layers: str = "gdn_only"
+    """The decoder it trained: gdn_only, or the hybrid."""
+    attn_cp: str | None = None
+    """The hybrid's attention CP mode (None: gdn_only, or no CP)."""
+    layout: str = "contiguous"
 
     @property
     def local_tokens(self) -> int:
@@ -78,10 +83,11 @@ class Observation:
                                  chips=self.chips, dp=self.dp).mode
 
     def settings(self) -> tuple:
-        """What a fit may not mix: the model, batch, replicas, dtype and step settings, the
-        framework and its kernels."""
+        """What a fit may not mix: the model and its decoder, batch, replicas, dtype and step
+        settings, the framework and its kernels, the attention's CP mode and the layout."""
         return (self.preset, self.num_layers, self.batch_size, self.dp, self.dtype,
-                self.param_sharding, self.remat, self.framework, self.kernels)
+                self.param_sharding, self.remat, self.framework, self.kernels, self.layers,
+                self.attn_cp, self.layout)
 
 
 def evidence_for(session: Session, request) -> list[Observation]:
@@ -127,7 +133,7 @@ _COLUMNS = tuple(getattr(Result, name) for name in (
     "peak_memory_bytes_per_chip", "memory_source", "estimated_memory_bytes_per_chip",
     "estimated_memory_source", "predicted_memory_bytes_per_chip",
     "cp_comm_bytes_per_step_per_chip", "grad_sync_bytes_per_step_per_chip", "gdn_kernel",
-    "attention_kernel"))
+    "attention_kernel", "layers", "attn_cp", "layout"))
 """The result columns an Observation reads."""
 
 
@@ -160,7 +166,8 @@ def observation(r, *, chip: str) -> Observation:
         predicted_memory_bytes=r.predicted_memory_bytes_per_chip,
         cp_comm_bytes=r.cp_comm_bytes_per_step_per_chip,
         grad_sync_bytes=r.grad_sync_bytes_per_step_per_chip,
-        interpreted=ran_interpreted(r.gdn_kernel, r.attention_kernel))
+        interpreted=ran_interpreted(r.gdn_kernel, r.attention_kernel),
+        layers=r.layers or "gdn_only", attn_cp=r.attn_cp, layout=r.layout or "contiguous")
 
 
 def split_speed(observations: Sequence[Observation]

@@ -4,9 +4,28 @@
   affine in the local shard (tokens per chip), pooled over chip counts — the sequence-sharded
   modes are flat in D at a fixed shard, and what does depend on D (sharded weights) the
   predictor already carries.
-- Compute: step time of one-chip trials against the FLOPs they ran (TimeCurve: log-log
-  between the measured points, an achieved FLOP rate per chip type beyond them). Trials of
-  one mode at one chip count make such a curve of their own (compute and links together).
+- Compute: step time against the hardware FLOPs per chip it ran (TimeCurve), through the
+  median of each point's repeats. The achieved FLOP rate is not one number: it moves with the
+  per-chip work (the working set against the caches on a CPU, a kernel's occupancy on a GPU).
+  It is modelled log-linear in the per-chip work — log seconds = a + b · log FLOPs, the rate
+  ∝ FLOPs^(1 − b) —: between measured points piecewise (log-log interpolation), beyond them
+  the exponent b fitted by least squares over all the points (TIME_EXPONENT_RANGE bounds it;
+  from three points up, MIN_POINTS_FOR_EXPONENT: below, a constant rate).
+  Chosen from data (2026-12-07, JAX tiny p2p, one chip pinned to one core, 1,024–16,384
+  tokens, 2 repeats): b ≈ 1.1 over 2,048–16,384 (the rate falls ~8% per doubling of the
+  shard, 14 → 11 GFLOP/s); from 4,096 and 8,192, 16,384 tokens were missed by 9.5% at a
+  constant rate, 6.2% by an affine time (overhead + FLOPs ÷ a rate), 2.5% by the log-linear
+  rate; `plan --validate` of that sweep, one-chip seq_len hold-outs: median 5.1% → 2.0%, the
+  largest length 9.5% → 2.7%. Per component (GDN rule, attention, MLP) was not chosen: along
+  a sequence-length sweep every component but attention grows linearly with the local
+  tokens, so their rates cannot be told apart by such data (collinear), while the cache
+  effect they share is the one that moves.
+  One-chip trials give compute alone (fit_compute). Trials of one mode at one chip count make
+  a curve of their own, compute at that chip count (contention of chips that share a host
+  included), with the exposed communication the link fit gives for each trial's recorded
+  bytes and rounds taken out before the fit and added back at the target (chips_curve; whole
+  steps where the link fit would leave a trial under half its time, as on virtual chips whose
+  contention grows with the work).
 - Communication: what a multi-chip step takes beyond its compute, fitted as bytes ÷ bandwidth
   + dependent rounds × latency over measured trials of every dp × cp mesh (each one's recorded
   CP and gradient bytes and its rounds); where they are too few, the chip type's datasheet
@@ -17,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -62,15 +81,33 @@ def fit_memory(observations: Sequence[Observation]) -> AffineFit | None:
                                    [o.trial_id for o in known])
 
 
+TIME_EXPONENT_RANGE = (0.5, 1.5)
+"""Bounds of the fitted exponent b (seconds ∝ FLOPs^b) used beyond the measured points: b = 1
+is a constant rate; outside [0.5, 1.5] the rate would change by more than the square root of
+the work, which a few points 2× apart (±5% noise each: ±0.1 on b) do not show — a trend that
+steep between two points is noise, or a regime (a cache edge) that need not continue."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class TimeCurve:
     """Step seconds against FLOPs per chip through measured points (the median of repeats):
-    interpolated in log-log between them — a CPU's rate changes with the working set, so no
-    one line fits —, the nearest end's FLOP rate outside them."""
+    interpolated in log-log between them (the achieved rate log-linear in the work between
+    neighbours), and beyond them from the nearest end along the exponent fitted over all of
+    them (the module docstring)."""
 
     flops: tuple[float, ...]
     seconds: tuple[float, ...]
     trial_ids: tuple[int, ...]
+    exponent: float = 1.0
+    """b of seconds ∝ FLOPs^b beyond the ends: least squares in log-log over the points,
+    within TIME_EXPONENT_RANGE (1, a constant rate, from fewer than three)."""
+
+    @classmethod
+    def through(cls, flops: Sequence[float], seconds: Sequence[float],
+                trial_ids: Sequence[int]) -> TimeCurve:
+        """The curve through points sorted by FLOPs, its exponent fitted to them."""
+        return cls(flops=tuple(flops), seconds=tuple(seconds), trial_ids=tuple(trial_ids),
+                   exponent=fitted_exponent(flops, seconds))
 
     @property
     def flops_min(self) -> float:
@@ -85,29 +122,55 @@ class TimeCurve:
         """The achieved rate at the largest point."""
         return self.flops[-1] / self.seconds[-1]
 
+    def flops_per_s_at(self, flops_per_chip: float) -> float:
+        """The achieved rate the curve gives at `flops_per_chip`."""
+        return flops_per_chip / self.seconds_at(flops_per_chip)
+
     def seconds_at(self, flops_per_chip: float) -> float:
         if flops_per_chip <= self.flops[0]:
-            return self.seconds[0] * flops_per_chip / self.flops[0]
+            return self.seconds[0] * (flops_per_chip / self.flops[0]) ** self.exponent
         if flops_per_chip >= self.flops[-1]:
-            return self.seconds[-1] * flops_per_chip / self.flops[-1]
+            return self.seconds[-1] * (flops_per_chip / self.flops[-1]) ** self.exponent
         return float(np.exp(np.interp(np.log(flops_per_chip), np.log(self.flops),
                                       np.log(self.seconds))))
 
 
-def time_curve(observations: Sequence[Observation]) -> TimeCurve | None:
-    """The TimeCurve of measured trials (FLOPs per chip → step time), None without any."""
-    timed = [o for o in observations if o.kind == "measure" and o.step_time_s
-             and o.hardware_flops_per_step]
-    if not timed:
-        return None
+MIN_POINTS_FOR_EXPONENT = 3
+"""Points a fitted exponent needs: the slope of two is as much their noise as a trend (two
+points 2× apart, ±5% each: ±0.1 on b; 2026-12-07, 6-step trials of 10-30 ms at 256 and 512
+tokens gave b ≈ 1.4 and missed 1,024 tokens by 42%, where a constant rate missed by 7%)."""
+
+
+def fitted_exponent(flops: Sequence[float], seconds: Sequence[float]) -> float:
+    """b of log seconds = a + b · log FLOPs by least squares, clipped to TIME_EXPONENT_RANGE;
+    1 (a constant rate) from fewer than MIN_POINTS_FOR_EXPONENT distinct FLOPs."""
+    x, y = np.log(np.asarray(flops, float)), np.log(np.asarray(seconds, float))
+    if len(np.unique(x)) < MIN_POINTS_FOR_EXPONENT:
+        return 1.0
+    slope = float(np.polyfit(x, y, 1)[0])
+    return float(np.clip(slope, *TIME_EXPONENT_RANGE))
+
+
+def _timed(observations: Sequence[Observation]) -> list[Observation]:
+    return [o for o in observations if o.kind == "measure" and o.step_time_s
+            and o.hardware_flops_per_step]
+
+
+def time_curve(observations: Sequence[Observation],
+               less: Callable[[Observation], float] | None = None) -> TimeCurve | None:
+    """The TimeCurve of measured trials (FLOPs per chip → step time, less `less(o)` of each
+    where given), None without any."""
     by_flops: dict[float, list[Observation]] = {}
-    for o in timed:
+    for o in _timed(observations):
         by_flops.setdefault(o.hardware_flops_per_step / o.chips, []).append(o)
+    if not by_flops:
+        return None
     points = sorted(by_flops.items())
-    return TimeCurve(flops=tuple(f for f, _ in points),
-                     seconds=tuple(float(np.median([o.step_time_s for o in os]))
-                                   for _, os in points),
-                     trial_ids=tuple(o.trial_id for _, os in points for o in os))
+    return TimeCurve.through(
+        [f for f, _ in points],
+        [float(np.median([o.step_time_s - (less(o) if less else 0.0) for o in os]))
+         for _, os in points],
+        [o.trial_id for _, os in points for o in os])
 
 
 def fit_compute(observations: Sequence[Observation]) -> TimeCurve | None:
@@ -117,7 +180,7 @@ def fit_compute(observations: Sequence[Observation]) -> TimeCurve | None:
 
 def dependent_rounds(mode: str, chips: int, *, num_layers: int, remat: str, dp: int = 1
                      ) -> int:
-    """Exchanges of one step that wait on each other (ARCHITECTURE.md's table) on a mesh of
+    """Exchanges of one step that wait on each other (docs/architecture.md's table) on a mesh of
     dp replicas of `chips` CP chips each: per GDN layer and pass the mode's rounds plus the
     conv halo within a replica (none without CP); forward, backward, and the recomputed
     forward under remat; then one gradient reduction over all dp × chips chips."""
@@ -198,6 +261,80 @@ def fit_links(observations: Sequence[Observation], compute: TimeCurve | None, *,
     return LinkFit(bytes_per_s=prior.bytes_per_s, latency_s=prior.latency_s,
                    source=f"datasheet prior ({what} left no time beyond compute): "
                           f"{prior.source}", chips_max=chips_max, trial_ids=ids)
+
+
+def trial_comm_seconds(o: Observation, links: LinkFit) -> float | None:
+    """The exposed communication the link fit gives for a trial's recorded CP and gradient
+    bytes and its dependent rounds (None: no bytes recorded)."""
+    if o.chips == 1:
+        return 0.0
+    if o.cp_comm_bytes is None:
+        return None
+    return links.seconds(o.cp_comm_bytes + (o.grad_sync_bytes or 0),
+                         dependent_rounds(o.cp_mode, o.cp_chips, num_layers=o.num_layers,
+                                          remat=o.remat, dp=o.dp))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ChipsCurve:
+    """Step time at one chip count from one mode's trials on as many chips at other lengths:
+    their compute (step time less the link fit's communication of each one's recorded bytes
+    and rounds) on a TimeCurve, the target's own communication added back — or, where the
+    link model does not describe those trials (links None), their whole steps on the curve."""
+
+    compute: TimeCurve
+    links: LinkFit | None
+    chips: int
+
+    @property
+    def flops_min(self) -> float:
+        return self.compute.flops_min
+
+    @property
+    def flops_max(self) -> float:
+        return self.compute.flops_max
+
+    @property
+    def trial_ids(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.compute.trial_ids,
+                             *(self.links.trial_ids if self.links else ())}))
+
+    def seconds_at(self, flops_per_chip: float, comm_bytes: float | None, rounds: int
+                   ) -> float | None:
+        """None: the links are apart and the target's bytes are unknown."""
+        if self.links is None or self.chips == 1:
+            return self.compute.seconds_at(flops_per_chip)
+        if comm_bytes is None:
+            return None
+        return self.compute.seconds_at(flops_per_chip) + self.links.seconds(comm_bytes, rounds)
+
+    @property
+    def note(self) -> str:
+        what = f"trials on {self.chips} chip{'s' if self.chips > 1 else ''} at other lengths"
+        if self.links is None or self.chips == 1:
+            whole = " (whole steps: the link fit leaves them too little compute)" if (
+                self.chips > 1) else ""
+            return f"{what}{whole}, log-log in FLOPs per chip (exponent " \
+                   f"{self.compute.exponent:.2f} beyond them)"
+        return (f"compute of {what} (less their links), log-log in FLOPs per chip (exponent "
+                f"{self.compute.exponent:.2f} beyond them), + links: {self.links.source}")
+
+
+def chips_curve(observations: Sequence[Observation], links: LinkFit, *, mode: str,
+                chips: int) -> ChipsCurve | None:
+    """The ChipsCurve of `mode`'s measured trials on `chips` chips (the dp of the observations
+    given), None without two lengths. The links are taken apart unless a trial lacks its
+    bytes or the link fit leaves one less than half its time for compute (it then does not
+    describe these trials: on virtual chips sharing a host, contention that grows with the
+    work is in their time and in no link)."""
+    rows = [o for o in _timed(observations) if o.chips == chips and o.cp_mode == mode]
+    if len({o.hardware_flops_per_step for o in rows}) < 2:
+        return None
+    comm = {o.trial_id: trial_comm_seconds(o, links) for o in rows}
+    if any(c is None or c > o.step_time_s / 2 for o, c in zip(rows, comm.values())):
+        return ChipsCurve(compute=time_curve(rows), links=None, chips=chips)
+    return ChipsCurve(compute=time_curve(rows, less=lambda o: comm[o.trial_id]), links=links,
+                      chips=chips)
 
 
 def scaled_comm_bytes(observations: Sequence[Observation], *, mode: str, chips: int,

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gdn_core.memory.step import predict_step_memory
 from gdn_core.train_config import TrainConfig
+from service.planner.cached import step_memory
 from service.planner.evidence import Observation
 from service.planner.fits import LinkFit, scaled_comm_bytes
 from service.planner.schemas import CapacityRequest, Figure
@@ -65,8 +65,8 @@ def mesh_memory(request: CapacityRequest, model_cfg, *, framework: str, mode: st
                             dtype=request.dtype, param_sharding=param_sharding, remat=remat)
 
     def predicted(replicas: int) -> int:
-        return predict_step_memory(model_cfg, train_cfg, mode=mode, chips=cp, dp=replicas,
-                                   framework=framework).total
+        return step_memory(model_cfg, train_cfg, mode=mode, chips=cp, dp=replicas,
+                           framework=framework).total
 
     change = predicted(dp) - predicted(1)
     value = None if replica.value is None else replica.value + change

@@ -8,19 +8,30 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gdn_core import hardware
-from gdn_core.config import GDNConfig, ModelConfig
-from gdn_core.cp_modes import CP_MODES, CPMode
+from gdn_core.config import GDNConfig, Layers, ModelConfig
+from gdn_core.cp_layout import Layout
+from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES, AttnCPMode, CPMode
 from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.presets import PRESETS, get_preset
 from gdn_core.train_config import PARAM_SHARDINGS, REMATS, ComputeDType, ParamSharding, Remat
 from service.db.bounds import DbInt
+from service.planner.published_runs import Efficiency
 from workers.sweep_spec import MAX_CHIPS, MAX_SEQ_LEN, Framework, known_preset
 
 GDN_FIELDS = ("hidden_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
 SHAPE_FIELDS = (*GDN_FIELDS, "num_layers", "intermediate_size", "vocab_size")
 """What defines a model when no preset is given (the depth and vocabulary change a preset too)."""
 
-Basis = Literal["measured", "estimated", "interpolated", "extrapolated", "predicted", "refused"]
+Basis = Literal["measured", "estimated", "interpolated", "extrapolated", "predicted", "roofline",
+                "refused"]
+"""What a figure rests on. roofline: no trial answers it; the roofline at a stated efficiency
+(a published run's measured MFU on the chip type, or the default range: roofline.py)."""
+
+GDN_ONLY_BY_DEFAULT = ("tiny",)
+"""Presets planned as gdn_only unless `layers` says otherwise although they carry attention
+geometry: tiny is the test-sized model whose sweeps run gdn_only by default (SweepSpec.layers),
+its attention there only to test the hybrid step. Every published preset (Qwen3.5, Qwen3-Next)
+is trained as the hybrid decoder, and is planned so."""
 
 
 class CapacityRequest(BaseModel):
@@ -57,6 +68,21 @@ class CapacityRequest(BaseModel):
     preset: str | None = Field(default=None, validate_default=True, description="a model "
                                "preset; or give the GDN shape (SHAPE_FIELDS) instead, or both "
                                "to change a preset")
+    layers: list[Layers] | None = Field(
+        default=None, min_length=1, description="decoders to plan (gdn_only, hybrid); default: "
+        "the preset's own — hybrid for every published preset (Qwen3.5, Qwen3-Next: a "
+        "full-attention layer every fourth), gdn_only for tiny and a shape given by hand")
+    attn_cps: list[AttnCPMode] | None = Field(
+        default=None, min_length=1, description=f"CP modes of the hybrid's attention layers "
+        f"({', '.join(ATTN_CP_MODES)}); default: ring over zigzag shards, all_gather_kv and "
+        "ulysses over contiguous ones (the other pairs are dominated by the analytic counts: "
+        "points.UNDOMINATED_SPLITS) and any pair a trial ran, then any another of the same "
+        "mesh and settings beats on fitting, memory and step time left out — so the default "
+        "answer stays about the size of a GDN-only one; listed: every pair kept")
+    layouts: list[Layout] | None = Field(
+        default=None, min_length=1, description="sequence layouts (contiguous, zigzag: "
+        "balanced causal attention); default: as attn_cps says for the hybrid; contiguous "
+        "for gdn_only (the GDN work is the same under either)")
     sweep_id: list[DbInt] = Field(default=[], description="evidence only from these sweeps "
                                   "(default: every sweep)")
 
@@ -71,6 +97,33 @@ class CapacityRequest(BaseModel):
             raise ValueError(f"give a preset (one of: {', '.join(PRESETS)}), or the GDN shape "
                              f"without one: {', '.join(missing)} missing")
         return None
+
+    @field_validator("layers")
+    @classmethod
+    def _hybrid_needs_attention(cls, layers: list[str] | None, info) -> list[str] | None:
+        """A hybrid asked of a model without attention geometry: refused, naming it."""
+        if not layers or "hybrid" not in layers or "preset" not in info.data:
+            return layers  # (a bad preset is refused on its own)
+        preset = info.data["preset"]
+        if preset is None or PRESETS[preset].attention is None:
+            what = f"preset={preset!r}" if preset else "a GDN shape given by hand"
+            raise ValueError(f"layers='hybrid' needs attention geometry and {what} has none; "
+                             "use layers=gdn_only (or a preset with attention: "
+                             + ", ".join(p for p, m in PRESETS.items() if m.attention) + ")")
+        return layers
+
+    def planned_layers(self) -> list[str]:
+        """The decoders planned: `layers`, or the preset's own (GDN_ONLY_BY_DEFAULT)."""
+        if self.layers:
+            return list(dict.fromkeys(self.layers))
+        own = (self.preset is not None and PRESETS[self.preset].attention is not None
+               and self.preset not in GDN_ONLY_BY_DEFAULT)
+        return ["hybrid" if own else "gdn_only"]
+
+    @property
+    def prunes_variants(self) -> bool:
+        """Whether dominated attn_cp / layout variants are left out (neither was listed)."""
+        return self.attn_cps is None and self.layouts is None
 
     @model_validator(mode="after")
     def _a_model(self) -> CapacityRequest:
@@ -134,6 +187,12 @@ class Candidate(BaseModel):
     """Sequences per step over all replicas (dp × the request's batch_size)."""
     param_sharding: str
     remat: str
+    layers: str = "gdn_only"
+    """The decoder: gdn_only, or the hybrid (full attention every fourth layer)."""
+    attn_cp: str | None = None
+    """The hybrid's attention CP mode; None without attention layers or without CP."""
+    layout: str = "contiguous"
+    """Which tokens each chip holds (contiguous, zigzag)."""
     local_tokens: int
     fits: bool
     memory_bytes_per_chip: Figure
@@ -143,6 +202,8 @@ class Candidate(BaseModel):
     tokens_per_s: Figure
     mfu: Figure
     comm_bytes_per_step_per_chip: Figure
+    chip_hours_per_billion_tokens: Figure
+    """Chip-hours to train 10⁹ tokens: 10⁹ ÷ (tokens/s/chip × 3600), the same basis."""
 
 
 class PlanCheck(BaseModel):
@@ -168,7 +229,8 @@ class CapacityAnswer(BaseModel):
     """Every candidate that fits, fastest first; then those that do not."""
     fewest_chips: Candidate | None
     cheapest: Candidate | None
-    """Fewest chip-hours per token (the highest tokens/s per chip) among those that fit."""
+    """Fewest chip-hours per token (the highest tokens/s per chip) among those that fit;
+    roofline figures count where no trial answers."""
     fastest: Candidate | None
     """The highest total tokens/s within max_chips among those that fit."""
     pareto: list[Candidate]
@@ -177,4 +239,8 @@ class CapacityAnswer(BaseModel):
     plan_checks: list[PlanCheck]
     """Points with both a plan and a measured trial: how far XLA:CPU's estimate was."""
     evidence_trials: int
+    speed_basis: Efficiency | None = None
+    """What `roofline` figures rest on (None on virtual CPU chips: no roofline there)."""
+    variants_left_out: int = 0
+    """attn_cp / layout variants left out as dominated (request.prunes_variants)."""
     caveats: list[str]

@@ -7,7 +7,9 @@ step time of a held-out chip count rests on the link fit over the measured meshe
 smaller ones (fits.fit_links) and on the replica of each mesh (meshes.py). Memory is scored on
 the part above the fitted constant (what the planner says at the shortest legal sequence, the
 weights and optimizer state mostly), so a model that only knows the constant cannot pass; step
-time on the whole.
+time on the whole. The repeats of a grid point (SweepSpec.repeats) are one held-out point,
+scored against their median (as the fits read the points they train on): a measurement is the
+median of its repeats, not any one of them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ class HeldOut:
     holdout: str
     """Which level was held out: "largest chips (4)", "seq_len 1024", …"""
     trial_id: int
+    """The point's first trial (its repeats: `repeats`)."""
+    repeats: tuple[int, ...] = ()
+    """Every trial of the point (repeats of one grid point), scored by their median."""
     point: str
+    chips: int = 0
+    """All chips of the point's mesh."""
     figure: str
     """memory_bytes_per_chip or step_time_s"""
     predicted: float | None
@@ -74,7 +81,9 @@ def _request(o: Observation) -> CapacityRequest:
                            dp=[o.dp], batch_size=o.batch_size, dtype=o.dtype,
                            frameworks=[o.framework],
                            modes=[o.cp_mode], param_shardings=[o.param_sharding],
-                           remats=[o.remat], num_layers=o.num_layers)
+                           remats=[o.remat], num_layers=o.num_layers,
+                           layers=[o.layers], layouts=[o.layout],
+                           attn_cps=[o.attn_cp] if o.attn_cp and o.cp_chips > 1 else None)
 
 
 def _memory_floor(o: Observation, train: Sequence[Observation]) -> float | None:
@@ -93,14 +102,38 @@ def _candidate(train: Sequence[Observation], o: Observation):
                  and c.mode == ("none" if o.chips == o.dp else o.cp_mode)), None)
 
 
+def _points(held: Sequence[Observation]) -> list[tuple[Observation, tuple[int, ...]]]:
+    """The held-out trials by point (settings, kind, mode, mesh, seq_len): the repeats of one
+    point as one observation, the first trial's with the median step time and memory of them
+    all (a measurement is the median of its repeats, as the fits read them), and the ids."""
+    by_point: dict[tuple, list[Observation]] = {}
+    for o in held:
+        key = (o.settings(), o.kind, o.mode, o.chips, o.dp, o.seq_len, o.memory_is_peak)
+        by_point.setdefault(key, []).append(o)
+
+    def median(values):
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    out = []
+    for trials in by_point.values():
+        memory = median(o.memory_bytes for o in trials)
+        out.append((dataclasses.replace(
+            trials[0], step_time_s=median(o.step_time_s for o in trials),
+            memory_bytes=None if memory is None else round(memory)),
+            tuple(o.trial_id for o in trials)))
+    return out
+
+
 def validate(observations: Sequence[Observation]) -> list[HeldOut]:
-    """Every held-out trial's memory and step-time error (module docstring); interpreted runs
-    are neither held out nor trained on (evidence.split_speed: no speed, no kernel's memory)."""
+    """Every held-out point's memory and step-time error (module docstring), the repeats of a
+    point scored as one (their median: _points); interpreted runs are neither held out nor
+    trained on (evidence.split_speed: no speed, no kernel's memory)."""
     observations, _ = split_speed(observations)
     rows = []
     for name, held in _holdouts(observations):
         train = [o for o in observations if o.trial_id not in held]
-        for o in (o for o in observations if o.trial_id in held):
+        for o, repeats in _points([o for o in observations if o.trial_id in held]):
             match = _candidate(train, o)
             if match is None:
                 continue
@@ -116,15 +149,17 @@ def validate(observations: Sequence[Observation]) -> list[HeldOut]:
                           match.memory_bytes_per_chip.model_copy(update={"value": None}))
                 error = (abs(memory.value - o.memory_bytes) / above
                          if memory.value is not None and above and above > 0 else None)
-                rows.append(HeldOut(holdout=name, trial_id=o.trial_id, point=point,
+                rows.append(HeldOut(holdout=name, trial_id=o.trial_id, repeats=repeats,
+                                    point=point, chips=o.chips,
                                     figure="memory_bytes_per_chip", predicted=memory.value,
                                     observed=o.memory_bytes, error=error, basis=memory.basis))
             if o.kind == "measure" and o.step_time_s:
                 step = match.step_time_s
                 error = (abs(step.value - o.step_time_s) / o.step_time_s
                          if step.value is not None else None)
-                rows.append(HeldOut(holdout=name, trial_id=o.trial_id, point=point,
-                                    figure="step_time_s", predicted=step.value,
+                rows.append(HeldOut(holdout=name, trial_id=o.trial_id, repeats=repeats,
+                                    point=point, chips=o.chips, figure="step_time_s",
+                                    predicted=step.value,
                                     observed=o.step_time_s, error=error, basis=step.basis))
     return rows
 
@@ -135,7 +170,7 @@ def summary(rows: Sequence[HeldOut]) -> list[dict]:
     the worst meet their goals (GOALS; None where nothing was scored)."""
     out = []
     for figure, (median_goal, goal) in GOALS.items():
-        for basis in ("all", "interpolated", "extrapolated", "refused"):
+        for basis in ("all", "interpolated", "extrapolated", "roofline", "refused"):
             errors = [r.error for r in rows if r.figure == figure
                       and (basis == "all" or r.basis == basis)]
             scored = [e for e in errors if e is not None]

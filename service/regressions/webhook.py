@@ -3,7 +3,8 @@ of a JSON summary, off the sweep's path.
 
 `alert_in_background` starts a daemon thread and returns at once: the sweep is finished and
 the scheduler goes on whatever the webhook does. The thread finds the new regressions
-(alerts.py), claims them, POSTs once with retries (TRIES, doubling backoff, a timeout per
+(alerts.py), claims them, POSTs once — to a destination the service's WebhookPolicy allows
+(destinations.py: no internal address when the service serves beyond loopback) — with retries (TRIES, doubling backoff, a timeout per
 try), and stores the outcome on the alerts and the schedule (GET /api/schedules/{id},
 the schedules page); a failure is logged, never raised. Each request carries an
 `Idempotency-Key` naming the schedule and sweep, so a receiver can drop the duplicate that a
@@ -24,9 +25,11 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from service.core.config import get_settings
 from service.db.errors import clean_error
 from service.db.models import Sweep
 from service.regressions.alerts import claim_alerts, new_regressions, record_delivery
+from service.regressions.destinations import DestinationRefused, WebhookPolicy, pinned_request
 
 log = logging.getLogger(__name__)
 TRIES = 4
@@ -36,22 +39,28 @@ TIMEOUT_S = 10.0
 """Per try: connecting, sending and the answer together."""
 
 
-def post_json(url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
-              tries: int = TRIES, backoff_s: float = BACKOFF_S,
-              timeout_s: float = TIMEOUT_S) -> tuple[str | None, int]:
+def post_json(url: str, body: dict[str, Any], *, policy: WebhookPolicy,
+              headers: dict[str, str] | None = None, tries: int = TRIES,
+              backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S
+              ) -> tuple[str | None, int]:
     """POST `body` until a 2xx answer; (None, tries used) on success, else (the last
-    error, tries used). A 4xx other than 408/429 is not retried: the receiver refuses it."""
+    error, tries used). A 4xx other than 408/429 is not retried: the receiver refuses it;
+    nor is a destination `policy` refuses (its host is resolved again at every try)."""
     error = None
     for attempt in range(1, tries + 1):
         try:
-            answer = httpx.post(url, json=body, headers=headers, timeout=timeout_s,
-                                follow_redirects=False)
+            target, host_header, extensions = pinned_request(url, policy)
+            with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
+                answer = client.post(target, json=body, extensions=extensions,
+                                     headers={**(headers or {}), **host_header})
             if answer.is_success:
                 return None, attempt
             error = f"HTTP {answer.status_code} from {url}: {answer.text[:200]}"
             if answer.is_client_error and answer.status_code not in (408, 429):
                 return error, attempt
-        except httpx.HTTPError as err:
+        except DestinationRefused as err:
+            return str(err), attempt
+        except (httpx.HTTPError, OSError) as err:  # OSError: the name did not resolve
             error = f"{type(err).__name__} posting to {url}: {err}"
         if attempt < tries:
             time.sleep(backoff_s * 2 ** (attempt - 1))
@@ -59,11 +68,13 @@ def post_json(url: str, body: dict[str, Any], *, headers: dict[str, str] | None 
 
 
 def alert_after_sweep(*, session_factory: sessionmaker[Session], sweep_id: int,
-                      tries: int = TRIES, backoff_s: float = BACKOFF_S,
-                      timeout_s: float = TIMEOUT_S) -> int:
+                      policy: WebhookPolicy | None = None, tries: int = TRIES,
+                      backoff_s: float = BACKOFF_S, timeout_s: float = TIMEOUT_S) -> int:
     """Send the webhook of the schedule that created `sweep_id` the regressions the sweep
-    opened (those not sent before); how many were sent. Never raises."""
+    opened (those not sent before); how many were sent. Never raises. `policy`: where a
+    webhook may go (default: this process's settings)."""
     try:
+        policy = policy or WebhookPolicy.from_settings(get_settings())
         with session_factory() as session:
             schedule, found = new_regressions(session=session, sweep_id=sweep_id)
             if schedule is None or schedule.webhook_url is None or not found:
@@ -81,7 +92,7 @@ def alert_after_sweep(*, session_factory: sessionmaker[Session], sweep_id: int,
                 "regressions": [s.model_dump(mode="json", exclude={"points"})
                                 for _, s in claimed]}
         error, attempts = post_json(
-            url, body, tries=tries, backoff_s=backoff_s, timeout_s=timeout_s,
+            url, body, policy=policy, tries=tries, backoff_s=backoff_s, timeout_s=timeout_s,
             headers={"Idempotency-Key": f"gdn-sweep-regressions-{schedule_id}-{sweep_id}"})
         with session_factory() as session:
             record_delivery(session=session, schedule_id=schedule_id,

@@ -325,7 +325,7 @@ def _profile_values(result: TrialResult) -> dict:
         return dict.fromkeys(PROFILE_COLUMNS)
     return dict(profile_format=profile.format, profile_path=profile.path,
                 profile_bytes=profile.bytes, profile_summary=profile.summary,
-                profile_error=_plain(profile.error))
+                profile_error=_plain(profile.error), profile_status=profile.status)
 
 
 def _plain(text: str | None) -> str | None:

@@ -1,5 +1,6 @@
 """What a foreground sweep shows: a progress bar while it runs, a summary table at the end
-(one line per trial: status, tokens/s/chip, MFU, memory per chip).
+(one line per trial: status, tokens/s/chip, MFU, memory per chip), then why each trial that
+did not succeed did not (skipped, failed, oom, timeout, cancelled: its stored reason).
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ class SummaryRow:
     peak_memory_bytes_per_chip: int | None
     interpreted: bool = False
     """Its kernels ran through their interpreters: tokens/s/chip and MFU are no speed."""
+    reason: str | None = None
+    """Why it did not succeed (a skip reason, a failure's error), where it did not."""
+    dp: int = 1
+
+
+NO_CP = "none"
+"""The mode of a trial whose mesh has no CP group (one chip, or one chip per replica)."""
+
+
+def mode_label(mode: str, chips: int, dp: int = 1) -> str:
+    """A trial's mode as the CLI prints it: a CP mode by name; no CP as what it is (`1 chip
+    (no CP)`, or `dp 2 (no CP)`), never `none`, which reads as "no answer"."""
+    if mode != NO_CP:
+        return mode
+    return "1 chip (no CP)" if chips == 1 else f"dp {dp} (no CP)"
 
 
 def _settings_text(t) -> str:
@@ -86,11 +102,12 @@ def db_rows(session, sweep_id: int) -> list[SummaryRow]:
                Trial.param_sharding, Trial.remat, Trial.repeat, Trial.dp, Trial.layers,
                Trial.attn_cp, Trial.layout, Trial.kernels, Trial.documents, Trial.status,
                Result.tokens_per_s_per_chip, Result.mfu, Result.peak_memory_bytes_per_chip,
-               Result.gdn_kernel, Result.attention_kernel)
+               Result.gdn_kernel, Result.attention_kernel, Result.error, Trial.skip_reason)
         .outerjoin(Result, Result.trial_id == Trial.id).where(Trial.sweep_id == sweep_id))
     return [SummaryRow(r.framework, r.mode, r.chips, r.seq_len, _settings_text(r), r.status,
                        r.tokens_per_s_per_chip, r.mfu, r.peak_memory_bytes_per_chip,
-                       ran_interpreted(r.gdn_kernel, r.attention_kernel))
+                       ran_interpreted(r.gdn_kernel, r.attention_kernel),
+                       r.error or r.skip_reason, r.dp)
             for r in found]
 
 
@@ -105,7 +122,8 @@ def _result_rows(trials: list[TrialSpec], results: dict[str, TrialResult]) -> li
             metrics and metrics.tokens_per_s_per_chip, metrics and metrics.mfu,
             metrics and metrics.peak_memory_bytes_per_chip,
             metrics is not None and ran_interpreted(metrics.gdn_kernel,
-                                                    metrics.attention_kernel)))
+                                                    metrics.attention_kernel),
+            (result.error if result is not None else None) or trial.skip_reason, trial.dp))
     return rows
 
 
@@ -128,7 +146,7 @@ def summary_table(rows: list[SummaryRow]) -> str:
     header = ["framework", "mode", "chips", "seq_len", *(["settings"] if with_settings else []),
               "status", "tok/s/chip", "MFU", "mem/chip"]
     table = [header] + [
-        [r.framework, r.mode, str(r.chips), str(r.seq_len),
+        [r.framework, mode_label(r.mode, r.chips, r.dp), str(r.chips), str(r.seq_len),
          *([r.settings] if with_settings else []), r.status,
          *(["interpreted"] * 2 if r.interpreted else [
              "-" if r.tokens_per_s_per_chip is None else f"{r.tokens_per_s_per_chip:.4g}",
@@ -141,10 +159,34 @@ def summary_table(rows: list[SummaryRow]) -> str:
                      for line in table) + "\n"
 
 
+def reasons_text(rows: list[SummaryRow]) -> str:
+    """One line per trial that did not succeed, with its stored reason (in the table's order);
+    empty when every trial succeeded (or none has finished)."""
+    shown = [r for r in sorted(rows, key=lambda r: (r.framework, r.mode, r.chips, r.seq_len,
+                                                    r.settings))
+             if r.status not in ("succeeded", "pending", "running")]
+    with_settings = len({r.settings for r in rows}) > 1  # as the table shows them
+    return "".join(f"  {r.framework} {mode_label(r.mode, r.chips, r.dp)} chips={r.chips} "
+                   f"seq_len={r.seq_len}{' ' + r.settings if with_settings else ''}: "
+                   f"{r.status}: {r.reason or 'no reason recorded'}\n" for r in shown)
+
+
+def status_counts_text(rows: list[SummaryRow]) -> str:
+    """`3 succeeded, 1 skipped of 4 trial(s)`: the rows' statuses, most common first."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return f"{', '.join(f'{n} {s}' for s, n in ordered)} of {len(rows)} trial(s)"
+
+
 def print_summary(out: TextIO, sweep: int | str, name: str, status: str,
-                   rows: list[SummaryRow]) -> None:
+                  rows: list[SummaryRow]) -> None:
     print(f"sweep {sweep} {name!r}: {status}", file=out)
     out.write(summary_table(rows))
+    reasons = reasons_text(rows)
+    if reasons:
+        out.write("trials that did not succeed, and why:\n" + reasons)
     out.flush()
 
 

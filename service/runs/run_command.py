@@ -46,7 +46,8 @@ from service.runs.preflight import (
     first_line,
     ray_address_error,
 )
-from service.runs.progress import ProgressBar, db_rows, file_rows, print_summary
+from service.runs.progress import (ProgressBar, db_rows, file_rows, print_summary,
+                                   status_counts_text)
 from service.runs.ray_setup import RayConnection
 from service.runs.sweep_file import ResultsFileError, SweepFileError, jsonl_target, load_spec
 from workers.result import FINAL_STATUSES
@@ -97,8 +98,10 @@ def run_sweep_into_db(spec_path: str | Path | None, *, settings: Settings,
                     return EXIT_BAD_INPUT
                 if sweep.status in FINAL_SWEEP_STATUSES:
                     print(f"sweep {resume_sweep_id} is already {sweep.status}", file=out)
-                    print_summary(summary_out, sweep.id, sweep.name, sweep.status,
-                                  db_rows(session, sweep.id))
+                    rows = db_rows(session, sweep.id)
+                    print_summary(summary_out, sweep.id, sweep.name, sweep.status, rows)
+                    print(closing_line(sweep.id, sweep.status, rows, settings.database_url),
+                          file=summary_out)
                     return _outcome(session, sweep.id)
             sweep_id, name = sweep.id, sweep.name
             claimed = sweep_run.claim(session=session, sweep_id=sweep_id, runner_id=runner_id,
@@ -176,7 +179,18 @@ def _drive(session_factory, sweep_id, name, trials, settings, runner_id, claimed
     shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v and k in FINAL_STATUSES)
     print(f"sweep {sweep_id}: {status} ({shown})", file=out)
     print_summary(summary_out, sweep_id, name, status, rows)
+    print(closing_line(sweep_id, status, rows, settings.database_url), file=summary_out)
     return code
+
+
+def closing_line(sweep_id: int, status: str, rows, database_url: str) -> str:
+    """The last line of a run into the database: how its trials ended, and where to see them."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url).render_as_string(hide_password=True)
+    return (f"sweep {sweep_id} {status}: {status_counts_text(rows)}. See them with "
+            f"`gdn-sweep results --sweep-id {sweep_id} --db {url}` (the succeeded ones), or at "
+            f"/sweeps/{sweep_id} on the dashboard of `gdn-sweep serve --db {url}`")
 
 
 def _outcome(session, sweep_id: int) -> int:
@@ -278,6 +292,7 @@ def run_sweep_into_jsonl(spec_path: str | Path | None, *, settings: Settings,
     ok = all(r.status in SUCCESSFUL for r in rows)
     print_summary(summary_out, uid, spec.name, "finished" if ok else "finished with failures",
                   rows)
-    print(f"results in {path}; load them with `gdn-sweep import {path} --db URL`",
-          file=summary_out)
+    print(f"sweep {uid} {'finished' if ok else 'finished with failures'}: "
+          f"{status_counts_text(rows)}; results in {path}; load them with "
+          f"`gdn-sweep import {path} --db URL`", file=summary_out)
     return EXIT_OK if ok else EXIT_TRIALS_FAILED

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.core.config import Settings
 from service.db import crud
 from service.db.errors import clean_error, is_transient
+from service.regressions.destinations import WebhookPolicy
 from service.regressions.webhook import alert_in_background
 from service.runs import sweep_run
 from service.runs.db_sink import DatabaseSink, replay_spool
@@ -179,8 +180,9 @@ class Scheduler:
                 poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
                 stop_event=self._stop,
                 # profile traces go where this service's API serves them from
-                driver_options=DriverOptions(source=source,
-                                             artifact_dir=self._settings.artifact_dir))
+                driver_options=DriverOptions(
+                    source=source, artifact_dir=self._settings.artifact_dir,
+                    profile_retention=self._settings.profile_retention()))
         finally:
             with self._lock:
                 self._current = None
@@ -202,7 +204,8 @@ class Scheduler:
         log.info("sweep %s: %s", sweep_id, status,
                  extra={"event": "sweep_finished", "sweep_id": sweep_id, "status": status})
         if status == "finished":  # its schedule's webhook, if any, in a thread of its own
-            alert_in_background(session_factory=self._session_factory, sweep_id=sweep_id)
+            alert_in_background(session_factory=self._session_factory, sweep_id=sweep_id,
+                                policy=WebhookPolicy.from_settings(self._settings))
 
     def _release(self, sweep_id: int) -> None:
         """Give up the claim on a clean stop, so the next scheduler resumes at once (best

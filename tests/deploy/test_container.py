@@ -209,6 +209,7 @@ def test_cmd_with_the_images_env_passes_the_healthcheck(tmp_path):
     cmd = exec_form(arguments("CMD")[0])
     cmd[cmd.index("--port") + 1] = str(port)
     env = {name: value.replace("/data", str(tmp_path)) for name, value in dockerfile_env().items()}
+    env["GDN_SWEEP_API_TOKEN"] = "container-token"  # `docker run -e`: 0.0.0.0 needs one
     probe = exec_form(arguments("HEALTHCHECK")[0].split(" CMD ", 1)[1])
     probe = [part.replace(":8000/", f":{port}/") for part in probe]
     probe[0] = sys.executable if probe[0] == "python" else probe[0]

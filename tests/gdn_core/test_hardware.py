@@ -42,7 +42,7 @@ def test_gpu_float32_peak_is_true_fp32_and_differs_from_bf16(name):
 
 @pytest.mark.parametrize("name", TPUS)
 def test_tpu_float32_is_divided_by_the_bf16_peak_recorded_as_such(name):
-    # TPUs publish no float32 figure: ARCHITECTURE.md (MaxText's convention) divides by bf16.
+    # TPUs publish no float32 figure: docs/architecture.md (MaxText's convention) divides by bf16.
     assert hw.peak_dtype(name, "float32") == "bfloat16"
     assert hw.peak_flops_per_chip(name, "float32") == hw.peak_flops_per_chip(name, "bfloat16")
     source = hw.peak_source(name, "float32")

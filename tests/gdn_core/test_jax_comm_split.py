@@ -1,7 +1,7 @@
 """One compile per trial: CP bytes and the weights' traffic told apart in the step's own HLO
 by the named scopes of their collectives (jax_gdn.cp.train.comm_bytes_per_chip), merged
 collectives split by operand. The whole-step cases (every mode and sharding, exact bytes
-against ARCHITECTURE.md's table) are in test_jax_cp_train.py."""
+against docs/architecture.md's table) are in test_jax_cp_train.py."""
 
 from __future__ import annotations
 

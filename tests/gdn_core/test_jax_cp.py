@@ -114,7 +114,7 @@ def test_cp_matches_single_chip(mode, layout):
 
 
 def expected_received_bytes(mode, D, T_local, case=CASE):
-    """Per chip, fwd + bwd of the test program, by the ARCHITECTURE.md table plus the state
+    """Per chip, fwd + bwd of the test program, by the docs/architecture.md table plus the state
     extras of this program: with initial_state and output_final_state the sequence-sharded
     modes also all-reduce the final state (forward) and ∂L/∂h0 (backward); ulysses all-gathers
     the final state over heads and all-reduces ∂L/∂h0. All-reduce = ring, 2(D−1)/D of the size.

@@ -82,7 +82,7 @@ def test_memory_at_most_doubles_with_the_local_shard(mode):
 
 
 def expected_received_bytes(mode, D):
-    """Per chip (index = position), forward + backward, by the ARCHITECTURE.md table."""
+    """Per chip (index = position), forward + backward, by the docs/architecture.md table."""
     shifts = [2 ** r for r in range(math.ceil(math.log2(D)))]
     if mode == "p2p":
         return [STATE_BYTES * ((j >= 1) + (j <= D - 2)) for j in range(D)]

@@ -79,7 +79,7 @@ def parameter_count():
 
 
 def expected_cp_bytes(mode, D, T):
-    """Most bytes any chip receives per step outside the gradient sync: ARCHITECTURE.md's
+    """Most bytes any chip receives per step outside the gradient sync: docs/architecture.md's
     table per layer and direction (forward + backward), plus the conv halo, times L, plus the
     loss psum (a ring all-reduce of one float32). Every mode's state traffic is in float32."""
     g, t = MODEL.gdn, T // D

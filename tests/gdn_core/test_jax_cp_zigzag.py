@@ -183,7 +183,7 @@ def log_scan_received(D, *, reverse: bool):
 
 def expected_received_bytes(mode, D):
     """Per chip, forward + backward of the rule program under zigzag, by the modes' designs
-    (ARCHITECTURE.md's exchanges over 2D segments), plus the state extras: the final state
+    (docs/architecture.md's exchanges over 2D segments), plus the state extras: the final state
     and ∂L/∂h0 all-reduced (ring, 2(D−1)/D of the size) — ulysses all-gathers the final state
     over heads and all-reduces ∂L/∂h0, as under the contiguous layout."""
     E, T_local = 2 * D, CASE.T // D

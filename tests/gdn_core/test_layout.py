@@ -19,7 +19,7 @@ REPO = ROOT.parent
 GRAPH = import_graph(ROOT)
 
 ALLOWED_PACKAGES = {"numpy", "torch", "jax", "optax"}
-"""What gdn_core may import besides the standard library and itself (ARCHITECTURE.md)."""
+"""What gdn_core may import besides the standard library and itself (docs/architecture.md)."""
 OPTIONAL_PACKAGES = {"fla": "flash-linear-attention: bench kernel's GPU anchor, fused torch GDN",
                      "triton": "fla's kernels on a CPU, under Triton's interpreter",
                      "transformers": "bench kernel's reference rule"}

@@ -261,7 +261,7 @@ def test_cp_bf16_inputs(mode, D):
 
 
 def table_bytes(case: CPCase, rank: int) -> tuple[int, int]:
-    """(forward, backward) bytes of the rule's exchange for `rank`, from ARCHITECTURE.md."""
+    """(forward, backward) bytes of the rule's exchange for `rank`, from docs/architecture.md."""
     D, (Hk, Hv) = case.D, case.heads
     state, pair = B * Hv * DK * DV * 4, B * Hv * DK * (DK + DV) * 4
     rounds = [2 ** i for i in range(math.ceil(math.log2(D)))]

@@ -158,7 +158,7 @@ def test_attention_cp_matches_single_chip(mode, layout, D):
 
 
 def expected_bytes(mode: str, D: int) -> tuple[int, int]:
-    """(forward, backward) bytes a rank receives, ARCHITECTURE.md's attention rows (fp32)."""
+    """(forward, backward) bytes a rank receives, docs/architecture.md's attention rows (fp32)."""
     H, G = heads(D)
     T, b = D * T_LOCAL, 4
     if mode == "all_gather_kv":  # (D−1)/D·T·B·G·2E·b each way (backward: reduce-scatter)

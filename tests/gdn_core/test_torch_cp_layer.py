@@ -73,7 +73,7 @@ def layer_data(D: int) -> tuple[np.ndarray, np.ndarray]:
 
 def layer_comm_bytes(cfg: GDNConfig, mode: str, *, D: int, rank: int, B: int, t: int,
                      itemsize: int = 4) -> tuple[int, int]:
-    """(forward, backward) bytes one CP layer receives on `rank`, from ARCHITECTURE.md's table.
+    """(forward, backward) bytes one CP layer receives on `rank`, from docs/architecture.md's table.
 
     Sequence-sharded modes add the conv halo, B·(K−1)·C from the previous rank; ulysses sends
     each rank, from each of the D − 1 others, the pre-conv q, k channels of the G key heads its

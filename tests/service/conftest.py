@@ -3,7 +3,8 @@ with Alembic), API clients on either, and one local Ray shared by the tests that
 
 PostgreSQL: the suite creates `gdn_sweep_test_<random>` on the server of
 $GDN_SWEEP_TEST_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres) and drops
-it at the end. Without a reachable server the PostgreSQL cases are skipped, saying why.
+it at the end. Without a reachable server the PostgreSQL cases are skipped, saying why, or,
+under GDN_SWEEP_REQUIRE_POSTGRES (CI), fail.
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ def _psycopg_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+REQUIRE_POSTGRES_ENV = "GDN_SWEEP_REQUIRE_POSTGRES"
+"""Set (.ci/run sets it): a PostgreSQL case whose server is missing fails instead of skipping,
+so a run cannot go green on SQLite alone."""
+
+
+def postgres_missing(why: str):
+    """Skip the PostgreSQL case for `why`; fail it where REQUIRE_POSTGRES_ENV is set."""
+    if os.environ.get(REQUIRE_POSTGRES_ENV):
+        pytest.fail(f"{why} ({REQUIRE_POSTGRES_ENV} is set: PostgreSQL cases must run)",
+                    pytrace=False)
+    pytest.skip(why)
+
+
 @contextmanager
 def scratch_postgres_database(prefix: str) -> Iterator[str]:
     """A new empty database `<prefix>_<random>` on the server of PG_ADMIN_URL (the test is
@@ -42,8 +56,8 @@ def scratch_postgres_database(prefix: str) -> Iterator[str]:
     try:
         admin = psycopg.connect(_psycopg_conninfo(PG_ADMIN_URL), autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as err:
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL} "
-                    f"(set GDN_SWEEP_TEST_POSTGRES_URL): {err}")
+        postgres_missing(f"PostgreSQL not reachable at {PG_ADMIN_URL} "
+                         f"(set GDN_SWEEP_TEST_POSTGRES_URL): {err}")
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
@@ -175,19 +189,22 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    """A 1400×900 en-US tab."""
-    from .browser import window_page
+    """A 1400×900 en-US tab; the test fails when the page logged a console error."""
+    from .browser import assert_no_console_errors, window_page
 
     tab = window_page(browser)
     yield tab
     tab.context.close()
+    assert_no_console_errors(tab)
 
 
 @pytest.fixture
 def csp_page(browser):
-    """A 1400×900 en-US tab that records what the CSP refused in window.__csp."""
-    from .browser import window_page
+    """A 1400×900 en-US tab that records what the CSP refused in window.__csp; the test
+    fails when the page logged a console error."""
+    from .browser import assert_no_console_errors, window_page
 
     tab = window_page(browser, record_csp=True)
     yield tab
     tab.context.close()
+    assert_no_console_errors(tab)

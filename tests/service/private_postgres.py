@@ -29,7 +29,10 @@ def _pg_tool(name: str) -> str:
             return str(directory / name)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} not found (PostgreSQL server binaries are needed for outage tests)")
+        from .conftest import postgres_missing
+
+        postgres_missing(f"{name} not found (PostgreSQL server binaries are needed for outage "
+                         "tests)")
     return found
 
 

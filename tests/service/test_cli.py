@@ -194,6 +194,11 @@ def test_a_sweep_whose_every_trial_fails_exits_1(tmp_path):
     done = cli_process(tmp_path, sweep, "db", "--cpu-chips", "1", timeout_s=170)
     assert done.returncode == 1, done.stderr
     assert "failed 1" in done.stderr
+    # the summary says why, and ends with where to see the sweep
+    assert re.search(r"^  torch all_gather chips=2 seq_len=64: failed: trial needs chips=2 "
+                     r"'cpu_chip' resources but the cluster has 1", done.stdout, re.M), done.stdout
+    assert re.search(r"^sweep \d+ finished: 1 failed of 1 trial\(s\)\. See them with "
+                     r"`gdn-sweep results --sweep-id \d+ --db ", done.stdout.splitlines()[-1])
 
 
 @pytest.mark.slow

@@ -151,8 +151,8 @@ def test_compare_page_draws_parcoords_and_matches_points_of_two_sweeps(sweeps, p
 
     parcoords = page.evaluate("document.getElementById('parcoords').data[0]")
     labels = [d["label"] for d in parcoords["dimensions"]]
-    assert labels[:-1] == ["sweep", "framework", "mode", "chips", "seq_len", "dtype",
-                           "param sharding", "remat", "tokens/s/chip", "MFU"]
+    assert labels[:-1] == ["sweep", "framework", "kernels", "layers", "mode", "chips",
+                           "seq_len", "dtype", "param sharding", "remat", "tokens/s/chip", "MFU"]
     assert labels[-1].startswith("memory/chip (")
     dims = {d["label"]: d for d in parcoords["dimensions"]}
     both = fast + slow

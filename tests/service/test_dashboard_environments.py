@@ -48,7 +48,8 @@ def test_the_sweep_page_shows_each_environment_and_marks_what_changed(db_url, cs
         assert evil.inner_text() == EVIL  # shown as text
         assert page.locator("#environment-table tr[data-key='runtime.cuda'] td").nth(1) \
             .inner_text() == "null"
-        env_cells = {int(row.get_attribute("data-trial-id")): row.locator("td").nth(21)
+        env_column = page.locator("#trials thead th").all_inner_texts().index("env")
+        env_cells = {int(row.get_attribute("data-trial-id")): row.locator("td").nth(env_column)
                      .inner_text() for row in page.locator("#trials tbody tr").all()}
         first, _, third, none = (ids[t.key] for t in trials)
         assert env_cells[none] == "" and env_cells[first] != env_cells[third]

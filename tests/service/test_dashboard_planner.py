@@ -224,3 +224,82 @@ def test_planner_page_shows_the_apis_422_beside_the_field(planner_url, page):
     assert "No candidate" in page.inner_text("#pareto")
     assert csp_refusals(page) == []
     page.screenshot(path="/tmp/planner-nothing-fits.png")
+
+
+DEMO_LIKE = {"frameworks": ["jax", "torch"], "modes": ["all_gather", "p2p"], "chips": [1, 2],
+             "seq_lens": [384, 768, 1536], "dtypes": ["float32"], "model": {"preset": "tiny"}}
+"""service.demo's grid on a 2-core host: tiny, float32, both frameworks, chips 1 and 2."""
+
+
+@pytest.mark.timeout(180)
+def test_planner_form_starts_from_the_stored_trials_and_answers_speed(session_factory, db_url,
+                                                                      page):
+    """After the float32 demo the page opened bare asks what the trials can answer (their
+    dtype, frameworks, chip, longest length) and shows measured speed; the form's old
+    defaults (bfloat16, JAX) are refused, and the page says why."""
+    seed_sweep(session_factory, name="demo-like", **DEMO_LIKE)
+    with serving(api_settings(db_url)) as url:
+        form = httpx.get(f"{url}/api/capacity/defaults").json()
+        assert form["defaults"] | {"frameworks": sorted(form["defaults"]["frameworks"])} == {
+            "preset": "tiny", "accelerator": "cpu", "dtype": "float32", "kernels": "reference",
+            "layers": ["gdn_only"], "num_layers": None, "frameworks": ["jax", "torch"],
+            "seq_len": 1536, "max_chips": 2}
+        assert form["layers"] == ["gdn_only", "hybrid"] and "zigzag" in form["layouts"]
+        page.goto(f"{url}/planner")
+        page.wait_for_selector("body[data-planner-state=answered]")
+        assert page.input_value("#f-dtype") == "float32"
+        assert page.input_value("#f-accelerator") == "cpu"
+        checked = page.eval_on_selector_all("#f-frameworks input:checked",
+                                            "els => els.map(e => e.value)")
+        assert sorted(checked) == ["jax", "torch"]
+        assert "stored measured trials" in page.inner_text("#form-source")
+        rows = table_rows(page, "#fitting")
+        # every point the demo ran is measured (other modes and shardings may be refused)
+        ran = [r["figures"]["tokens_per_s_per_chip"] for r in rows
+               if r["key"][1] in ("none", "all_gather", "p2p") and r["key"][3:] == [
+                   1, "replicated", "none"]]
+        assert len(ran) == 2 * (1 + 2)  # per framework: one chip, and both modes on two
+        assert all(s["value"] is not None and s["basis"] == "measured" for s in ran)
+        answer = capacity(url, dict(parse_qs(urlsplit(page.url).query))).json()
+        assert_rows_match(rows, [c for c in answer["candidates"] if c["fits"]])
+        assert page.locator(".pick[data-pick=cheapest] dd[data-figure=tokens_per_s_per_chip]")\
+            .count() == 1
+        assert page.locator("#no-speed").is_hidden()
+        page.screenshot(path="/tmp/planner-from-trials.png", full_page=True)
+
+        old = {"preset": "tiny", "seq_len": 1536, "accelerator": "cpu"}
+        refused = capacity(url, old).json()
+        fitting = [c for c in refused["candidates"] if c["fits"]]
+        assert fitting and all(c["step_time_s"]["value"] is None for c in fitting)
+        open_planner(page, url, old)
+        why = page.inner_text("#no-speed")
+        assert why.startswith("No candidate that fits has a step time")
+        assert fitting[0]["step_time_s"]["note"] in why  # the API's own reason
+        assert "no one-chip measured trial" in page.inner_text(".pick[data-pick=cheapest]")
+        assert "The stored trials ran dtype float32 (asked: bfloat16)" in why
+        assert "frameworks jax, torch (asked: jax)" in why
+        with page.expect_navigation():
+            page.click("#plan-as-trials")  # the link asks what the trials answer
+        page.wait_for_selector("body[data-planner-state=answered]")
+        assert page.input_value("#f-dtype") == "float32" and page.locator("#no-speed").is_hidden()
+        page.screenshot(path="/tmp/planner-refused.png", full_page=True)
+
+
+@pytest.mark.timeout(180)
+def test_planner_page_shows_roofline_figures_and_their_basis(planner_url, page):
+    query = {"preset": "qwen3.5-9b", "seq_len": 2 ** 20, "accelerator": "v5p",
+             "max_chips": 64, "dp": 1}
+    answer = capacity(planner_url, query).json()
+    open_planner(page, planner_url, query)
+    assert answer["speed_basis"]["label"] in page.inner_text("#speed-basis")
+    rows = table_rows(page, "#fitting")
+    assert_rows_match(rows, [c for c in answer["candidates"] if c["fits"]])
+    hours = [r["figures"]["chip_hours_per_billion_tokens"] for r in rows]
+    assert hours and all(h["basis"] == "roofline" and h["text"].endswith("roofline")
+                         for h in hours)
+    splits = page.eval_on_selector_all("#fitting td[data-split]",
+                                       "els => els.map(e => e.textContent)")
+    assert any("ring · zigzag" in s for s in splits)
+    assert page.evaluate("document.getElementById('pareto').data.some(t => t.meta && "
+                         "t.meta.basis === 'roofline' && t.marker.symbol === 'star-open')")
+    page.screenshot(path="/tmp/planner-roofline.png", full_page=True)

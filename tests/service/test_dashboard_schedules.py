@@ -15,7 +15,7 @@ import pytest
 
 from service.runs.schedule_firing import fire_due
 
-from .browser import RECORD_CSP, WINDOW
+from .browser import assert_no_console_errors, window_page
 from .conftest import TINY_SWEEP, api_settings, serving
 
 EVIL_NAME = '<img src=x onerror="window.__pwned = 1">nightly'
@@ -32,10 +32,10 @@ def schedules_url(db_url):
 def page(browser):
     """A 1400×900 en-US tab in Berlin's time (not the host's UTC, so the local and UTC times
     differ) that records what the CSP refused."""
-    tab = browser.new_page(viewport=WINDOW, locale="en-US", timezone_id=BERLIN)
-    tab.add_init_script(RECORD_CSP)
+    tab = window_page(browser, record_csp=True, timezone_id=BERLIN)
     yield tab
     tab.context.close()
+    assert_no_console_errors(tab)
 
 
 def open_schedules(page, url: str) -> None:

@@ -4,16 +4,27 @@ holding the runtime dependencies alone; `-m slow` runs it here too."""
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
+import threading
+import time
+import types
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from service import demo
+from service.db.engine import make_engine, make_session_factory, upgrade_database
+from service.runs import sweep_run
 from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
+
+from .conftest import api_settings, serving
+from .seed import seed_sweep
 
 
 @pytest.mark.timeout(120)
@@ -79,6 +90,39 @@ def test_the_smoke_passes_only_when_every_trial_succeeded(view, problem):
     assert demo.smoke_verdict(view) == problem
 
 
+@pytest.mark.timeout(90)
+def test_the_demo_prints_its_results_url_when_its_sweep_finishes(tmp_path):
+    # the demo's follower against a real service: the sweep is queued, then ends (its trials
+    # succeeded, one skipped) while the follower polls; one line names the pages to read
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    upgrade_database(url)
+    engine = make_engine(url)
+    session_factory = make_session_factory(engine)
+    sweep_id = seed_sweep(session_factory, modes=["p2p"], chips=[1, 2, 3])  # 3: skipped
+    out = io.StringIO()
+    still_serving = types.SimpleNamespace(should_exit=False)  # the uvicorn server's stop flag
+
+    def finish_later() -> None:
+        time.sleep(1.0)
+        with session_factory() as session:
+            sweep_run.finish(session=session, sweep_id=sweep_id, status="finished")
+
+    try:
+        with serving(api_settings(url)) as base_url, httpx.Client(base_url=base_url) as client:
+            finisher = threading.Thread(target=finish_later)
+            finisher.start()
+            view = demo.follow_demo(client, still_serving, base_url, sweep_id, out=out)
+            finisher.join()
+            assert view is not None and view["status"] == "finished"
+            assert out.getvalue() == (
+                f"sweep {sweep_id} finished: 2 of 3 trials succeeded (1 skipped); results: "
+                f"{base_url}/sweeps/{sweep_id} (table: {base_url}/results?sweep_id={sweep_id})\n")
+            for page in (f"/sweeps/{sweep_id}", f"/results?sweep_id={sweep_id}"):
+                assert client.get(page).status_code == 200  # the printed pages are served
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_smoke_succeeds_and_stops_cleanly(tmp_path):
@@ -88,3 +132,5 @@ def test_the_smoke_succeeds_and_stops_cleanly(tmp_path):
                                "GDN_SWEEP_SPOOL_DIR": str(tmp_path / "spool")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "smoke passed: every trial succeeded" in done.stdout
+    assert re.search(r"^sweep \d+ finished: 4 of 4 trials succeeded; results: "
+                     r"http://127\.0\.0\.1:\d+/sweeps/\d+ ", done.stdout, re.M), done.stdout

@@ -117,7 +117,7 @@ def test_listings_show_an_interpreted_runs_speeds_as_interpreted(sweep_id, sessi
     table = _table(out.getvalue())
     assert len(table) == 8
     for row in table:
-        speeds = [row[c] for c in ("tok/s/chip", "step_s", "min_s", "max_s", "mfu")]
+        speeds = [row[c] for c in ("tok/s/chip", "step_s", "min_s", "max_s", "mfu%")]
         if row["kernels"] == "fused (interpreted)":
             assert speeds == ["interpreted"] * 5
         else:

@@ -227,7 +227,7 @@ def test_plan_command_prints_the_three_picks(planner_db, capsys):
                       "--mode", "p2p", "--param-sharding", "replicated", "--remat", "none"]
                      ) == 0
     out = capsys.readouterr().out
-    for line in ("fewest chips that fit: none × 1 chips", "fewest chip-hours per token:",
+    for line in ("fewest chips that fit: gdn_only 1 chip (no CP)", "fewest chip-hours per token:",
                  "fastest within 8 chips:"):
         assert line in out
     assert gdn_sweep(["plan", "--db", planner_db, "--preset", "nope", "--seq-len", "1024",
@@ -327,12 +327,14 @@ def test_capacity_of_a_gdn_shape_given_by_hand(tmp_path):
         answer = client.get("/api/capacity", params={**shape, "seq_len": 2 ** 20,
                                                      "accelerator": "h100"}).json()
         preset = client.get("/api/capacity", params={"preset": "qwen3.5-9b", "seq_len": 2 ** 20,
-                                                     "accelerator": "h100"}).json()
+                                                     "accelerator": "h100",
+                                                     "layers": "gdn_only"}).json()
         missing = client.get("/api/capacity", params={"hidden_size": 4096, "seq_len": 1024,
                                                       "accelerator": "h100"})
         bad = client.get("/api/capacity", params={"preset": "qwen3.5-9b", "num_v_heads": 33,
                                                   "seq_len": 1024, "accelerator": "h100"})
-    # qwen3.5-9b's shape by hand: the same predictions, said to rest on no trial
+    # qwen3.5-9b's shape by hand (GDN only: no attention geometry): the same predictions as
+    # the preset's GDN-only decoder, said to rest on no trial
     assert answer["evidence_trials"] == 0 and "by hand" in answer["model_note"]
     assert [c["memory_bytes_per_chip"]["value"] for c in answer["candidates"]] == [
         c["memory_bytes_per_chip"]["value"] for c in preset["candidates"]]

@@ -100,7 +100,7 @@ def assert_no_leaks(timeout_s: float = 20.0) -> None:
 
 
 def assert_consistent_metrics(result) -> None:
-    """The invariants every succeeded trial's metrics satisfy (ARCHITECTURE.md, Metrics)."""
+    """The invariants every succeeded trial's metrics satisfy (docs/architecture.md, Metrics)."""
     import math
 
     t, m = result.trial, result.metrics

@@ -3,7 +3,7 @@
 `cp_gdn_layer` maps this chip's sequence shard [B, t, D] to [B, t, D] (t = T/D; the tokens
 cp_layout.local_positions names under `layout`: contiguous, chip order along `axis` = sequence
 order; zigzag, segments r and 2D−1−r on chip r) inside an enclosing shard_map; `gdn_layer_cp`
-wraps it for global arrays. Two ways to split the work, as in ARCHITECTURE.md (and
+wraps it for global arrays. Two ways to split the work, as in docs/architecture.md (and
 torch_gdn.cp.layer):
 
   sequence-sharded (p2p, all_gather, log_scan): the single-chip layer's pieces, each of the

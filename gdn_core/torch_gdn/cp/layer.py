@@ -3,7 +3,7 @@
 `context_parallel(module, *, group, mode)` turns a GatedDeltaNet (or every GatedDeltaNet inside
 a model) into a layer whose forward maps this rank's sequence shard [B, t, D] to [B, t, D]
 (t = T/D; `layout` as in gdn_core.cp_layout: contiguous, rank order = sequence order, or
-zigzag, segments r and 2D−1−r of 2D). Two ways of running the rule, as in ARCHITECTURE.md:
+zigzag, segments r and 2D−1−r of 2D). Two ways of running the rule, as in docs/architecture.md:
 
   sequence-sharded (p2p, all_gather, log_scan):
     project → halo (the K−1 pre-conv tokens before each segment, from whichever rank holds

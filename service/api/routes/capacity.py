@@ -13,6 +13,7 @@ from service.api.deps import ResultsCacheDep, SessionDep
 from service.db.read_cache import data_version
 from service.planner.capacity import plan_capacity
 from service.planner.evidence import evidence_for
+from service.planner.form_defaults import PlannerForm, form_defaults
 from service.planner.schemas import CapacityAnswer, CapacityRequest
 
 router = APIRouter(tags=["capacity"])
@@ -30,3 +31,11 @@ def capacity(request: Annotated[CapacityRequest, Query()], session: SessionDep,
         body = plan_capacity(evidence_for(session, request), request).model_dump_json().encode()
         cache.put(key, version, body)
     return Response(body, media_type="application/json")
+
+
+@router.get("/capacity/defaults", response_model=PlannerForm)
+def capacity_defaults(session: SessionDep) -> PlannerForm:
+    """The planner form's choices (layers, attn_cps, layouts) and its defaults: the settings of
+    the stored measured trials (their preset, chip type, dtype, frameworks, longest sequence
+    and largest mesh), so the first question is one they answer."""
+    return form_defaults(session)

@@ -27,4 +27,5 @@ def options(settings: SettingsDep) -> OptionsPublic:
         remats=list(REMATS), accelerator_kinds=["cpu", "gpu", "tpu"],
         accelerator_types=["cpu", *ACCELERATOR_TYPES], trial_statuses=list(TRIAL_STATUSES),
         result_sort_fields=list(SORT_FIELDS), grid_cap=settings.grid_cap,
-        auth_required=bool(settings.api_token))
+        auth_required=bool(settings.api_token), reads_need_token=settings.token_for_reads,
+        open_to_network=settings.open_to_network)

@@ -1,4 +1,4 @@
-"""Succeeded trials across sweeps: filters, sorting, paging, CSV."""
+"""Finished trials across sweeps (succeeded ones by default): filters, sorting, paging, CSV."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ router = APIRouter(tags=["results"])
                              "?format=csv (header X-Total-Count: rows matching)"}})
 def read_results(filters: Annotated[ResultFilters, Query()], session: SessionDep,
                  cache: ResultsCacheDep):
-    """Succeeded trials matching the filters; `count` is the total before paging."""
+    """Trials matching the filters (succeeded ones unless `status` names others); `count` is
+    the total before paging."""
     if filters.format == "csv":
         rows, count = query_results(session=session, filters=filters)
         return Response(to_csv(rows), media_type="text/csv; charset=utf-8", headers={

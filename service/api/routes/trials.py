@@ -54,8 +54,10 @@ def download_profile(trial_id: RowId, session: SessionDep,
     if not path.is_file():
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             f"trial {trial_id}'s trace {result.profile_path} is not in the "
-                            f"artifact directory {settings.artifact_dir} (GDN_SWEEP_ARTIFACT_DIR "
-                            "must name the directory the sweep's driver wrote to)")
+                            f"artifact directory {settings.artifact_dir}: removed by the profile "
+                            "retention limit (GDN_SWEEP_PROFILE_MAX_BYTES / _MAX_AGE_DAYS), or "
+                            "GDN_SWEEP_ARTIFACT_DIR does not name the directory the sweep's "
+                            "driver wrote to")
     return FileResponse(path, media_type="application/gzip",
                         filename=f"trial-{trial_id}{SUFFIX.get(result.profile_format, '')}")
 

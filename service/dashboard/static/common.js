@@ -11,10 +11,14 @@ GS.api = async function (path, opts = {}) {
   const method = opts.method || "GET";
   const headers = { Accept: "application/json" };
   if (opts.body !== undefined) headers["Content-Type"] = "application/json";
-  if (method !== "GET" && GS.token()) headers.Authorization = "Bearer " + GS.token();
+  // every call: a service may put reads behind its token too (GDN_SWEEP_TOKEN_FOR_READS)
+  if (GS.token()) headers.Authorization = "Bearer " + GS.token();
   const res = await fetch(path, {
     method, headers, body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
   });
+  if (res.status === 401 && method === "GET" && !opts.retried && await GS.askToken()) {
+    return GS.api(path, { ...opts, retried: true });
+  }
   const text = await res.text();
   let data = text;
   try { data = text ? JSON.parse(text) : null; } catch (e) { /* keep the text */ }
@@ -26,6 +30,31 @@ GS.api = async function (path, opts = {}) {
   }
   return data;
 };
+
+// A read refused for want of the token: ask for it once, however many calls were refused
+// together; true when one was given.
+GS.askToken = function () {
+  if (!GS._asking) {
+    GS._asking = Promise.resolve(window.prompt(
+      "This service needs its API token (GDN_SWEEP_API_TOKEN) to read its results:"))
+      .then((token) => { if (token) GS.setToken(token); return Boolean(token); })
+      .finally(() => setTimeout(() => { GS._asking = null; }, 0));
+  }
+  return GS._asking;
+};
+
+// Every page: a banner when the service serves beyond loopback without a token, on purpose
+// (`serve --allow-unauthenticated`). Its own fetch: no token prompt for a banner.
+GS.showExposure = async function () {
+  const headers = GS.token() ? { Authorization: "Bearer " + GS.token() } : {};
+  const res = await fetch("/api/options", { headers }).catch(() => null);
+  const options = res && res.ok ? await res.json() : null;
+  if (!options || !options.open_to_network) return;
+  document.body.prepend(GS.el("div", { class: "exposure-banner", role: "alert" },
+    "This service is open to the network without a token (--allow-unauthenticated): anyone " +
+    "who reaches it can start and cancel sweeps. Set GDN_SWEEP_API_TOKEN and restart it."));
+};
+document.addEventListener("DOMContentLoaded", () => { GS.showExposure(); });
 
 GS.errorText = function (status, data) {
   if (data && Array.isArray(data.detail)) {
@@ -112,6 +141,22 @@ GS.speed = (t, text) => (GS.interpreted(t) ? "interpreted" : text);
 // The kernels value as a table shows it: "fused (interpreted)" for such a run.
 GS.kernelsLabel = (t) => (t.kernels || "reference") + (GS.interpreted(t) ? " (interpreted)" : "");
 
+// The compile column's cell: JAX's seconds of lowering and compiling, or "—" for torch, whose
+// eager step compiles nothing (it records compile_time_s 0) and whose warm-up steps' extra
+// time is not recorded apart from them.
+GS.TORCH_COMPILE_TITLE = "torch runs the step eagerly: nothing compiles (the warm-up steps " +
+  "before the measured ones are not timed)";
+GS.compileCell = (t) => (t.framework === "torch"
+  ? GS.el("td", { class: "num muted", title: GS.TORCH_COMPILE_TITLE }, "—")
+  : GS.el("td", { class: "num", title: "lowering and XLA compile of the step (and of any " +
+                                       "verify reference), before the timed steps" }, GS.seconds(t.compile_time_s)));
+
+// Why a trial did not succeed (its skip reason or error), cut to one line in the table, whole
+// in the cell's tooltip: empty for a succeeded trial.
+GS.reasonCell = (t) => GS.el("td", { class: t.status === "skipped" ? "reason skip" : "reason",
+                                     title: t.error || null },
+                             t.status === "succeeded" || !t.error ? "" : t.error.slice(0, 300));
+
 // A table cell with the number of attempts; each attempt's status, hosts and reason as its title.
 GS.attempts = function (t) {
   const history = t.attempt_history || [];
@@ -154,6 +199,34 @@ GS.stepSettings = (t) => [(t.dp || 1) > 1 ? `dp=${t.dp}` : "", t.dtype === "floa
                           (t.documents || "single") === "single" ? "" : `documents=${t.documents}`]
   .filter(Boolean);
 GS.modeLabel = (mode) => (mode === "none" ? "one chip" : mode);
+
+// How a series looks, the same in every plot, so that series differing only in kernels,
+// framework or decoder never share a line: hue by CP mode, its other shade (and a thicker
+// line) for fused kernels; dash by framework and decoder (jax solid, torch dashed; a hybrid
+// decoder's jax dotted, torch dash-dotted); a marker of its own for each framework × decoder.
+// GS.series, the legend name, says all of them in words.
+GS.MODE_COLORS = { none: ["#444444", "#a0a0a0"], ulysses: ["#1f77b4", "#0a3a66"],
+                   p2p: ["#d62728", "#7a1011"], all_gather: ["#2ca02c", "#125712"],
+                   log_scan: ["#9467bd", "#4b2a78"] };  // [reference, fused]
+GS.DASHES = { jax: { gdn_only: "solid", hybrid: "dot" }, torch: { gdn_only: "dash", hybrid: "dashdot" } };
+GS.SYMBOLS = { jax: { gdn_only: "circle", hybrid: "diamond" },
+               torch: { gdn_only: "square", hybrid: "triangle-up" } };
+GS.PATTERNS = { jax: { gdn_only: "", hybrid: "." }, torch: { gdn_only: "/", hybrid: "x" } };  // bars
+GS.STYLE_KEY = "colour: CP mode, darker and thicker for fused kernels; dash: framework and " +
+  "decoder (jax solid, torch dashed; hybrid: jax dotted, torch dash-dotted)";
+GS.fused = (t) => (t.kernels || "reference") === "fused";
+GS.seriesColor = (t) => (GS.MODE_COLORS[t.mode] || ["#7f7f7f", "#3d3d3d"])[GS.fused(t) ? 1 : 0];
+GS.seriesStyle = function (t) {
+  const framework = t.framework === "torch" ? "torch" : "jax", layers = t.layers === "hybrid" ? "hybrid" : "gdn_only";
+  return { color: GS.seriesColor(t), dash: GS.DASHES[framework][layers], width: GS.fused(t) ? 3 : 2,
+           symbol: GS.SYMBOLS[framework][layers], pattern: GS.PATTERNS[framework][layers] };
+};
+// A scatter trace's line and marker for the series of trial `t`.
+GS.lineOf = function (t) {
+  const s = GS.seriesStyle(t);
+  return { line: { color: s.color, dash: s.dash, width: s.width },
+           marker: { color: s.color, symbol: s.symbol, size: 7 } };
+};
 // A series (a line of a plot, a row group of a comparison): framework, mode, step settings.
 GS.series = (t) => [t.framework, GS.modeLabel(t.mode), ...GS.stepSettings(t)].join(" ");
 

@@ -6,7 +6,9 @@
 
 const Compare = {};
 Compare.SWEEP_PAGES = 5;  // × 200: the newest 1,000 sweeps are offered; older ones by URL
-Compare.DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"];
+// A sweep's marker on the side-by-side lines (colour and dash are the series': GS.lineOf).
+Compare.SWEEP_SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x", "star", "cross", "hexagon"];
+Compare.SWEEP_LABEL_CHARS = 28;  // a sweep axis label: "#id name", longer names cut with "…"
 Compare.sweeps = new Map();  // id → sweep, every sweep the picker knows
 Compare.results = new Map();  // id → { rows, count, truncated }
 Compare.FIGURE_FORMAT = ",.3~r";  // parcoords prints its axes' ends in it too: 72,089.6 → 72,100
@@ -48,10 +50,12 @@ Compare.dimensions = function (rows, multiSweep) {
                    ["peak_memory_bytes_per_chip", has("peak_memory_bytes_per_chip")]]
     .filter(([, drawn]) => drawn).map(([field]) => field);
   const kept = rows.filter((r) => metrics.every((f) => r[f] !== null && r[f] !== undefined));
-  const sweepLabel = (id) => `#${id} ${Compare.sweeps.get(id).name}`.slice(0, 30);
+  const sweepLabel = (id) => Compare.cut(`#${id} ${Compare.sweeps.get(id).name}`);
   const dims = [
     ...(multiSweep ? [Compare.categorical("sweep", kept, (r) => r.sweep_id, sweepLabel, Cmp.byNumber)] : []),
     Compare.categorical("framework", kept, (r) => r.framework),
+    Compare.categorical("kernels", kept, (r) => r.kernels || "reference"),
+    Compare.categorical("layers", kept, (r) => r.layers || "gdn_only"),
     Compare.categorical("mode", kept, (r) => r.mode, GS.modeLabel),
     Compare.categorical("chips", kept, (r) => r.chips, String, Cmp.byNumber),
     Compare.categorical("seq_len", kept, (r) => r.seq_len, Cmp.tokens, Cmp.byNumber),
@@ -67,6 +71,18 @@ Compare.dimensions = function (rows, multiSweep) {
                 values: kept.map((r) => r.peak_memory_bytes_per_chip / size) });
   }
   return { dims, kept, left: rows.length - kept.length };
+};
+
+Compare.cut = (text) => (text.length > Compare.SWEEP_LABEL_CHARS
+  ? text.slice(0, Compare.SWEEP_LABEL_CHARS - 1) + "…" : text);
+
+// The left margin the first axis's tick labels need (parcoords writes them left of the axis,
+// into the margin, and clips what does not fit): the widest label at plotly's 10 px tick font.
+Compare.firstAxisRoom = function (dim) {
+  const ctx = (Cmp.canvas = Cmp.canvas || document.createElement("canvas")).getContext("2d");
+  ctx.font = "10px 'Open Sans', verdana, arial, sans-serif";
+  const labels = dim.ticktext || [];
+  return Math.max(70, Math.ceil(Math.max(0, ...labels.map((t) => ctx.measureText(t).width))) + 24);
 };
 
 Compare.drawParcoords = function (view, rows, ids) {
@@ -87,7 +103,7 @@ Compare.drawParcoords = function (view, rows, ids) {
     type: "parcoords", dimensions: dims, labelangle: 0, labelside: "top",
     line: { color: tokens, colorscale: "Viridis", showscale: true,
             colorbar: { title: { text: "tokens/s/chip" }, tickformat: Compare.FIGURE_FORMAT } },
-  }], { height: 440, margin: { t: 70, l: 70, r: 90, b: 30 } }, Cmp.PLOT_CONFIG);
+  }], { height: 440, margin: { t: 70, l: Compare.firstAxisRoom(dims[0]), r: 90, b: 30 } }, Cmp.PLOT_CONFIG);
 };
 
 // ---------------------------------------------------------------- side by side
@@ -109,12 +125,13 @@ Compare.matches = function (ids) {
     .sort((a, b) => order(a).localeCompare(order(b)));
 };
 
-Compare.settingsText = (t) => `${t.framework} · ${t.dtype} · ${t.param_sharding} · remat ${t.remat} · ` +
-  `${t.preset} ×${t.num_layers} · batch ${t.batch_size}`;
+Compare.settingsText = (t) => `${t.framework} · ${t.kernels || "reference"} kernels · ` +
+  `${t.layers || "gdn_only"}${t.attn_cp ? " (attn " + t.attn_cp + ")" : ""} · ${t.dtype} · ` +
+  `${t.param_sharding} · remat ${t.remat} · ${t.preset} ×${t.num_layers} · batch ${t.batch_size}`;
 
 Compare.table = function (ids, matches) {
   const [ref, ...others] = ids, num = (text, attrs) => GS.el("td", { class: "num", ...attrs }, text);
-  const head = ["mode", "chips", "seq_len", "framework · settings · model",
+  const head = ["mode", "chips", "seq_len", "framework · kernels · layers · settings · model",
                 ...ids.map((id) => `#${id} tokens/s/chip`), ...others.map((id) => `#${id} ÷ #${ref}`)];
   const body = matches.map((m) => {
     const t = m.sample.sample, tps = (id) => (m.bySweep.get(id) || {}).tokensPerSPerChip;
@@ -133,7 +150,8 @@ Compare.table = function (ids, matches) {
 };
 
 // tokens/s/chip vs chips at one seq_len: a trace per (sweep, series), each CP mode's line
-// starting at the one-chip baseline of its work.
+// starting at the one-chip baseline of its work. Colour and dash are the series' (mode and
+// kernels; framework and decoder: GS.lineOf), the marker the sweep's (its id leads each name).
 Compare.drawLines = function (div, ids, seqLen) {
   const traces = [];
   ids.forEach((id, i) => {
@@ -144,21 +162,22 @@ Compare.drawLines = function (div, ids, seqLen) {
     for (const [series, ps] of groups) {
       const b = base.get(ps[0].work), line = (b && !ps.includes(b) ? [b, ...ps] : ps)
         .sort((x, y) => x.chips - y.chips);
+      const look = GS.lineOf(ps[0].sample);
       traces.push({ type: "scatter", mode: "lines+markers", name: `#${id} ${series}`,
                     meta: { sweep: id, mode: ps[0].mode }, x: line.map((p) => p.chips),
-                    y: line.map((p) => p.tokensPerSPerChip),
-                    line: { color: Cmp.MODE_COLORS[ps[0].mode], dash: Compare.DASHES[i % Compare.DASHES.length] },
-                    marker: { symbol: i % 2 ? "square" : "circle" },
+                    y: line.map((p) => p.tokensPerSPerChip), line: look.line,
+                    marker: { ...look.marker, symbol: Compare.SWEEP_SYMBOLS[i % Compare.SWEEP_SYMBOLS.length], size: 8 },
                     hovertemplate: "%{fullData.name}<br>%{x} chips: %{y:,.1f} tokens/s/chip<extra></extra>" });
     }
   });
   const chips = Cmp.distinct(traces.flatMap((t) => t.x));
-  Plotly.react(div, traces, {
-    title: { text: `tokens/s/chip vs chips at seq_len ${Cmp.tokens(seqLen)} (line style: sweep; colour: mode)` },
-    height: 400, margin: { t: 50, r: 20 }, xaxis: Cmp.chipsAxis(chips),
+  const legend = Cmp.legendBelow(div, traces, 340);
+  return Cmp.react(div, traces, {
+    title: { text: `tokens/s/chip vs chips at seq_len ${Cmp.tokens(seqLen)}`, subtitle: {
+      text: "marker: sweep; " + GS.STYLE_KEY } },
+    ...legend, margin: { ...legend.margin, t: 70 }, xaxis: Cmp.chipsAxis(chips),
     yaxis: { title: { text: "tokens/s/chip" }, rangemode: "tozero", ...Cmp.NUMBER_AXIS },
-    legend: { orientation: "h", y: -0.2 },
-  }, Cmp.PLOT_CONFIG);
+  });
 };
 
 Compare.drawSideBySide = function (view, ids) {

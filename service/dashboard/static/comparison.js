@@ -4,8 +4,6 @@
 "use strict";
 
 const Cmp = {};
-Cmp.MODE_COLORS = { none: "#444444", ulysses: "#1f77b4", p2p: "#d62728", all_gather: "#2ca02c",
-                    log_scan: "#9467bd" };
 Cmp.PLOT_CONFIG = { responsive: true, displaylogo: false };
 Cmp.PAGE_ROWS = 5000;
 Cmp.MAX_ROWS = 50000;  // per sweep: beyond this a browser tab gets slow; the page says so
@@ -125,6 +123,37 @@ Cmp.flopTicks = (values) => Cmp.logTicks(values, 10, Cmp.flops);
 Cmp.NUMBER_AXIS = { tickformat: ",~r", separatethousands: true };
 Cmp.chipsAxis = (chips) => ({ title: { text: "chips" }, type: "log", tickvals: chips,
                               ticktext: chips.map(String) });
+
+// A legend below the plot, every entry whole: entries as wide as the longest name, as many
+// per row as fit `div`'s width, and the figure `height` (its plot area's) grown by their rows;
+// Cmp.react then makes the room exactly as tall as the legend plotly drew.
+Cmp.FONT = "12px 'Open Sans', verdana, arial, sans-serif";  // plotly's default legend font
+Cmp.LEGEND_ROW = 19;  // px per legend row at that font (an estimate: Cmp.react measures it)
+Cmp.legendBelow = function (div, traces, height) {
+  const names = traces.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);
+  const ctx = (Cmp.canvas = Cmp.canvas || document.createElement("canvas")).getContext("2d");
+  ctx.font = Cmp.FONT;
+  const text = Math.ceil(Math.max(0, ...names.map((n) => ctx.measureText(n).width))) + 8;
+  const perRow = Math.max(1, Math.floor((div.clientWidth || 600) / (text + 40)));  // 40: symbol, gaps
+  const room = Math.ceil(names.length / perRow) * Cmp.LEGEND_ROW + 12;
+  div.dataset.plotHeight = height;
+  return { height: height + room, margin: { t: 50, r: 20, b: Cmp.X_AXIS_ROOM + room },
+           legend: { orientation: "h", x: 0, xanchor: "left", y: 0, yanchor: "bottom", yref: "container",
+                     entrywidth: text, entrywidthmode: "pixels", maxheight: room } };
+};
+Cmp.X_AXIS_ROOM = 60;  // x tick labels and axis title, between the plot and the legend
+
+// Plotly.react, then a legend below the plot (Cmp.legendBelow) given exactly the room it took.
+Cmp.react = function (div, traces, layout) {
+  return Plotly.react(div, traces, layout, Cmp.PLOT_CONFIG).then(() => {
+    const box = div.querySelector("g.legend .scrollbox");
+    if (!box || !layout.legend || layout.legend.yref !== "container") return undefined;
+    const need = Math.ceil(box.getBBox().height) + 12;
+    if (Math.abs(need - layout.legend.maxheight) <= 2) return undefined;
+    return Plotly.relayout(div, { height: Number(div.dataset.plotHeight) + need,
+                                  "margin.b": Cmp.X_AXIS_ROOM + need, "legend.maxheight": need });
+  });
+};
 
 // The empty state of a view: a sentence instead of a plot (never bare axes).
 Cmp.showEmpty = function (container, message) {

@@ -1,16 +1,20 @@
 // The capacity planner's answer (GET /api/capacity) drawn: the three picks as cards, the
 // candidates as tables (those that do not fit behind a toggle), chips vs tokens/s with the
 // Pareto frontier, the caveats. Every figure carries its basis as a badge, its note and trials
-// as the tooltip; cells keep the API's raw value in data-value.
+// as the tooltip; cells keep the API's raw value in data-value. Where no candidate has a speed,
+// the page says why (the refusals' most common reason); roofline figures name the efficiency
+// they assume (answer.speed_basis).
 "use strict";
 
 const PlannerAnswer = {};
 
 PlannerAnswer.BASIS_LABEL = { measured: "measured", estimated: "est.", interpolated: "interp.",
-                              extrapolated: "extrap.", predicted: "pred.", refused: "refused" };
+                              extrapolated: "extrap.", predicted: "pred.", roofline: "roofline",
+                              refused: "refused" };
 PlannerAnswer.FIGURES = [
   ["memory_bytes_per_chip", "memory/chip", GS.bytes],
   ["tokens_per_s_per_chip", "tokens/s/chip", GS.num],
+  ["chip_hours_per_billion_tokens", "chip-hours/10⁹ tokens", GS.num],
   ["tokens_per_s", "total tokens/s", GS.num],
   ["mfu", "MFU", GS.pct],
   ["comm_bytes_per_step_per_chip", "comm/step/chip", GS.bytes],
@@ -28,6 +32,7 @@ PlannerAnswer.MARKERS = {
   interpolated: { symbol: "circle-open", name: "interpolated (fitted, inside the trials' range)" },
   extrapolated: { symbol: "diamond-open", name: "extrapolated (fitted, beyond the trials' range)" },
   predicted: { symbol: "square-open", name: "predicted (analytic model alone)" },
+  roofline: { symbol: "star-open", name: "roofline (no trial: at the stated efficiency)" },
 };
 PlannerAnswer.SECTIONS = ["answer-summary", "pareto-section", "candidates-section", "caveats-section"];
 
@@ -37,7 +42,11 @@ PlannerAnswer.hide = function () {
 
 PlannerAnswer.mesh = (c) => `${c.dp}×${c.cp_chips}`;
 
-PlannerAnswer.settings = (c) => `${c.framework} · ${c.mode === "none" ? "no CP" : c.mode} · ` +
+// "p2p", "p2p · ring · zigzag" (the hybrid's attention CP and a zigzag layout), "no CP".
+PlannerAnswer.split = (c) => (c.mode === "none" ? "no CP"
+  : [c.mode, c.attn_cp, c.layout === "zigzag" ? "zigzag" : null].filter(Boolean).join(" · "));
+
+PlannerAnswer.settings = (c) => `${c.framework} · ${c.layers} · ${PlannerAnswer.split(c)} · ` +
   `${c.chips} chip${c.chips === 1 ? "" : "s"}` + (c.dp > 1 ? ` (dp×cp ${PlannerAnswer.mesh(c)})` : "") +
   ` · ${c.param_sharding} · remat ${c.remat}` +
   (c.gdn_kernel ? ` · GDN: ${c.gdn_kernel}` : "");
@@ -59,10 +68,21 @@ PlannerAnswer.trialLinks = (ids, most = 6) => GS.el("span", { class: "trial-link
 
 // ---------------------------------------------------------------- picks
 
-PlannerAnswer.card = function (key, title, c, anyFits) {
+// Why no fitting candidate has a step time: the most common refusal among them.
+PlannerAnswer.whyNoSpeed = function (fitting) {
+  const counts = new Map();
+  for (const c of fitting) {
+    if (c.step_time_s.value === null) counts.set(c.step_time_s.note, (counts.get(c.step_time_s.note) || 0) + 1);
+  }
+  if (!counts.size) return "";
+  const [note, count] = [...counts].sort((a, b) => b[1] - a[1])[0];
+  return `No candidate that fits has a step time (${count} of ${fitting.length}): ${note}`;
+};
+
+PlannerAnswer.card = function (key, title, c, anyFits, whyNoSpeed) {
   if (!c) {
     const why = key === "fewest_chips" || !anyFits ? "No candidate fits the chip's memory within the budget."
-      : "No candidate that fits has a throughput the planner will stand behind (see the refused figures' notes).";
+      : whyNoSpeed || "No candidate that fits has a throughput the planner will stand behind.";
     return GS.el("div", { class: "pick none", "data-pick": key }, GS.el("h3", {}, title), GS.el("p", { class: "muted" }, why));
   }
   const rows = PlannerAnswer.FIGURES.map(([field, label, format]) => {
@@ -71,6 +91,7 @@ PlannerAnswer.card = function (key, title, c, anyFits) {
       PlannerAnswer.value(f, format), " ", PlannerAnswer.badge(f), PlannerAnswer.trialLinks(f.trial_ids))];
   });
   return GS.el("div", { class: "pick", "data-pick": key, "data-framework": c.framework, "data-mode": c.mode,
+                        "data-layers": c.layers, "data-attn-cp": c.attn_cp || "", "data-layout": c.layout,
                         "data-chips": c.chips, "data-dp": c.dp, "data-param-sharding": c.param_sharding, "data-remat": c.remat },
     GS.el("h3", {}, title), GS.el("p", { class: "config" }, PlannerAnswer.settings(c)),
     GS.el("dl", {}, rows.flat(),
@@ -81,11 +102,14 @@ PlannerAnswer.card = function (key, title, c, anyFits) {
 
 // The framework column only when the request compares frameworks (it is in the summary else).
 PlannerAnswer.table = function (table, candidates, frameworks) {
-  const heads = [...(frameworks > 1 ? ["framework"] : []), "mode", "chips", "dp × cp", "param sharding", "remat",
+  const heads = [...(frameworks > 1 ? ["framework"] : []), "decoder", "mode · attn CP · layout", "chips", "dp × cp",
+                 "param sharding", "remat",
                  ...PlannerAnswer.FIGURES.map(([, label]) => label), "chip memory"];
   const row = (c) => GS.el("tr", { "data-framework": c.framework, "data-mode": c.mode, "data-chips": c.chips,
-                                   "data-dp": c.dp, "data-param-sharding": c.param_sharding, "data-remat": c.remat },
-    frameworks > 1 ? GS.el("td", {}, c.framework) : null, GS.el("td", {}, c.mode), GS.el("td", { class: "num" }, c.chips),
+                                   "data-dp": c.dp, "data-param-sharding": c.param_sharding, "data-remat": c.remat,
+                                   "data-layers": c.layers, "data-attn-cp": c.attn_cp || "", "data-layout": c.layout },
+    frameworks > 1 ? GS.el("td", {}, c.framework) : null, GS.el("td", {}, c.layers),
+    GS.el("td", { "data-split": "" }, PlannerAnswer.split(c)), GS.el("td", { class: "num" }, c.chips),
     GS.el("td", { class: "num", "data-mesh": "" }, PlannerAnswer.mesh(c)),
     GS.el("td", {}, c.param_sharding), GS.el("td", {}, c.remat),
     PlannerAnswer.FIGURES.map(([field, , format]) => {
@@ -153,8 +177,9 @@ PlannerAnswer.draw = function (answer) {
   const fitting = answer.candidates.filter((c) => c.fits), over = answer.candidates.filter((c) => !c.fits);
   const r = answer.request;
   for (const id of PlannerAnswer.SECTIONS) document.getElementById(id).hidden = false;
+  const decoders = [...new Set(answer.candidates.map((c) => c.layers))].join(", ") || (r.layers || []).join(", ");
   document.getElementById("summary").textContent =
-    `${r.preset} (${r.frameworks.join(", ")}) at ${GS.num(r.seq_len, 10)} tokens × batch ${r.batch_size}, ` +
+    `${r.preset} (${decoders}; ${r.frameworks.join(", ")}) at ${GS.num(r.seq_len, 10)} tokens × batch ${r.batch_size}, ` +
     `${r.dtype}, ${r.kernels || "reference"} kernels, on ${r.accelerator} ` +
     `chips, up to ${GS.num(r.max_chips, 10)}: ${answer.candidates.length} candidates, ${fitting.length} fit. ` +
     `Evidence: ${answer.evidence_trials} trial${answer.evidence_trials === 1 ? "" : "s"}. ${answer.model_note}`;
@@ -163,8 +188,17 @@ PlannerAnswer.draw = function (answer) {
   nothing.textContent = fitting.length ? "" : `Nothing fits: every candidate up to ${GS.num(r.max_chips, 10)} ` +
     "chips needs more memory per chip than the chip has. Raise the chip budget or choose a chip with " +
     "more memory (or, where the link narrows them, allow more remats and param shardings).";
+  const whyNoSpeed = PlannerAnswer.whyNoSpeed(fitting);
+  const noSpeed = document.getElementById("no-speed");
+  noSpeed.hidden = !(fitting.length && fitting.every((c) => c.tokens_per_s.value === null));
+  noSpeed.textContent = noSpeed.hidden ? "" : whyNoSpeed;
+  const basis = document.getElementById("speed-basis");
+  basis.hidden = !answer.speed_basis;
+  basis.textContent = answer.speed_basis ? `Roofline figures (no trial answers them) assume ${answer.speed_basis.label}: ` +
+    `${answer.speed_basis.source}.` : "";
   document.getElementById("picks").replaceChildren(
-    ...PlannerAnswer.PICKS.map(([key, title]) => PlannerAnswer.card(key, title, answer[key], fitting.length > 0)));
+    ...PlannerAnswer.PICKS.map(([key, title]) => PlannerAnswer.card(key, title, answer[key], fitting.length > 0,
+                                                                      whyNoSpeed)));
   document.getElementById("fitting-count").textContent = `(${fitting.length}, fastest first)`;
   PlannerAnswer.table(document.getElementById("fitting"), fitting, r.frameworks.length);
   document.getElementById("fitting").hidden = !fitting.length;

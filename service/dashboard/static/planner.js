@@ -1,13 +1,16 @@
 // The capacity planner page: the form, kept in the URL under GET /api/capacity's own parameter
 // names (so /planner?… and /api/capacity?… are the same question), the request, and the
-// API's 422 shown beside the field it names. Drawing the answer is planner-answer.js's job.
+// API's 422 shown beside the field it names. Opened without a question, the form starts from
+// the stored trials' settings (GET /api/capacity/defaults) and asks it, so the first answer
+// is one the trials can give. Drawing the answer is planner-answer.js's job.
 "use strict";
 
 const Planner = {};
 Planner.GIB = 2 ** 30;
 Planner.SCALARS = ["preset", "seq_len", "accelerator", "max_chips", "batch_size", "dtype",
                    "kernels", "num_layers"];
-Planner.FORM_KEYS = new Set([...Planner.SCALARS, "chip_memory_bytes", "frameworks"]);
+Planner.LISTS = ["frameworks", "layers", "attn_cps", "layouts"];  // checkbox fieldsets
+Planner.FORM_KEYS = new Set([...Planner.SCALARS, "chip_memory_bytes", ...Planner.LISTS]);
 Planner.asked = 0;  // the latest request's number: a slower earlier answer is dropped
 
 Planner.field = (name) => document.getElementById("f-" + name);
@@ -34,11 +37,14 @@ Planner.toForm = function (params) {
   const bytes = params.get("chip_memory_bytes");
   Planner.field("chip_memory_gib").value =
     bytes === null || bytes === "" ? "" : (/^[0-9]+$/.test(bytes) ? Number(bytes) / Planner.GIB : bytes);
-  const frameworks = params.getAll("frameworks");
-  for (const box of Planner.field("frameworks").querySelectorAll("input")) {
-    box.checked = frameworks.includes(box.value);
+  for (const list of Planner.LISTS) {
+    const values = params.getAll(list);
+    for (const box of Planner.field(list).querySelectorAll("input")) box.checked = values.includes(box.value);
   }
 };
+
+Planner.checkboxes = (name, values) => Planner.field(name).replaceChildren(...values.map((v) =>
+  GS.el("label", {}, GS.el("input", { type: "checkbox", name, value: v }), " " + v)));
 
 // The query of the form's values, plus what the link holds that the form has no field for
 // (modes, param_shardings, remats, sweep_id): those travel on unchanged.
@@ -52,8 +58,8 @@ Planner.fromForm = function () {
   if (gib !== "") {
     query.append("chip_memory_bytes", Number.isFinite(Number(gib)) ? String(Math.round(Number(gib) * Planner.GIB)) : gib);
   }
-  for (const box of Planner.field("frameworks").querySelectorAll("input:checked")) {
-    query.append("frameworks", box.value);
+  for (const list of Planner.LISTS) {
+    for (const box of Planner.field(list).querySelectorAll("input:checked")) query.append(list, box.value);
   }
   for (const [key, value] of new URLSearchParams(window.location.search)) {
     if (!Planner.FORM_KEYS.has(key)) query.append(key, value);
@@ -130,6 +136,7 @@ Planner.ask = async function (query) {
   }
   Planner.toForm(Planner.echo(data.request));
   PlannerAnswer.draw(data);
+  Planner.hintFromTrials(data);
   document.body.dataset.plannerState = "answered";
 };
 
@@ -140,28 +147,64 @@ Planner.echo = function (request) {
     if (request[name] !== null && request[name] !== undefined) params.set(name, String(request[name]));
   }
   if (request.chip_memory_bytes !== null) params.set("chip_memory_bytes", String(request.chip_memory_bytes));
-  request.frameworks.forEach((f) => params.append("frameworks", f));
+  for (const list of Planner.LISTS) (request[list] || []).forEach((v) => params.append(list, v));
+  return params;
+};
+
+// Where no candidate has a speed and the request differs from what the stored trials ran, say
+// so beside the refusal, with a link to the question they answer.
+Planner.hintFromTrials = function (answer) {
+  const slot = document.getElementById("no-speed"), d = Planner.formDefaults;
+  if (slot.hidden || !d || !d.preset) return;
+  const r = answer.request, differs = [];
+  for (const key of ["preset", "accelerator", "dtype", "kernels"]) {
+    if (d[key] && r[key] !== d[key]) differs.push(`${key} ${d[key]} (asked: ${r[key]})`);
+  }
+  if (d.frameworks.some((f) => !r.frameworks.includes(f))) {
+    differs.push(`frameworks ${d.frameworks.join(", ")} (asked: ${r.frameworks.join(", ")})`);
+  }
+  if (!differs.length) return;
+  slot.append(" The stored trials ran ", differs.join(", "), ": ",
+              GS.el("a", { id: "plan-as-trials", href: "/planner?" + Planner.defaultsQuery(d) },
+                    "plan with their settings"), ".");
+};
+
+// The stored trials' settings (GET /api/capacity/defaults) as the form's parameters.
+Planner.defaultsQuery = function (defaults) {
+  const params = new URLSearchParams();
+  for (const name of Planner.SCALARS) {
+    if (defaults[name] !== null && defaults[name] !== undefined) params.set(name, String(defaults[name]));
+  }
+  for (const list of Planner.LISTS) (defaults[list] || []).forEach((v) => params.append(list, v));
   return params;
 };
 
 Planner.start = async function () {
   GS.header("/planner");
-  const form = document.getElementById("plan-form");
+  const planForm = document.getElementById("plan-form");
+  let form;
   try {
     const options = await GS.api("/api/options");
     Planner.fillSelect(Planner.field("preset"), options.presets, "— choose a preset —");
     Planner.fillSelect(Planner.field("accelerator"), options.accelerator_types, "— choose a chip type —");
     Planner.fillSelect(Planner.field("dtype"), options.dtypes, "the API's default");
     Planner.fillSelect(Planner.field("kernels"), options.kernels, "the API's default");
-    Planner.field("frameworks").replaceChildren(...options.frameworks.map((f) => GS.el("label", {},
-      GS.el("input", { type: "checkbox", name: "frameworks", value: f }), " " + f)));
+    Planner.checkboxes("frameworks", options.frameworks);
+    form = await GS.api("/api/capacity/defaults");
+    Planner.formDefaults = form.defaults;
+    for (const list of ["layers", "attn_cps", "layouts"]) Planner.checkboxes(list, form[list]);
   } catch (err) {
     document.getElementById("plan-errors").textContent = "cannot load the form's options: " + err.message;
     return;
   }
-  const params = new URLSearchParams(window.location.search);
+  let params = new URLSearchParams(window.location.search);
+  const asked = [...params].length > 0;
+  if (!asked && form.defaults.preset) params = Planner.defaultsQuery(form.defaults);
+  const source = document.getElementById("form-source");
+  source.hidden = asked || !form.defaults.preset;
+  source.textContent = source.hidden ? "" : `Started from ${form.source}.`;
   Planner.toForm(params);
-  form.addEventListener("submit", (event) => {
+  planForm.addEventListener("submit", (event) => {
     event.preventDefault();
     Planner.ask(Planner.fromForm());
   });

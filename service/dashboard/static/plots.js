@@ -8,10 +8,6 @@
 "use strict";
 
 const Plots = {};
-Plots.MODE_COLORS = { none: "#444444", ulysses: "#1f77b4", p2p: "#d62728", all_gather: "#2ca02c",
-                      log_scan: "#9467bd" };
-Plots.DASH = { jax: "solid", torch: "dash" };
-Plots.SYMBOL = { jax: "circle", torch: "square" };
 Plots.CONFIG = { responsive: true, displaylogo: false };
 Plots.FONT = "12px 'Open Sans', verdana, arial, sans-serif";  // plotly's default legend font
 
@@ -113,19 +109,17 @@ Plots.throughputTrace = function (points, x, name, first, extra) {
 Plots.emptyText = (sweep, what = "trial") => (GS.FINAL_SWEEP.has(sweep.status) ?
   `no ${what} succeeded` : `no ${what} has succeeded yet`);
 
-Plots.lineOf = (t) => ({ color: Plots.MODE_COLORS[t.mode], dash: Plots.DASH[t.framework] });
-
 Plots.throughput = function (sweep, trials) {
   const chipsList = sweep.spec.chips, seqs = sweep.spec.seq_lens, seen = new Set(), traces = [];
   const layout = Plots.panels(chipsList, (c) => `chips = ${c}`,
                               { title: "seq_len", ticks: seqs, label: Plots.tokens }, "tokens/s/chip");
   layout.title = { text: "tokens/s/chip vs seq_len, per mode",
-                   subtitle: { text: "one panel per chip count; bars: fastest to slowest measured step" } };
+                   subtitle: { text: "one panel per chip count; bars: fastest to slowest measured step<br>" + GS.STYLE_KEY } };
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
   for (const [key, group] of GS.groupBy(rows, (t) => `${GS.series(t)}|${t.chips}`)) {
     const [name, chips] = key.split("|"), t = group[0];
     traces.push(Plots.throughputTrace(Plots.throughputPoints(group), "seq_len", name, !seen.has(name), {
-      ...Plots.axes(chipsList.indexOf(Number(chips))), line: Plots.lineOf(t) }));
+      ...Plots.axes(chipsList.indexOf(Number(chips))), ...GS.lineOf(t) }));
     seen.add(name);
   }
   return { traces, layout, panels: chipsList.length, empty: Plots.speedEmpty(trials) };
@@ -138,7 +132,7 @@ Plots.scaling = function (sweep, trials) {
   const layout = Plots.panels(seqs, (s) => `seq_len = ${Plots.tokens(s)}`,
                               { title: "chips", ticks: chipsList }, "tokens/s/chip");
   layout.title = { text: "scaling: tokens/s/chip vs chips from the one-chip baseline",
-                   subtitle: { text: "one panel per seq_len; flat = perfect scaling" } };
+                   subtitle: { text: "one panel per seq_len; flat = perfect scaling<br>" + GS.STYLE_KEY } };
   const rows = Plots.ok(trials, "tokens_per_s_per_chip");
   const byId = new Map(rows.map((t) => [t.id, t]));
   const multi = rows.filter((t) => t.chips > 1);
@@ -146,7 +140,7 @@ Plots.scaling = function (sweep, trials) {
     const [name, seq] = key.split("|"), t = group[0];
     const baselines = [...new Set(group.map((g) => byId.get(g.baseline_trial_id)).filter(Boolean))];
     traces.push(Plots.throughputTrace(Plots.throughputPoints([...baselines, ...group]), "chips", name,
-      !seen.has(name), { ...Plots.axes(seqs.indexOf(Number(seq))), line: Plots.lineOf(t) }));
+      !seen.has(name), { ...Plots.axes(seqs.indexOf(Number(seq))), ...GS.lineOf(t) }));
     seen.add(name);
   }
   const empty = chipsList.some((c) => c > 1) ? Plots.emptyText(sweep, "trial on more than one chip")
@@ -191,8 +185,8 @@ Plots.memoryTraces = function (sweep, trials) {
         showlegend: !seen.has(name), type: "scatter", mode: "lines+markers",
         meta: { quantity: q.field, label: q.label(t) },
         ...Plots.axes(chipsList.indexOf(Number(chips))),
-        line: { color: Plots.MODE_COLORS[t.mode], dash: q.dash },
-        marker: { symbol: Plots.SYMBOL[t.framework] } }));
+        line: { color: GS.seriesColor(t), dash: q.dash, width: GS.seriesStyle(t).width },
+        marker: { color: GS.seriesColor(t), symbol: GS.seriesStyle(t).symbol, size: 7 } }));
       seen.add(name);
     }
   }
@@ -222,7 +216,8 @@ Plots.memory = function (sweep, trials) {
                               { title: "seq_len", ticks: seqs, label: Plots.tokens },
                               "memory per chip", "log");
   layout.title = { text: "memory per chip vs seq_len", subtitle: { text:
-    "measured peak (solid), XLA estimate (dotted), prediction (dash-dot)" +
+    "measured peak (solid), XLA estimate (dotted), prediction (dash-dot); colour: CP mode, darker " +
+    "for fused kernels; marker: framework and decoder" +
     (sweep.chip_memory_bytes ? "; grey dots: " + sweep.chip_memory_label : "") } };
   const traces = Plots.memoryTraces(sweep, trials);
   if (sweep.chip_memory_bytes) {
@@ -267,10 +262,10 @@ Plots.mfu = function (sweep, trials) {
              y: best.map((t) => (t ? t.mfu : null)),
              customdata: best.map((t) => (t ? `${GS.pct(t.mfu)} at seq_len ${t.seq_len}` : "")),
              hovertemplate: "%{customdata}<extra>%{fullData.name}</extra>", textposition: "none",
-             marker: { color: Plots.MODE_COLORS[sample.mode],
-                       pattern: { shape: sample.framework === "torch" ? "/" : "" } } };
+             marker: { color: GS.seriesColor(sample), pattern: { shape: GS.seriesStyle(sample).pattern } } };
   });
-  const layout = { title: { text: "MFU by mode × chips", subtitle: { text: "best over seq_len" } },
+  const layout = { title: { text: "MFU by mode × chips", subtitle: { text: "best over seq_len; colour: CP mode, " +
+                   "darker for fused kernels; hatching: torch /, jax hybrid ·, torch hybrid ×" } },
                    barmode: "group", height: 380, yaxis: { title: { text: "MFU" }, tickformat: ".3~%",
                    rangemode: "tozero" }, xaxis: { type: "category" } };
   return { traces, layout, empty: Plots.speedEmpty(trials) };
@@ -289,7 +284,7 @@ Plots.fitLegend = function (layout, traces, div) {
   const room = rows * Number(div.dataset.legendRow || 30) + 12;
   div.dataset.panelsHeight = layout.height || 380;
   layout.height = Number(div.dataset.panelsHeight) + room;
-  layout.margin = { l: 70, r: 30, t: 90, b: Plots.X_AXIS_ROOM + room };
+  layout.margin = { l: 70, r: 30, t: 110, b: Plots.X_AXIS_ROOM + room };  // t: title, two subtitle lines
   layout.legend = { orientation: "h", x: 0, xanchor: "left", y: 0, yanchor: "bottom",
                     yref: "container", entrywidth: text, entrywidthmode: "pixels", maxheight: room };
 };

@@ -34,6 +34,9 @@ Profiles.cell = function (t) {
   if (p && p.url) {
     cell.append(GS.el("a", { href: p.url, class: "profile-link", download: "",
                              title: profileSplit(p.summary) }, `trace (${GS.bytes(p.bytes)})`));
+  } else if (p && p.status === "skipped") {  // no room under the artifact directory
+    cell.append(GS.el("span", { class: "skip-reason", title: p.error || null },
+                      "profile skipped"));
   } else if (p) {
     cell.append(GS.el("span", { class: "error", title: p.error || null }, "profiler failed"));
   } else if (t.kind === "measure" && FINISHED_MEASURE.has(t.status)) {

@@ -7,12 +7,13 @@ const PAGE = 100;
 let offset = 0;
 const DEFAULT_SORT = "-tokens_per_s_per_chip";  // the API's: left out of the link
 
-const SELECTS = ["kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
+const SELECTS = ["status", "kind", "preset", "framework", "mode", "accelerator", "dtype", "param_sharding", "remat",
                  "layers", "attn_cp", "layout", "kernels"];
 const LISTS = ["chips", "dp", "documents", "repeat"];  // comma-separated in the form
 const NUMBERS = ["seq_len_min", "seq_len_max", "sweep_id"];
 const FORM_PARAMS = new Set([...SELECTS, ...LISTS, ...NUMBERS, "sort", "offset"]);
 const NOT_KEPT = new Set(["limit", "format"]);
+const STATUSES = ["succeeded", "failed", "oom", "timeout", "skipped", "cancelled"];  // the API's
 let extra = [];  // parameters of the link the form has no field for, kept as they came
 
 function fillSelect(id, values, anyLabel) {
@@ -61,29 +62,32 @@ function params() {
   return p;
 }
 
+// What a reader came for first (the outcome or why not, the speed, memory), then what the
+// trial was, then the rest.
 function resultRow(t) {
   const num = (v, title) => GS.el("td", { class: "num", title: title || null }, v);
   const speed = (text, title) => num(GS.speed(t, text), GS.interpreted(t) ? GS.INTERPRETED_TITLE : title);
-  return GS.el("tr", { "data-trial-id": t.id },
-    num(t.id), GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
-    GS.el("td", {}, t.kind || ""), GS.el("td", {}, t.preset), GS.el("td", {}, t.framework),
-    GS.el("td", {}, t.mode), num(t.chips), num(t.dp || 1), num(GS.num(t.seq_len, 21)),
-    num(t.batch_size), num(t.global_batch_size || t.batch_size),
-    GS.el("td", {}, t.dtype), GS.el("td", {}, t.param_sharding),
-    GS.el("td", {}, t.remat), GS.el("td", {}, t.layers), GS.el("td", {}, t.attn_cp || ""),
-    GS.el("td", {}, t.layout), GS.el("td", {}, GS.kernelsLabel(t)),
-    GS.el("td", {}, t.documents || "single"),
-    GS.el("td", {}, t.gdn_kernel || ""), GS.el("td", {}, t.attention_kernel || ""),
-    num(t.repeat), GS.el("td", {}, t.accelerator),
-    GS.el("td", {}, t.device_name || ""), GS.attempts(t),
-    speed(GS.num(t.tokens_per_s_per_chip)),
-    speed(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
-    speed(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), speed(GS.pct(t.mfu)), speed(GS.pct(t.hfu)),
+  return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status },
+    num(t.id), GS.el("td", {}, GS.badge(t.status)), GS.reasonCell(t),
+    speed(GS.num(t.tokens_per_s_per_chip)), speed(GS.pct(t.mfu)), speed(GS.stepTime(t)),
     num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
+    GS.el("td", {}, GS.el("a", { href: "/sweeps/" + Number(t.sweep_id) }, t.sweep_id)),
+    GS.el("td", {}, t.framework), GS.el("td", {}, t.mode), num(t.chips), num(t.dp || 1),
+    num(GS.num(t.seq_len, 21)), GS.el("td", {}, GS.kernelsLabel(t)), GS.el("td", {}, t.layers),
+    GS.el("td", {}, t.attn_cp || ""), GS.el("td", {}, t.layout),
+    GS.el("td", {}, t.documents || "single"), GS.el("td", {}, t.dtype),
+    GS.el("td", {}, t.param_sharding), GS.el("td", {}, t.remat),
+    num(t.batch_size), num(t.global_batch_size || t.batch_size),
+    GS.el("td", {}, t.preset), GS.el("td", {}, t.kind || ""),
+    speed(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
+    GS.compileCell(t), speed(GS.pct(t.hfu)),
     num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
     num(GS.bytes(t.predicted_memory_bytes_per_chip)),
     num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
-    num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), GS.el("td", {}, GS.time(t.finished_at)));
+    num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)),
+    GS.el("td", {}, t.gdn_kernel || ""), GS.el("td", {}, t.attention_kernel || ""),
+    num(t.repeat), GS.el("td", {}, t.accelerator), GS.el("td", {}, t.device_name || ""),
+    GS.attempts(t), GS.el("td", {}, GS.time(t.finished_at)));
 }
 
 async function load() {
@@ -113,6 +117,10 @@ async function load() {
 async function init() {
   GS.header("/results");
   const o = await GS.api("/api/options");
+  const failed = STATUSES.filter((v) => v !== "succeeded");
+  fillSelect("f-status", STATUSES, "succeeded (default)");
+  field("status").append(GS.el("option", { value: failed.join(",") }, "did not succeed (why: the reason column)"),
+                         GS.el("option", { value: STATUSES.join(",") }, "any"));
   const kinds = o.kinds || ["measure"];
   fillSelect("f-kind", kinds, "measure (default)");
   if (kinds.length > 1) field("kind").append(GS.el("option", { value: kinds.join(",") }, "any"));

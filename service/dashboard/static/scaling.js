@@ -43,7 +43,7 @@ Scaling.lines = function (slicePts, slice) {
       if (p === base) return 1;
       return slice.kind === "global" && p.scalingEfficiency !== null ? p.scalingEfficiency : ratio(p);
     };
-    return { series, mode: ps[0].mode, framework: ps[0].framework, points,
+    return { series, mode: ps[0].mode, framework: ps[0].framework, sample: ps[0].sample, points,
              chips: points.map((p) => p.chips), total: points.map((p) => p.totalTokensPerS),
              efficiency: points.map(efficiency) };
   }).sort((a, b) => a.series.localeCompare(b.series));
@@ -56,37 +56,33 @@ Scaling.best = (slicePts) => [...GS.groupBy(slicePts, (p) => p.chips)]
     return { chips, best: ranked[0], next: ranked[1] || null };
   });
 
-Scaling.lineStyle = (line) => ({ color: Cmp.MODE_COLORS[line.mode],
-                                 dash: line.framework === "torch" ? "dash" : "solid" });
 
 Scaling.drawTotal = function (div, lines, slice, chips) {
   const traces = lines.map((l) => ({
     type: "scatter", mode: "lines+markers", name: l.series, x: l.chips, y: l.total,
-    meta: { mode: l.mode }, line: Scaling.lineStyle(l),
+    meta: { mode: l.mode }, ...GS.lineOf(l.sample),
     hovertemplate: "%{fullData.name}<br>%{x} chips: %{y:,.0f} tokens/s<extra></extra>" }));
-  Plotly.react(div, traces, {
-    title: { text: `total tokens/s vs chips at ${slice.label}` }, height: 380,
-    xaxis: Cmp.chipsAxis(chips), margin: { t: 50, r: 20 },
+  return Cmp.react(div, traces, {
+    title: { text: `total tokens/s vs chips at ${slice.label}` }, ...Cmp.legendBelow(div, traces, 320),
+    xaxis: Cmp.chipsAxis(chips),
     yaxis: { title: { text: "tokens/s, all chips" }, rangemode: "tozero", ...Cmp.NUMBER_AXIS },
-    legend: { orientation: "h", y: -0.2 },
-  }, Cmp.PLOT_CONFIG);
+  });
 };
 
 Scaling.drawEfficiency = function (div, lines, slice, chips) {
   const traces = lines.map((l) => ({
     type: "scatter", mode: "lines+markers", name: l.series, x: l.chips, y: l.efficiency,
-    meta: { mode: l.mode }, line: Scaling.lineStyle(l),
+    meta: { mode: l.mode }, ...GS.lineOf(l.sample),
     hovertemplate: "%{fullData.name}<br>%{x} chips: %{y:.1%} of one chip's tokens/s/chip<extra></extra>" }));
   const top = Math.max(1.1, ...lines.flatMap((l) => l.efficiency).filter((e) => e !== null)) * 1.05;
-  Plotly.react(div, traces, {
+  return Cmp.react(div, traces, {
     title: { text: slice.kind === "global" ? "scaling efficiency (tokens/s/chip ÷ one chip's)"
                                            : `weak scaling: tokens/s/chip ÷ one chip's at ${slice.label}` },
-    height: 380, xaxis: Cmp.chipsAxis(chips), margin: { t: 50, r: 20 },
+    ...Cmp.legendBelow(div, traces, 320), xaxis: Cmp.chipsAxis(chips),
     yaxis: { title: { text: "efficiency" }, tickformat: ".0%", range: [0, top] },
     shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 1, y1: 1,
                line: { color: "#999", dash: "dot", width: 1 } }],
-    legend: { orientation: "h", y: -0.2 },
-  }, Cmp.PLOT_CONFIG);
+  });
 };
 
 Scaling.bestTable = function (table, slicePts) {
@@ -105,33 +101,48 @@ Scaling.bestTable = function (table, slicePts) {
 
 // Compute and communication per chip per step, as recorded (no time split is recorded, so
 // none is drawn): hardware FLOPs ÷ chips on the left; bytes each chip received on the right,
-// CP exchanges solid and gradient sync dotted (chips > 1: one chip exchanges nothing).
+// CP exchanges solid and gradient sync dotted (chips > 1: one chip exchanges nothing), in the
+// series' colour and marker. The legend names each series once (clicking it hides it in both
+// panels) and keys the communication panel's two dashes.
+Scaling.COMM = [["cpCommBytesPerChip", "CP exchanges", "solid"], ["gradSyncBytesPerChip", "gradient sync", "dot"]];
+
 Scaling.drawBreakdown = function (div, lines, chips) {
   const traces = [], flops = [], bytes = [];
   for (const l of lines) {
-    const style = Scaling.lineStyle(l), group = { legendgroup: l.series, meta: { mode: l.mode } };
+    const look = GS.lineOf(l.sample), group = { name: l.series, legendgroup: l.series, meta: { mode: l.mode } };
     const f = l.points.filter((p) => p.hardwareFlopsPerChip !== null);
     flops.push(...f.map((p) => p.hardwareFlopsPerChip));
-    traces.push({ type: "scatter", mode: "lines+markers", name: l.series, ...group, line: style,
+    traces.push({ type: "scatter", mode: "lines+markers", ...group, ...look,
                   x: f.map((p) => p.chips), y: f.map((p) => p.hardwareFlopsPerChip),
                   text: f.map((p) => Cmp.flops(p.hardwareFlopsPerChip)),
                   hovertemplate: "%{fullData.name}<br>%{x} chips: %{text} per chip per step<extra></extra>" });
-    for (const [field, what, dash] of [["cpCommBytesPerChip", "CP exchanges", style.dash === "dash" ? "longdash" : "solid"],
-                                       ["gradSyncBytesPerChip", "gradient sync", "dot"]]) {
+    for (const [field, what, dash] of Scaling.COMM) {
       const c = l.points.filter((p) => p.chips > 1 && p[field] > 0);
       bytes.push(...c.map((p) => p[field]));
-      traces.push({ type: "scatter", mode: "lines+markers", name: `${l.series} · ${what}`, ...group,
-                    showlegend: false, xaxis: "x2", yaxis: "y2", line: { color: style.color, dash },
+      traces.push({ type: "scatter", mode: "lines+markers", ...group, name: `${l.series} · ${what}`,
+                    xaxis: "x2", yaxis: "y2",
+                    line: { ...look.line, dash }, marker: look.marker, meta: { ...group.meta, comm: what },
                     x: c.map((p) => p.chips), y: c.map((p) => p[field]),
                     text: c.map((p) => Cmp.bytes(p[field])),
-                    hovertemplate: `${l.series}<br>%{x} chips: %{text} received per chip per step (${what})<extra></extra>` });
+                    hovertemplate: "%{fullData.name}<br>%{x} chips: %{text} received per chip per step<extra></extra>" });
+    }
+  }
+  const named = new Set();
+  for (const t of traces) {  // each series once: on its first trace with a point (FLOPs first)
+    t.showlegend = t.x.length > 0 && !named.has(t.legendgroup);
+    if (t.showlegend) named.add(t.legendgroup);
+  }
+  if (bytes.length) {
+    for (const [, what, dash] of Scaling.COMM) {
+      traces.push({ type: "scatter", mode: "lines", name: `communication: ${what}`, legendgroup: "key",
+                    x: [null], y: [null], xaxis: "x2", yaxis: "y2", hoverinfo: "skip",
+                    meta: { key: what }, line: { color: "#5f6b7a", dash, width: 2 } });
     }
   }
   const note = (x, text) => ({ text, xref: "paper", yref: "paper", x, y: 0.5, showarrow: false,
                                font: { color: "#5f6b7a" } });
-  Plotly.react(div, traces, {
-    height: 380, margin: { t: 50, r: 20 }, legend: { orientation: "h", y: -0.2 },
-    xaxis: { ...Cmp.chipsAxis(chips), domain: [0, 0.45] },
+  return Cmp.react(div, traces, {
+    ...Cmp.legendBelow(div, traces, 320), xaxis: { ...Cmp.chipsAxis(chips), domain: [0, 0.45] },
     yaxis: { title: { text: "hardware FLOPs per chip per step" }, type: "log", ...Cmp.flopTicks(flops) },
     xaxis2: { ...Cmp.chipsAxis(chips.filter((c) => c > 1)), domain: [0.55, 1], anchor: "y2" },
     yaxis2: { title: { text: "bytes received per chip per step" }, type: "log", anchor: "x2",
@@ -144,7 +155,7 @@ Scaling.drawBreakdown = function (div, lines, chips) {
       ...(flops.length ? [] : [note(0.22, "no hardware FLOPs recorded")]),
       ...(bytes.length ? [] : [note(0.78, "no bytes exchanged between chips recorded")]),
     ],
-  }, Cmp.PLOT_CONFIG);
+  });
 };
 
 Scaling.SOURCES = "Recorded per trial, nothing modelled: compute is hardware_flops_per_step ÷ chips " +

@@ -26,25 +26,27 @@ function trialRow(t, repeated) {
                    (t.kernels === "fused" ? " · " + GS.kernelsLabel(t) : "") +
                    ((t.documents || "single") !== "single" ? ` · documents ${t.documents}` : "") +
                    (repeated ? ` · repeat ${t.repeat}` : "");
+  // what a reader came for first (status or why not, the speed, memory), then what the trial was
   return GS.el("tr", { "data-trial-id": t.id, "data-status": t.status,
                        "data-attempts": t.attempt_history.length },
-    num(t.id), GS.el("td", {}, t.framework),
+    num(t.id), GS.el("td", {}, GS.badge(t.status)), GS.reasonCell(t),
+    speed(GS.num(t.tokens_per_s_per_chip)), speed(GS.pct(t.mfu)), speed(GS.stepTime(t)),
+    num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
+    GS.el("td", {}, t.framework),
     GS.el("td", { title: t.mode !== "none" ? null : (t.dp || 1) > 1
                     ? "one chip per replica, no context parallelism: pure data parallel"
                     : "one chip, no context parallelism: the baseline" }, t.mode),
     num(meshLabel(t), meshTitle(t)), num(GS.num(t.seq_len, 21)), GS.el("td", {}, settings),
-    GS.el("td", {}, GS.badge(t.status)), GS.attempts(t), speed(GS.num(t.tokens_per_s_per_chip)),
+    GS.attempts(t),
     speed(GS.pct(t.scaling_efficiency), t.baseline_key ? "baseline: " + t.baseline_key : null),
-    speed(GS.stepTime(t)), num(GS.seconds(t.compile_time_s)), speed(GS.pct(t.mfu)),
-    num(GS.bytes(t.peak_memory_bytes_per_chip), t.memory_source),
+    GS.compileCell(t),
     num(GS.bytes(t.estimated_memory_bytes_per_chip), t.estimated_memory_source),
     num(GS.bytes(t.predicted_memory_bytes_per_chip)),
     num(GS.bytes(t.cp_comm_bytes_per_step_per_chip)),
     num(GS.bytes(t.grad_sync_bytes_per_step_per_chip)), num(loss),
     num(GS.num(t.max_rel_err), t.verified_seq_len ? `verified on ${t.verified_seq_len} tokens` : null),
     GS.el("td", {}, t.device_name || ""),
-    num(t.environment_id === null ? "" : "#" + t.environment_id), Profiles.cell(t),
-    GS.el("td", { class: "error", title: t.error || null }, t.error ? t.error.slice(0, 300) : ""));
+    num(t.environment_id === null ? "" : "#" + t.environment_id), Profiles.cell(t));
 }
 
 function showSweep(s, trials) {
