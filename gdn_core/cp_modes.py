@@ -22,6 +22,13 @@ AttnCPMode = Literal["all_gather_kv", "ring", "ulysses"]
 GDN layers' `mode` on the same CP group: gather K and V, pass K/V blocks around a ring, or
 all-to-all to head shards."""
 ATTN_CP_MODES: tuple[str, ...] = get_args(AttnCPMode)
+ONE_CHIP_CP_MODE: CPMode = "p2p"
+"""The mode a step without context parallelism runs as: p2p on one chip exchanges nothing (D−1
+= 0 rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step. The one
+name for it (a trial's mode "none", the planner's and the benchmarks' one-chip points)."""
+ONE_CHIP_ATTN_CP: AttnCPMode = "all_gather_kv"
+"""The attention layers' CP mode of a step without it (the one-chip hybrid): all_gather_kv on
+one chip gathers nothing, plain causal attention."""
 
 
 def check_mode(mode: str) -> None:

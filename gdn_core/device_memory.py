@@ -26,7 +26,8 @@ from pathlib import Path
 RSS_SOURCE = "process_rss_peak"
 
 
-def _status_kib(field: str) -> int | None:
+def status_kib(field: str) -> int | None:
+    """A /proc/self/status field in KiB (VmHWM, VmSize, …); None where it cannot be read."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(field + ":"):
@@ -47,7 +48,7 @@ def reset_peak_rss() -> bool:
 
 def peak_rss() -> tuple[int, str]:
     """(bytes, source) of this process's resident-set high-water mark (module docstring)."""
-    hwm_kib = _status_kib("VmHWM")
+    hwm_kib = status_kib("VmHWM")
     if hwm_kib is not None:
         return hwm_kib * 1024, RSS_SOURCE
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS

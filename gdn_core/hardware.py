@@ -288,6 +288,10 @@ def _check_timing(size, seconds) -> None:
         raise ValueError(f"seconds={seconds!r} must be positive")
 
 
+CALIBRATION_GEMM_SIZE = {"cpu": 1024, "cuda": 8192}
+"""Side of the square GEMMs of a peak measurement, per device (the benchmarks' calibrations)."""
+
+
 def measure_gemm_flops_per_s(*, device="cpu", size: int = 1024, seconds: float = 1.0,
                              dtype="float32", min_samples: int = 5) -> PeakMeasurement:
     """Time repeated size×size×size torch GEMMs on `device`; return the median FLOP/s.

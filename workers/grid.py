@@ -44,8 +44,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gdn_core.config import Layers, ModelConfig
 from gdn_core.cp_layout import Layout, check_layout
-from gdn_core.cp_modes import (CP_MODES, AttnCPMode, CPMode, CPSettings,
-                               check_attention_cp_shape, check_cp_shape, check_dp)
+from gdn_core.cp_modes import (CP_MODES, ONE_CHIP_ATTN_CP, ONE_CHIP_CP_MODE, AttnCPMode, CPMode,
+                               CPSettings, check_attention_cp_shape, check_cp_shape, check_dp)
 from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.packing import SINGLE_DOCUMENT
 from gdn_core.presets import get_preset
@@ -57,12 +57,6 @@ from .sweep_spec import AcceleratorKind, Documents, DType, Framework, SweepSpec,
 TrialMode = Literal["none", CPMode]
 """A trial's mode: a CP mode, or "none" for the one-chip baseline (no context parallelism)."""
 TRIAL_MODES: tuple[str, ...] = ("none", *CP_MODES)
-ONE_CHIP_CP_MODE: CPMode = "p2p"
-"""What gdn_core runs for a mode-"none" trial: p2p on one chip exchanges nothing (D−1 = 0
-rounds; its CP and weight-sync bytes are 0), so it is the plain single-chip step."""
-ONE_CHIP_ATTN_CP: AttnCPMode = "all_gather_kv"
-"""What gdn_core runs for the attention layers of a trial without attn_cp (the one-chip
-hybrid baseline): all_gather_kv on one chip gathers nothing, plain causal attention."""
 MAX_KEY_CHARS = 200
 """Longest trial key: the width of the trials.key column (service/db/models.py; a test checks
 they agree). Every other dimension's longest values fit in 181 characters; a long documents

@@ -14,6 +14,8 @@ import resource
 import socket
 from pathlib import Path
 
+from gdn_core.device_memory import status_kib
+
 _VERSION_PACKAGES = ("torch", "jax", "jaxlib", "ray", "gdn-sweep")
 
 
@@ -101,16 +103,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 @contextlib.contextmanager
 def address_space_cap(extra_bytes: int | None):
     """Let this process's address space grow by at most extra_bytes (RLIMIT_AS soft limit).
@@ -122,7 +114,7 @@ def address_space_cap(extra_bytes: int | None):
         yield None
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    current = (_status_kib("VmSize") or 0) * 1024
+    current = (status_kib("VmSize") or 0) * 1024
     cap = current + extra_bytes
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)

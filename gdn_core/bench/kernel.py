@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from ..flops.model import gdn_rule_flops
-from ..hardware import (accelerator_type_from_device_name, measure_gemm_flops_per_s,
-                        peak_flops_per_chip, peak_source)
+from ..hardware import (CALIBRATION_GEMM_SIZE, accelerator_type_from_device_name,
+                        measure_gemm_flops_per_s, peak_flops_per_chip, peak_source)
 from ..testing import rel_err
 from .kernel_fla import fla_backward_refusal, is_fla_backward_refusal, time_fla_forward_only
 from .kernel_runners import (FLA_OUTPUT_TOLERANCE, TORCH_DTYPES, time_alternating,
@@ -232,13 +232,10 @@ def verify(runners) -> dict[str, tuple[float, float]]:
     return errors
 
 
-GEMM_SIZE = {"cpu": 1024, "cuda": 8192}
-"""Side of the square float32 GEMMs of the peak measurements, per device."""
-
 
 def _gemm_probe(device: str, reps: int) -> Callable[[], None]:
     """A runner doing `reps` float32 GEMMs, timed in the same alternation as the kernels."""
-    n = GEMM_SIZE[device]
+    n = CALIBRATION_GEMM_SIZE[device]
     a, b = (torch.randn(n, n, device=device) for _ in range(2))
     out = torch.empty(n, n, device=device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -253,7 +250,7 @@ def _gemm_probe(device: str, reps: int) -> Callable[[], None]:
 
 def _peaks(device: str) -> list[tuple[str, float, str]]:
     """Up-front (label, FLOP/s, source) peaks: a float32 GEMM, and on CUDA bf16 and the table."""
-    n = GEMM_SIZE[device]
+    n = CALIBRATION_GEMM_SIZE[device]
     fp32 = measure_gemm_flops_per_s(device=device, size=n, seconds=2.0)
     peaks = [("fp32 GEMM, up front", fp32.flops_per_s, fp32.source)]
     if device == "cuda":
@@ -376,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # A float32 GEMM probe of about 0.25 s runs in the same alternation: on a shared, noisy
     # host it sees the same contention as the kernels, so the fractions compare like with like.
-    n = GEMM_SIZE[args.device]
+    n = CALIBRATION_GEMM_SIZE[args.device]
     reps = max(1, round(0.25 * peaks[0][1] / (2 * n ** 3)))
     times = time_alternating({**runners, "gemm": _gemm_probe(args.device, reps)},
                              warmup=args.warmup, repeats=args.repeats)

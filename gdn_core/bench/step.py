@@ -63,7 +63,7 @@ import time
 from collections.abc import Sequence
 
 from ..device_memory import jax_gpu_allocator_env
-from .step_plan import (ONE_CHIP_MODE, format_plan, memory_refusal, plan_rows,
+from .step_plan import (format_plan, memory_refusal, plan_rows,
                         predicted_memory, usable_here)
 from .step_table import format_table, write_outputs
 
@@ -71,8 +71,6 @@ FRAMEWORKS = ("torch", "jax")
 DTYPES = ("bfloat16", "float32")
 ROW_PREFIX = "STEP_ROW_JSON "
 """Marks the line on which a row's child process prints its result."""
-GEMM_SIZE = {"cpu": 1024, "cuda": 8192}
-"""Side of the square GEMMs of a peak calibration, per device."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -187,9 +185,9 @@ def _torch_row(args, model_cfg, train_cfg, cp) -> dict:
         name = f"cpu ({torch.get_num_threads()} torch threads)"
     peak = _datasheet_peak(name, train_cfg.dtype)
     if peak is None:
-        measured = hardware.measure_gemm_flops_per_s(device=args.device, seconds=1.0,
-                                                     size=GEMM_SIZE[args.device],
-                                                     dtype=train_cfg.dtype)
+        measured = hardware.measure_gemm_flops_per_s(
+            device=args.device, seconds=1.0, size=hardware.CALIBRATION_GEMM_SIZE[args.device],
+            dtype=train_cfg.dtype)
         peak = measured.flops_per_s, measured.source
     return dict(report=report, device_name=name, peak=peak)
 
@@ -214,9 +212,9 @@ def _jax_row(args, model_cfg, train_cfg, cp) -> dict:
     name = device.device_kind if platform == "gpu" else f"cpu ({device.device_kind})"
     peak = _datasheet_peak(name, train_cfg.dtype)
     if peak is None:
-        gemm = hardware.measure_jax_gemm_flops_per_s(device=device, seconds=1.0,
-                                                     size=GEMM_SIZE[args.device],
-                                                     dtype=train_cfg.dtype)
+        gemm = hardware.measure_jax_gemm_flops_per_s(
+            device=device, seconds=1.0, size=hardware.CALIBRATION_GEMM_SIZE[args.device],
+            dtype=train_cfg.dtype)
         peak = gemm.flops_per_s, gemm.source
     return dict(report=report, device_name=name, peak=peak)
 
@@ -242,7 +240,7 @@ def _row_base(args, model_cfg, dtype: str, framework: str, kernels: str) -> dict
 
 def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
     """Run one row in this process (the child's work) and return it, complete."""
-    from ..cp_modes import CPSettings
+    from ..cp_modes import ONE_CHIP_CP_MODE, CPSettings
     from ..flops.model import model_flops_per_step
     from ..kernels import KernelUnavailable, resolve_kernels
     from ..train_config import TrainConfig
@@ -262,7 +260,7 @@ def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
                                  *usable_here(args.device, framework))
         if refusal is not None:
             return StepRow(**base, status="skipped", reason=refusal)
-        cp = CPSettings(mode=ONE_CHIP_MODE, chips=1, kernels=kernels)
+        cp = CPSettings(mode=ONE_CHIP_CP_MODE, chips=1, kernels=kernels)
         got = (_torch_row if framework == "torch" else _jax_row)(args, model_cfg, train_cfg, cp)
     except KernelUnavailable as err:
         return StepRow(**base, status="skipped", reason=str(err))

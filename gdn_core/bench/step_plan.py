@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ..cp_modes import ONE_CHIP_CP_MODE
+
 PLAN_GPUS = (("h100-sxm", "H100 80GB"), ("h200-sxm", "H200 141GB"))
 """(gdn_core.hardware type, label) of the GPUs a device check may be lent."""
-ONE_CHIP_MODE = "p2p"
-"""Any GDN CP mode on one chip runs the single-chip step (bench.step.ONE_CHIP_MODE)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,7 +55,7 @@ def predicted_memory(model_cfg, *, batch: int, seq_len: int, dtype: str, remat: 
     from ..train_config import TrainConfig
 
     train_cfg = TrainConfig(batch_size=batch, seq_len=seq_len, dtype=dtype, remat=remat)
-    return predict_step_memory(model_cfg.stand_in, train_cfg, mode=ONE_CHIP_MODE, chips=1,
+    return predict_step_memory(model_cfg.stand_in, train_cfg, mode=ONE_CHIP_CP_MODE, chips=1,
                                framework=framework, kernels=kernels)
 
 

@@ -12,8 +12,9 @@ import argparse
 import sys
 from typing import TextIO
 
+from service.core.exit_codes import EXIT_BAD_INPUT
+
 EXIT_NEW_REGRESSION = 3
-EXIT_BAD_INPUT = 2
 EXIT_DATABASE = 1
 _UNITS = {"step_time_s": "s", "tokens_per_s_per_chip": "tokens/s/chip",
           "peak_memory_bytes_per_chip": "B"}

@@ -14,7 +14,8 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-EXIT_BAD_INPUT = 2
+from service.core.exit_codes import EXIT_BAD_INPUT
+
 EXIT_DATABASE = 1
 
 

@@ -16,13 +16,12 @@ from collections.abc import Iterator, Sequence
 
 from gdn_core.config import FULL_ATTENTION, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, check_layout
-from gdn_core.cp_modes import ATTN_CP_MODES, check_attention_cp_shape, check_cp_shape
+from gdn_core.cp_modes import (ATTN_CP_MODES, ONE_CHIP_CP_MODE, check_attention_cp_shape,
+                               check_cp_shape)
 from service.planner.evidence import Observation
 from service.planner.meshes import mesh_dps
 from service.planner.schemas import CapacityRequest
 
-ONE_CHIP_MODE = "p2p"
-"""What a point without CP runs as (workers.grid.ONE_CHIP_CP_MODE)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,7 +127,7 @@ def candidate_points(request: CapacityRequest, observations: Sequence[Observatio
             for dp, framework in itertools.product(mesh_dps(chips, request.dp),
                                                    request.frameworks):
                 cp = chips // dp
-                for mode in ([ONE_CHIP_MODE] if cp == 1 else request.modes):
+                for mode in ([ONE_CHIP_CP_MODE] if cp == 1 else request.modes):
                     try:
                         check_cp_shape(mode=mode, chips=cp, seq_len=request.seq_len,
                                        num_k_heads=gdn.num_k_heads,
@@ -160,5 +159,5 @@ def _splits(attn_cp, layout, *, cp: int, seq_len: int, model_cfg, attention: boo
     return True
 
 
-__all__ = ["ONE_CHIP_MODE", "UNDOMINATED_SPLITS", "Point", "candidate_points", "chip_counts",
+__all__ = ["UNDOMINATED_SPLITS", "Point", "candidate_points", "chip_counts",
            "has_attention", "matches", "model_for", "same_split", "variants"]

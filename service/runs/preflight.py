@@ -11,7 +11,8 @@ import socket
 from service.db.engine import upgrade_database
 from service.db.errors import clean_error, is_transient
 
-EXIT_OK, EXIT_TRIALS_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from service.core.exit_codes import (  # noqa: F401 - the commands import them from here too
+    EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_TRIALS_FAILED)
 """Every trial succeeded or was skipped; a trial failed (or the database or Ray cannot be
 reached); bad input (nothing was run); Ctrl-C."""
 

@@ -66,8 +66,8 @@ def test_the_trial_names_become_gdn_cores_in_one_function():
             if isinstance(node, ast.Constant) and node.value in ("p2p", "all_gather_kv"):
                 literals.append((path.name, node.lineno))
     assert readers and set(readers) == {("grid.py", ("trial_cp_settings",))}
-    # the two definitions in grid.py, and all_gather_kv as SweepSpec.attn_cps' default
-    assert [name for name, _ in literals] == ["grid.py", "grid.py", "sweep_spec.py"]
+    # all_gather_kv as SweepSpec.attn_cps' default (the one-chip names are gdn_core.cp_modes')
+    assert [name for name, _ in literals] == ["sweep_spec.py"]
 
 
 # ---------------------------------------------------------------- kernels (issue 23)
