@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 
 import pytest
@@ -22,6 +21,9 @@ from workers.profiling import CHROME_TRACE, CapturedProfile
 from .conftest import MemorySink, tiny_spec
 
 KIB = 1024
+NO_DISK_HAS = 10 ** 18
+"""Free bytes no disk has (an exabyte): a minimum that makes any disk full, whatever other
+processes free or fill meanwhile."""
 
 
 def _capture(size: int) -> CapturedProfile:
@@ -67,8 +69,7 @@ def test_traces_past_the_age_limit_go_whatever_the_bytes(tmp_path):
 
 
 def test_a_full_disk_or_an_oversized_trace_is_skipped_and_nothing_is_written(tmp_path):
-    free = shutil.disk_usage(tmp_path).free
-    full = ProfileRetention(max_bytes=10 ** 12, max_age_days=30, min_free_bytes=free + 1)
+    full = ProfileRetention(max_bytes=10 ** 12, max_age_days=30, min_free_bytes=NO_DISK_HAS)
     skipped = _store(tmp_path, KIB, full)
     assert (skipped.status, skipped.path, skipped.bytes) == ("skipped", None, None)
     assert skipped.error.startswith(f"profile skipped: the artifact directory {tmp_path} is "
@@ -90,7 +91,7 @@ def test_the_limits_are_read_from_the_environment(monkeypatch):
 @pytest.mark.timeout(180)
 def test_a_profiled_trial_with_no_room_keeps_its_result(local_ray, tmp_path):
     spec = tiny_spec(chips=[2], one_chip_baseline=False, steps=2, profile=True)
-    full = ProfileRetention(min_free_bytes=shutil.disk_usage(tmp_path).free + 1)
+    full = ProfileRetention(min_free_bytes=NO_DISK_HAS)
     sink = MemorySink()
     run_trials(expand_trials(spec), sink, name=spec.name, options=DriverOptions(
         artifact_dir=str(tmp_path / "artifacts"), profile_retention=full))
