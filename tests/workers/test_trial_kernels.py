@@ -63,7 +63,8 @@ INTERPRETED = " (interpreted)"
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("framework, seq_len, gdn_interpreted, attention_interpreted", [
     ("torch", 128, True, False),  # fla under Triton's interpreter; SDPA runs natively on a CPU
-    ("jax", 256, False, True),  # our GDN rule; splash (128-token segments) under Pallas's
+    # our GDN rule; splash (128-token segments) under Pallas's: two JAX compiles, ~22 s here
+    pytest.param("jax", 256, False, True, marks=pytest.mark.slow),
 ])
 def test_fused_hybrid_trial_with_interpreted_kernels_succeeds_and_says_so(
         local_ray, monkeypatch, framework, seq_len, gdn_interpreted, attention_interpreted):
