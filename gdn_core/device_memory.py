@@ -216,7 +216,8 @@ def gpu_usable_bytes_here(framework: str, accelerator_type: str) -> tuple[int, s
     process's first GPU where the process already runs `framework` on one of that type, else
     None (the caller falls back on the datasheet). Never starts a CUDA context or a JAX
     backend for the asking: a driver that admits a sweep keeps its GPU memory untouched."""
-    from .hardware import accelerator_type_from_device_name, canonical_accelerator_type
+    from .datasheets import canonical_accelerator_type
+    from .device_names import accelerator_type_from_device_name
 
     wanted = canonical_accelerator_type(accelerator_type)
     try:

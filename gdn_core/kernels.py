@@ -3,7 +3,8 @@
 
     reference  this project's own torch / JAX code: the ground truth every check compares to
     fused      what a training team runs: library kernels (fla-core's chunk_gated_delta_rule,
-               SDPA's flash backend, cuDNN or splash attention), composed with our CP exchanges
+               SDPA's flash backend, cuDNN or splash attention) and, for JAX's GDN, this
+               project's Pallas chunk rule, composed with our CP exchanges
 
 A fused point that a kernel cannot serve (dtype, chunk size, head dim, backend missing) raises
 KernelUnavailable with the reason, and the trial is recorded `skipped` with it: a fused trial
@@ -24,6 +25,7 @@ from typing import Literal, get_args
 from .interpreted_kernels import (FLA_DTYPES_INTERPRETED, INTERPRET_ENV,
                                   interpret_kernels_enabled, triton_installed)
 from .interpreted_kernels import interpreted as interpreted_name
+from .train_config import check_framework
 
 Kernels = Literal["reference", "fused"]
 KERNELS: tuple[str, ...] = get_args(Kernels)
@@ -60,9 +62,13 @@ REFERENCE_GDN: dict[str, str] = {"torch": "reference torch chunk rule",
 REFERENCE_ATTENTION: dict[str, str] = {"torch": "reference torch blockwise tiles",
                                        "jax": "reference jax blockwise"}
 """The hybrid's attention under kernels="reference", per framework."""
-JAX_GDN_NOT_FUSED = "(no library kernel composes with CP state)"
-"""Why JAX's GDN stays the reference under kernels="fused" (MaxText turns its Pallas kernel
-off under context parallelism), appended to REFERENCE_GDN["jax"]."""
+JAX_PALLAS_GDN = "gdn_core pallas chunk rule"
+"""JAX's GDN under kernels="fused": this project's Pallas chunk rule (jax_gdn.pallas), composed with every CP mode through its state in and out (jax_gdn.cp.
+kernel_rule); stored with its platform, "(tpu)" / "(gpu)", or "(interpreted)" on a CPU."""
+PALLAS_PLATFORMS: dict[str, str] = {"tpu": "tpu", "gpu": "gpu", "cuda": "gpu", "rocm": "gpu"}
+"""Device kind or jax backend → the Pallas rule's parameterisation (Mosaic TPU, Triton GPU)."""
+PALLAS_NEEDS_A_CHIP = ("the Pallas chunk rule needs a TPU or GPU; on a CPU set "
+                       f"{INTERPRET_ENV}=1 to run it through Pallas's interpreter")
 FLA_GDN = "fla-core {version} chunk_gated_delta_rule"
 FLA_CP_CONTEXT_GDN = "fla-core {version} chunk_gated_delta_rule with its cp_context (all_gather)"
 """fla's own context parallelism in place of our exchanges (torch_gdn.gdn_kernels.
@@ -73,7 +79,6 @@ JAX_DOT_PRODUCT_ATTENTION = "jax {version} dot_product_attention {implementation
 JAX_SPLASH_ATTENTION = "jax {version} splash attention"
 
 DEVICE_KINDS: tuple[str, ...] = ("cpu", "gpu", "tpu")
-FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
 HALF_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 """What the GPU flash kernels (SDPA's flash backend, cuDNN attention) compute in."""
 SDPA_FLASH_MAX_HEAD_DIM = 256
@@ -93,9 +98,16 @@ FLA_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 """The q/k/v dtypes fla-core's Triton kernels compute in (float32 dots run as TF32)."""
 
 
-def jax_fused_gdn_name() -> str:
-    """What JAX's GDN runs under kernels="fused": the reference, labelled so."""
-    return f"{REFERENCE_GDN['jax']} {JAX_GDN_NOT_FUSED}"
+def jax_fused_gdn_name(backend: str) -> str:
+    """What JAX's GDN runs under kernels="fused" on `backend` (a device kind or jax backend:
+    tpu, gpu, cuda, rocm, cpu): the Pallas chunk rule for its platform, interpreted on a CPU
+    under GDN_SWEEP_INTERPRET_KERNELS=1; KernelUnavailable(PALLAS_NEEDS_A_CHIP) elsewhere."""
+    if backend in PALLAS_PLATFORMS:
+        return f"{JAX_PALLAS_GDN} ({PALLAS_PLATFORMS[backend]})"
+    if backend == "cpu" and interpret_kernels_enabled():
+        return interpreted_name(JAX_PALLAS_GDN)
+    raise KernelUnavailable(PALLAS_NEEDS_A_CHIP if backend == "cpu" else
+                            f"{PALLAS_NEEDS_A_CHIP} (this trial runs on {backend!r})")
 
 
 def resolve_kernels(framework: str, kernels: str, *, device_kind: str, dtype: str,
@@ -157,14 +169,14 @@ def _packed_documents_problem(framework: str, part: int, device_kind: str) -> st
         kernel = "cuDNN" if device_kind == "gpu" else "splash"
         return (f"{kernel} attention as bound here takes no mask, so it cannot serve packed "
                 "documents (cu_seqlens)")
-    # fla takes cu_seqlens (torch_gdn.cp.kernel_rule: segment-local boundaries), JAX's GDN is
-    # the reference, SDPA flash and XLA attend per document pair.
+    # fla takes cu_seqlens (torch_gdn.cp.kernel_rule: segment-local boundaries), the Pallas
+    # rule document starts (jax_gdn.cp.kernel_rule), SDPA flash and XLA attend per document
+    # pair.
     return None
 
 
 def _check_point(framework: str, kernels: str, device_kind: str) -> None:
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework={framework!r} is not one of: {', '.join(FRAMEWORKS)}")
+    check_framework(framework)
     if device_kind not in DEVICE_KINDS:
         raise ValueError(f"device_kind={device_kind!r} is not one of: {', '.join(DEVICE_KINDS)}")
     check_kernels(kernels)
@@ -285,7 +297,8 @@ def _torch_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None
 
 def _jax_fused_gdn(*, device_kind: str, dtype: str, head_dim: int | None,
                    gdn_head_k_dim: int | None = None, gdn_chunk_size: int | None = None) -> str:
-    return jax_fused_gdn_name()
+    """The Pallas chunk rule (any dtype, chunk size and head width: it pads nothing but T)."""
+    return jax_fused_gdn_name(device_kind)
 
 
 def _jax_fused_attention(*, device_kind: str, dtype: str, head_dim: int | None) -> str:
@@ -317,8 +330,9 @@ _FUSED = {"torch": (_torch_fused_gdn, _torch_fused_attention),
 
 __all__ = ["CUDNN_MAX_HEAD_DIM", "DEFAULT_KERNELS", "FLA_CHUNK_SIZES", "FLA_CP_CONTEXT_GDN",
            "FLA_DTYPES", "FLA_GDN", "FLA_HOPPER_BAD_TRITON", "FLA_MAX_HEAD_K_DIM",
-           "JAX_DOT_PRODUCT_ATTENTION", "JAX_GDN_NOT_FUSED", "JAX_SPLASH_ATTENTION", "KERNELS",
-           "KernelUnavailable", "Kernels", "REFERENCE_ATTENTION", "REFERENCE_GDN",
+           "JAX_DOT_PRODUCT_ATTENTION", "JAX_PALLAS_GDN", "JAX_SPLASH_ATTENTION", "KERNELS",
+           "KernelUnavailable", "Kernels", "PALLAS_NEEDS_A_CHIP", "PALLAS_PLATFORMS",
+           "REFERENCE_ATTENTION", "REFERENCE_GDN",
            "ResolvedKernels", "SDPA_FLASH_MAX_HEAD_DIM", "SPLASH_HEAD_DIM_MULTIPLE",
            "TORCH_SDPA_FLASH", "attention_kernel_name", "check_kernels",
            "fla_gated_backward_problem", "jax_fused_gdn_name", "resolve_kernels"]

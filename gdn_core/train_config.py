@@ -149,6 +149,12 @@ class CPTrainReport(TrainReport):
     """Tokens per sequence the verify compared: seq_len when one chip could hold the whole
     sequence, else the longest prefix that fits (memory.verify.verify_seq_len); None when
     verify=False or not even the shortest prefix fits (max_rel_err is then None too)."""
+    gdn_kernel: str | None = None
+    """What the GDN layers ran, named with its version (gdn_core.kernels.ResolvedKernels.gdn),
+    as the step resolved it where it ran; a trial's result stores it."""
+    attention_kernel: str | None = None
+    """What the attention layers ran (ResolvedKernels.attention); None without attention
+    layers (a gdn_only decoder)."""
 
     @property
     def comm_bytes_per_step(self) -> int:

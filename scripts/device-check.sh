@@ -9,15 +9,19 @@
 #                                                # memory per chip vs an H100 80GB / H200 141GB
 #   bash scripts/device-check.sh --cpu-dry-run   # every part on CPU at toy sizes (slow, no limit)
 #
-# Parts, each under `timeout` (limits sum to 470 s; a failed or timed-out part is reported and
+# Parts, each under `timeout` (limits sum to 475 s; a failed or timed-out part is reported and
 # the next one still runs; exit 1 if any part failed):
-#   env     30 s   versions and devices (python -m gdn_core.bench env)
-#   tests   120 s  the gpu-marked tests: rule, layer, model, training step on CUDA vs CPU (outside
+#   env     25 s   versions and devices (python -m gdn_core.bench env)
+#   tests   105 s  the gpu-marked tests: rule, layer, model, training step on CUDA vs CPU (outside
 #                  the default tier's 20 s per-test budget, tests/time_budget.py; 90 s a test)
-#   kernel  80 s   python -m gdn_core.bench kernel --device cuda: fla-core's Triton rule beside
+#   kernel  70 s   python -m gdn_core.bench kernel --device cuda: fla-core's Triton rule beside
 #                  ours, alone, bf16, 8K tokens (Triton autotuning in its untimed warm-up; where
 #                  fla refuses its training backward, its forward alone, said so)
-#   step    240 s  python -m gdn_core.bench step: the sweep's own step (run_cp_training, one
+#   pallas  50 s   python -m gdn_core.bench.kernel_pallas --device cuda: the JAX rule, the
+#                  reference XLA rule beside the Pallas chunk rule (jax_gdn.pallas, Triton),
+#                  forward + backward, bf16, 32K tokens, 16 heads of 128 (checked against the
+#                  XLA rule first; goal: >= 2x the XLA rule on an H100; needs JAX's GPU backend)
+#   step    225 s  python -m gdn_core.bench step: the sweep's own step (run_cp_training, one
 #                  chip) for qwen3.5-0.8b as the hybrid decoder at full depth (24 layers), 32K
 #                  tokens, bf16, remat full (without it the predictor says ~202 GiB torch / 310
 #                  GiB JAX per chip; with it ~27-32 GiB), 1 untimed warm-up step (fla's
@@ -25,7 +29,7 @@
 #                  where fla refuses its backward, with fla's reason), JAX reference, JAX fused
 #                  (cuDNN attention). It prints the memory plan first; a row predicted over
 #                  what its device can allocate is skipped before it runs. Its own budget,
-#                  230 s (about 55 s a row; untimed on a GPU so far), stops a row that would
+#                  215 s (about 55 s a row; untimed on a GPU so far), stops a row that would
 #                  overrun, reports it "not reached" and still prints the rows it finished.
 #                  STEP_PRESET / STEP_LAYERS / STEP_SEQ_LEN / STEP_REMAT override the point.
 # Without a CUDA device it says so, runs the gpu tests (they skip) and exits 0.
@@ -54,11 +58,14 @@ esac
 PYTHON=${PYTHON:-python3}
 
 # Part limits in seconds (a cold H100 / H200 of the lent image; their sum stays under 480 s).
-ENV_LIMIT_S=30
-TESTS_LIMIT_S=120
-KERNEL_LIMIT_S=80
-STEP_LIMIT_S=240
-STEP_BUDGET_S=230  # the step module's own budget, inside its part's limit
+ENV_LIMIT_S=25
+TESTS_LIMIT_S=105
+KERNEL_LIMIT_S=70
+PALLAS_LIMIT_S=50
+STEP_LIMIT_S=225
+STEP_BUDGET_S=215  # the step module's own budget, inside its part's limit
+PALLAS_ARGS=(--dtype bfloat16 --seq-len 32768 --num-k-heads 16 --num-v-heads 16 --repeats 2
+             --warmup 1)
 STEP_ARGS=(--preset "${STEP_PRESET:-qwen3.5-0.8b}" --seq-len "${STEP_SEQ_LEN:-32768}"
            --remat "${STEP_REMAT:-full}" --dtypes bfloat16 --steps 2 --warmup 1)
 [ -n "${STEP_LAYERS:-}" ] && STEP_ARGS+=(--layers "$STEP_LAYERS")
@@ -66,12 +73,14 @@ STEP_ARGS=(--preset "${STEP_PRESET:-qwen3.5-0.8b}" --seq-len "${STEP_SEQ_LEN:-32
 if [ $PLAN -eq 1 ]; then  # no wheels, no build folder, no GPU: shapes and arithmetic
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     echo "device-check parts and limits (a cold GPU; sum $((ENV_LIMIT_S + TESTS_LIMIT_S \
-+ KERNEL_LIMIT_S + STEP_LIMIT_S)) s <= 480 s):"
++ KERNEL_LIMIT_S + PALLAS_LIMIT_S + STEP_LIMIT_S)) s <= 480 s):"
     echo "  env     ${ENV_LIMIT_S} s   python -m gdn_core.bench env"
     echo "  tests   ${TESTS_LIMIT_S} s  the gpu-marked tests" \
          "(90 s a test, outside the 20 s budget)"
     echo "  kernel  ${KERNEL_LIMIT_S} s   python -m gdn_core.bench kernel --device cuda" \
          "(bf16, 8K tokens)"
+    echo "  pallas  ${PALLAS_LIMIT_S} s   python -m gdn_core.bench.kernel_pallas --device cuda" \
+         "${PALLAS_ARGS[*]}"
     echo "  step    ${STEP_LIMIT_S} s  python -m gdn_core.bench step --device cuda" \
          "${STEP_ARGS[*]} --budget-s ${STEP_BUDGET_S}"
     echo
@@ -159,6 +168,9 @@ if [ $DRY_RUN -eq 1 ]; then
     run_part kernel 600 "$PYTHON" -m gdn_core.bench kernel --device cpu --seq-len 192 \
         --num-k-heads 1 --num-v-heads 2 --head-k-dim 32 --head-v-dim 32 --repeats 1 \
         --warmup 0 --inverse-blocks 0 --no-old-inverse
+    run_part pallas 600 "$PYTHON" -m gdn_core.bench.kernel_pallas --device cpu --interpret \
+        --seq-len 192 --num-k-heads 1 --num-v-heads 2 --head-k-dim 32 --head-v-dim 32 \
+        --repeats 1 --warmup 0
     run_part step 900 "$PYTHON" -m gdn_core.bench step --device cpu --preset tiny \
         --seq-len 64 --steps 1 --warmup 1 --budget-s 850
 elif [ $CUDA -eq 0 ]; then
@@ -175,6 +187,12 @@ else
     run_part kernel "$KERNEL_LIMIT_S" "$PYTHON" -m gdn_core.bench kernel --device cuda \
         --dtype bfloat16 --seq-len 8192 --num-k-heads 16 --num-v-heads 16 --repeats 3 --warmup 1 \
         --inverse-blocks 0 --no-old-inverse
+    if [ $JAX_GPU -eq 1 ]; then
+        run_part pallas "$PALLAS_LIMIT_S" "$PYTHON" -m gdn_core.bench.kernel_pallas \
+            --device cuda "${PALLAS_ARGS[@]}"
+    else
+        SUMMARY+=("pallas: not run (JAX has no GPU backend)")
+    fi
     # The step module keeps its own budget inside the part's limit, so it always prints the
     # table, with rows it could not reach marked as such (and exits 0 for them).
     run_part step "$STEP_LIMIT_S" "$PYTHON" -m gdn_core.bench step --device cuda \

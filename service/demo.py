@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from gdn_core.train_config import FRAMEWORKS
 from workers import process_probe
 
 POLL_S = 2.0
@@ -44,7 +45,7 @@ def demo_sweep(cores: int | None = None) -> dict:
     chips = [c for c in (1, 2, 4) if c <= cores]
     return {
         "name": f"demo: tiny model, all_gather vs p2p, {chips[0]}-{chips[-1]} chips",
-        "frameworks": ["jax", "torch"], "modes": ["all_gather", "p2p"], "chips": chips,
+        "frameworks": list(FRAMEWORKS), "modes": ["all_gather", "p2p"], "chips": chips,
         "seq_lens": [384, 768, 1536], "model": {"preset": "tiny"}, "batch_size": 1,
         "dtypes": ["float32"], "steps": 3, "warmup_steps": 1,
         "accelerator": {"kind": "cpu", "type": "cpu"}, "trial_timeout_s": 600,
@@ -56,7 +57,7 @@ def smoke_sweep(cores: int | None = None) -> dict:
     4 trials on 2 cores, each seconds of stepping after its compile."""
     cores = cores or process_probe.host_cpu_count()
     return {
-        "name": "smoke: tiny model, 1 layer", "frameworks": ["jax", "torch"],
+        "name": "smoke: tiny model, 1 layer", "frameworks": list(FRAMEWORKS),
         "modes": ["all_gather"], "chips": [1, 2] if cores >= 2 else [1], "seq_lens": [256],
         "model": {"preset": "tiny", "num_layers": 1}, "batch_size": 1, "dtypes": ["float32"],
         "steps": 2, "warmup_steps": 1, "accelerator": {"kind": "cpu", "type": "cpu"},

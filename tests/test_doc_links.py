@@ -109,7 +109,7 @@ def test_the_checks_see_what_they_check(tmp_path):
     """The scan covers the code and the documents, and would catch the issue-35 reference
     and a broken link or anchor."""
     names = {str(p.relative_to(ROOT)) for p in SOURCES}
-    assert {"README.md", "docs/architecture.md", "docs/testing.md", "gdn_core/hardware.py",
+    assert {"README.md", "docs/architecture.md", "docs/testing.md", "gdn_core/datasheets.py",
             "workers/result.py", "service/cli/main.py", ".ci/run"} <= names
     assert github_anchor("Interpreted kernels: a correctness run, not a speed") == \
         "interpreted-kernels-a-correctness-run-not-a-speed"

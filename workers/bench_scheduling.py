@@ -21,6 +21,8 @@ import time
 
 import ray
 
+from gdn_core.train_config import FRAMEWORKS
+
 from .cluster import connect_ray
 from .grid import expand_trials
 from .options import DriverOptions
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gdn-sweep bench scheduling",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--framework", choices=("torch", "jax"), default="torch")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="torch")
     parser.add_argument("--chips", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3)

@@ -10,7 +10,7 @@ One chip is the same work whatever the CP mode, so the chips=1 points of a sweep
 trials of mode "none" (no attn_cp, layout contiguous): the one-chip baseline that every
 mode's chips > 1 trials name in `baseline_key`. A pure data-parallel mesh (dp = chips: one
 chip per replica, no CP) runs once the same way. What gdn_core runs for a trial's names (mode
-"none", attn_cp None) is decided in one place, trial_cp_settings.
+"none", attn_cp None) is decided in one place, gdn_core.cp_modes.cp_settings_for_trial.
 
 `dp` (data-parallel replicas) splits a trial's `chips` into dp replicas of chips / dp CP chips
 (gdn_core.cp_modes.CPSettings): the shape rules, attention CP and layout apply to the CP
@@ -43,9 +43,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gdn_core.config import Layers, ModelConfig
-from gdn_core.cp_layout import Layout, check_layout
-from gdn_core.cp_modes import (CP_MODES, ONE_CHIP_ATTN_CP, ONE_CHIP_CP_MODE, AttnCPMode, CPMode,
-                               CPSettings, check_attention_cp_shape, check_cp_shape, check_dp)
+from gdn_core.cp_layout import Layout
+from gdn_core.cp_modes import (CP_MODES, NO_CP, AttnCPMode, CPMode, CPSettings, check_dp,
+                               cp_settings_for_trial)
 from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.packing import SINGLE_DOCUMENT
 from gdn_core.presets import get_preset
@@ -56,22 +56,11 @@ from .sweep_spec import AcceleratorKind, Documents, DType, Framework, SweepSpec,
 
 TrialMode = Literal["none", CPMode]
 """A trial's mode: a CP mode, or "none" for the one-chip baseline (no context parallelism)."""
-TRIAL_MODES: tuple[str, ...] = ("none", *CP_MODES)
+TRIAL_MODES: tuple[str, ...] = (NO_CP, *CP_MODES)
 MAX_KEY_CHARS = 200
 """Longest trial key: the width of the trials.key column (service/db/models.py; a test checks
 they agree). Every other dimension's longest values fit in 181 characters; a long documents
 value on top of them may not, and such a point is refused rather than cut."""
-
-
-def trial_cp_settings(*, mode: TrialMode, attn_cp: AttnCPMode | None, layout: Layout,
-                      chips: int, kernels: Kernels = DEFAULT_KERNELS, dp: int = 1) -> CPSettings:
-    """What gdn_core runs for a trial point: the one place a trial's names become gdn_core's.
-    mode "none" (one chip per replica: the one-chip baseline, or pure data parallel) runs as
-    ONE_CHIP_CP_MODE; attn_cp None (no attention layers, or no CP) as ONE_CHIP_ATTN_CP, which
-    a gdn_only model ignores; `kernels` and `dp` pass through."""
-    return CPSettings(mode=ONE_CHIP_CP_MODE if mode == "none" else mode,
-                      attn_cp=ONE_CHIP_ATTN_CP if attn_cp is None else attn_cp,
-                      layout=layout, chips=chips, kernels=kernels, dp=dp)
 
 
 def trial_key(*, framework: str, mode: str, chips: int, seq_len: int, dtype: str,
@@ -112,7 +101,8 @@ class TrialSpec(BaseModel):
     kind: TrialKind = "measure"
     framework: Framework
     mode: TrialMode
-    """A CP mode, or "none": the one-chip baseline (chips=1), run as ONE_CHIP_CP_MODE."""
+    """A CP mode, or "none" (cp_modes.NO_CP): the one-chip baseline (chips=1), run as
+    cp_modes.ONE_CHIP_CP_MODE."""
     chips: int
     """All chips of the trial's mesh: dp replicas × chips / dp CP chips."""
     dp: int = Field(default=1, ge=1)
@@ -130,7 +120,7 @@ class TrialSpec(BaseModel):
     """The decoder: gdn_only (every layer GDN) or hybrid (GDN + gated full attention)."""
     attn_cp: AttnCPMode | None = None
     """The attention layers' CP mode (hybrid, chips > 1); None: no attention layers, or the
-    one-chip baseline (run as ONE_CHIP_ATTN_CP)."""
+    one-chip baseline (run as cp_modes.ONE_CHIP_ATTN_CP)."""
     layout: Layout = "contiguous"
     """Which tokens each chip holds (gdn_core.cp_layout)."""
     kernels: Kernels = DEFAULT_KERNELS
@@ -162,7 +152,7 @@ class TrialSpec(BaseModel):
     @model_validator(mode="after")
     def _none_is_one_chip(self) -> "TrialSpec":
         check_dp(self.dp, chips=self.chips)
-        if self.mode == "none" and self.chips != self.dp:
+        if self.mode == NO_CP and self.chips != self.dp:
             raise ValueError(f"mode='none' (no context parallelism) needs one chip per replica "
                              f"(chips = dp), got chips={self.chips}, dp={self.dp}; use one of "
                              f"{', '.join(CP_MODES)}")
@@ -174,7 +164,7 @@ class TrialSpec(BaseModel):
         if self.attn_cp is not None and self.layers != "hybrid":
             raise ValueError(f"attn_cp={self.attn_cp!r} needs layers='hybrid' (attention "
                              f"layers to split), got layers={self.layers!r}")
-        if self.mode == "none" and (self.attn_cp is not None or self.layout != "contiguous"):
+        if self.mode == NO_CP and (self.attn_cp is not None or self.layout != "contiguous"):
             raise ValueError(f"mode='none' (one chip, no context parallelism) takes no attn_cp "
                              f"or layout, got attn_cp={self.attn_cp!r}, layout={self.layout!r}")
         if len(self.key) > MAX_KEY_CHARS:
@@ -199,8 +189,8 @@ class TrialSpec(BaseModel):
         return self.dp * self.batch_size
 
     def cp_settings(self) -> CPSettings:
-        """How gdn_core splits this trial's step over its chips (trial_cp_settings)."""
-        return trial_cp_settings(mode=self.mode, attn_cp=self.attn_cp, layout=self.layout,
+        """How gdn_core splits this trial's step over its chips (cp_settings_for_trial)."""
+        return cp_settings_for_trial(mode=self.mode, attn_cp=self.attn_cp, layout=self.layout,
                                  chips=self.chips, kernels=self.kernels, dp=self.dp)
 
     def to_model_config(self) -> ModelConfig:
@@ -241,18 +231,18 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
                 if (chips, dp, *settings.values()) in seen_once:
                     continue
                 seen_once.add((chips, dp, *settings.values()))
-                mode, attn_cp, layout = "none", None, "contiguous"
+                mode, attn_cp, layout = NO_CP, None, "contiguous"
             baseline_key = None
             if chips > 1 and (1, 1) in spec.meshes and kind == "measure":
-                one_chip = (dict(mode="none") if spec.has_baseline
+                one_chip = (dict(mode=NO_CP) if spec.has_baseline
                             else dict(mode=mode, attn_cp=attn_cp, layout=layout))
                 baseline_key = trial_key(**one_chip, chips=1, **settings,
                                          repeat=repeat if spec.repeats > 1 else None)
             point = (kind, mode, attn_cp, layout, chips, dp, *settings.values())
             model_cfg = model_cfgs[layers]
             if point not in skip_reasons:
-                cp = trial_cp_settings(mode=mode, attn_cp=attn_cp, layout=layout, chips=chips,
-                                       kernels=kernels, dp=dp)
+                cp = cp_settings_for_trial(mode=mode, attn_cp=attn_cp, layout=layout,
+                                           chips=chips, kernels=kernels, dp=dp)
                 skip_reasons[point] = _skip_reason(spec, model_cfg, cp, kind=kind, **settings)
             trials.append(TrialSpec(
                 kind=kind, framework=framework, mode=mode, chips=chips, dp=dp, seq_len=seq_len,
@@ -273,22 +263,10 @@ def expand_trials(spec: SweepSpec) -> list[TrialSpec]:
 
 def cp_shape_problem(model_cfg: ModelConfig, cp: CPSettings, *, seq_len: int) -> str | None:
     """Why the GDN mode, the attention layers' attn_cp (hybrid) or the layout of `cp` cannot
-    split seq_len tokens of this model over a replica's cp.cp_chips (None: they can). Zigzag
-    cuts the sequence into 2·chips segments, each of which needs the conv halo of tokens
-    before it; ulysses attention needs query heads divisible by chips."""
-    gdn, mode, layout, chips = model_cfg.gdn, cp.mode, cp.layout, cp.cp_chips
+    split seq_len tokens of this model over a replica's cp.cp_chips (None: they can): the
+    step's own check, CPSettings.check_shape."""
     try:
-        check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
-                       num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
-        check_layout(layout, chips=chips, seq_len=seq_len)
-        halo = gdn.conv_kernel_size - 1
-        if layout == "zigzag" and chips > 1 and seq_len // (2 * chips) < halo:
-            raise ValueError(f"layout='zigzag' segment of {seq_len // (2 * chips)} tokens "
-                             f"(seq_len={seq_len} / (2 × chips={chips})) is shorter than the conv "
-                             f"halo of {halo} tokens; use fewer chips or a longer sequence")
-        if model_cfg.layers == "hybrid":
-            check_attention_cp_shape(attn_cp=cp.attn_cp, chips=chips,
-                                     num_heads=model_cfg.attention.num_heads)
+        cp.check_shape(model_cfg, seq_len)
     except ValueError as err:
         return str(err)
     return None
@@ -315,5 +293,5 @@ def _skip_reason(spec: SweepSpec, model_cfg: ModelConfig, cp: CPSettings, *, kin
                           accelerator=spec.accelerator)
 
 
-__all__ = ["MAX_KEY_CHARS", "ONE_CHIP_ATTN_CP", "ONE_CHIP_CP_MODE", "TRIAL_MODES", "TrialMode",
-           "TrialSpec", "cp_shape_problem", "expand_trials", "trial_cp_settings", "trial_key"]
+__all__ = ["MAX_KEY_CHARS", "TRIAL_MODES", "TrialMode", "TrialSpec", "cp_shape_problem",
+           "expand_trials", "trial_key"]

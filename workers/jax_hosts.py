@@ -96,7 +96,7 @@ class JaxHostActor(ChipProcess):
     def _measure_gemm(self, seconds: float, dtype: str):
         """The jitted-matmul rate on one local device; XLA runs it on the whole process's
         pool (its chips' cores), so a chip's share is this / local chips."""
-        from gdn_core.hardware import measure_jax_gemm_flops_per_s
+        from gdn_core.calibration import measure_jax_gemm_flops_per_s
 
         return measure_jax_gemm_flops_per_s(seconds=seconds, dtype=dtype)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from gdn_core import hardware
+from gdn_core import datasheets
 from gdn_core.config import ModelConfig
 from gdn_core.cp_modes import CPSettings
 from gdn_core.device_memory import gpu_usable_bytes_here, usable_chip_bytes
@@ -33,7 +33,7 @@ def host_memory_bytes() -> int | None:
 def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int,
                       framework: str | None = None) -> tuple[int | None, str]:
     """(bytes, what they are) of one chip of a `chips`-chip trial: the HBM of a GPU/TPU type
-    (gdn_core.hardware.CHIP_SPECS), or with `framework` what a trial of it can allocate there.
+    (gdn_core.datasheets.CHIP_SPECS), or with `framework` what a trial of it can allocate there.
     On a GPU that figure is read from the device where this process already runs `framework`
     on one of the type (gdn_core.device_memory.gpu_usable_bytes_here: torch.cuda.mem_get_info's
     total, JAX's bytes_limit: a card reports less than its datasheet's round figure, ~79.6 of
@@ -43,7 +43,7 @@ def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int,
     the trial's chips, virtual CPU chips being partitions of one host. None: unknown, nothing
     is refused."""
     if accelerator.kind != "cpu":
-        hbm = hardware.hbm_bytes_per_chip(accelerator.type)
+        hbm = datasheets.hbm_bytes_per_chip(accelerator.type)
         nominal = f"the {_gib(hbm)} HBM of one {accelerator.type} chip"
         if framework is None:
             return hbm, nominal
@@ -56,7 +56,7 @@ def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int,
                             f"({source})")
         usable = usable_chip_bytes(hbm, framework=framework, accelerator_kind=accelerator.kind)
         return usable, (f"the {_gib(usable)} a {framework} trial can allocate of {nominal} "
-                        "(datasheet, gdn_core.hardware.CHIP_SPECS: no such device in use by "
+                        "(datasheet, gdn_core.datasheets.CHIP_SPECS: no such device in use by "
                         "this process to ask)")
     host = host_memory_bytes()
     if host is None:
@@ -66,7 +66,7 @@ def chip_memory_bytes(accelerator: AcceleratorSpec, chips: int,
 
 
 def _gib(n: int) -> str:
-    return f"{n / hardware.GIB:.1f} GiB"
+    return f"{n / datasheets.GIB:.1f} GiB"
 
 
 def memory_problem(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings, *,

@@ -16,8 +16,9 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from gdn_core import hardware
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core import datasheets
+from gdn_core.calibration import PeakMeasurement
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.flops.maxtext import maxtext_model_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
@@ -37,7 +38,7 @@ class ChipPeak:
     source: str
     dtype: str
     """The dtype the figure is for: the trial's (float32 or bfloat16), except a float32 run
-    on a TPU, divided by the bf16 peak (hardware.peak_dtype)."""
+    on a TPU, divided by the bf16 peak (datasheets.peak_dtype)."""
 
 
 class UtilisationAboveOneError(ValueError):
@@ -47,12 +48,12 @@ class UtilisationAboveOneError(ValueError):
 def datasheet_peak(accelerator_type: str, dtype: str = "bfloat16") -> ChipPeak:
     """The datasheet peak of a GPU / TPU chip for a run in the trial's compute dtype (its dtype
     is the one the figure is for: bf16 for a float32 run on a TPU)."""
-    return ChipPeak(hardware.peak_flops_per_chip(accelerator_type, dtype),
-                    hardware.peak_source(accelerator_type, dtype),
-                    hardware.peak_dtype(accelerator_type, dtype))
+    return ChipPeak(datasheets.peak_flops_per_chip(accelerator_type, dtype),
+                    datasheets.peak_source(accelerator_type, dtype),
+                    datasheets.peak_dtype(accelerator_type, dtype))
 
 
-def cpu_chip_peak(process_gemm: hardware.PeakMeasurement, chips: int, dtype: str) -> ChipPeak:
+def cpu_chip_peak(process_gemm: PeakMeasurement, chips: int, dtype: str) -> ChipPeak:
     """A virtual CPU chip's peak: its process's GEMM rate (measured under the process's own
     affinity, in the trial's dtype) / the chips that process drives (1 for a torch rank)."""
     if chips < 1:
@@ -60,7 +61,7 @@ def cpu_chip_peak(process_gemm: hardware.PeakMeasurement, chips: int, dtype: str
     return ChipPeak(process_gemm.flops_per_s / chips, process_gemm.source, dtype)
 
 
-def cpu_chip_peaks(process_gemm: Sequence[hardware.PeakMeasurement],
+def cpu_chip_peaks(process_gemm: Sequence[PeakMeasurement],
                    chips_per_process: Sequence[int], dtype: str) -> list[ChipPeak]:
     """One ChipPeak per chip of a CPU trial, from each process's measurement, in order."""
     return [cpu_chip_peak(gemm, chips, dtype)

@@ -18,7 +18,7 @@ import sys
 
 import ray
 
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.flops.maxtext import maxtext_model_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.memory.step import predict_step_memory

@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from gdn_core.train_config import check_framework
+
 COLLECTIVE_PATTERN = re.compile(
     r"all[-_ ]?gather|all[-_ ]?to[-_ ]?all|ppermute|collective[-_ ]?permute|all[-_ ]?reduce"
     r"|reduce[-_ ]?scatter|psum|send|recv|broadcast|nccl|gloo|c10d", re.IGNORECASE)
@@ -30,12 +32,11 @@ TOP_OPS = 10
 
 def op_events(trace: dict, framework: str) -> tuple[list[dict], str]:
     """(the trace's op events, what they are) for `framework` ("torch" or "jax")."""
+    check_framework(framework)
     complete = [e for e in trace.get("traceEvents", [])
                 if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e and "ts" in e]
     if framework == "jax":
         return [e for e in complete if "hlo_op" in (e.get("args") or {})], "XLA ops"
-    if framework != "torch":
-        raise ValueError(f"framework={framework!r} is not one of: jax, torch")
     kernels = [e for e in complete if e.get("cat") == "kernel"]
     if kernels:
         return kernels, "CUDA kernels"

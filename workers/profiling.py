@@ -29,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from gdn_core.train_config import check_framework
+
 from .profile_summary import summarise_trace
 
 CHROME_TRACE = "chrome_trace_json_gz"
@@ -58,8 +60,7 @@ class StepProfiler:
     process 0 (`enabled`); `captured` holds the result there afterwards."""
 
     def __init__(self, *, framework: str, enabled: bool, device: str = "cpu") -> None:
-        if framework not in ("torch", "jax"):
-            raise ValueError(f"framework={framework!r} is not one of: jax, torch")
+        check_framework(framework)
         self.framework, self.enabled, self.device = framework, enabled, device
         self.captured: CapturedProfile | None = None
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .grid import TrialSpec
 
-TrialStatus = Literal["pending", "running", "succeeded", "failed", "oom", "timeout", "skipped",
-                      "cancelled"]
-TRIAL_STATUSES: tuple[str, ...] = ("pending", "running", "succeeded", "failed", "oom", "timeout",
-                                   "skipped", "cancelled")
-FINAL_STATUSES: frozenset[str] = frozenset(
-    {"succeeded", "failed", "oom", "timeout", "skipped", "cancelled"})
+FinalStatus = Literal["succeeded", "failed", "oom", "timeout", "skipped", "cancelled"]
+"""How a trial ended: the status its result row holds."""
+TrialStatus = Literal["pending", "running", FinalStatus]
+TRIAL_STATUSES: tuple[str, ...] = get_args(TrialStatus)
+FINAL_STATUSES: frozenset[str] = frozenset(get_args(FinalStatus))
+ProfileStatus = Literal["stored", "failed", "skipped"]
+"""What became of a profiled step's trace (TrialProfile.status)."""
 
 
 class TrialMetrics(BaseModel):
@@ -29,7 +30,7 @@ class TrialMetrics(BaseModel):
     """MFU's numerator: the model's cost (gdn_core.flops.model), the same under every kernel."""
     maxtext_flops_per_step: float | None = None
     hardware_flops_per_step: float | None = None
-    """HFU's numerator: what the trial's framework and kernels ran (gdn_core.flops.hardware)."""
+    """HFU's numerator: what the trial's framework and kernels ran (gdn_core.flops.executed)."""
     peak_flops_per_chip: float | None = None
     peak_flops_source: str | None = None
     peak_flops_dtype: str | None = None
@@ -80,6 +81,20 @@ class TrialMetrics(BaseModel):
     when the whole sequence would not fit on one chip); None when not verified."""
 
 
+def scaling_efficiency(tokens_per_s_per_chip: float,
+                       baseline_tokens_per_s_per_chip: float) -> float:
+    """A trial's tokens/s/chip ÷ its one-chip baseline's (docs/architecture.md): 1 is perfect
+    scaling, below 1 what the chips lose to communication and CP work."""
+    return tokens_per_s_per_chip / baseline_tokens_per_s_per_chip
+
+
+def speedup_vs_one_chip(tokens_per_s_per_chip: float, chips: int,
+                        baseline_tokens_per_s_per_chip: float) -> float:
+    """Tokens/s of the whole trial (tokens/s/chip × chips) ÷ tokens/s of its one-chip
+    baseline: chips × scaling_efficiency."""
+    return chips * scaling_efficiency(tokens_per_s_per_chip, baseline_tokens_per_s_per_chip)
+
+
 class AttemptRecord(BaseModel):
     """One attempt of a trial: why it ended and where it ran (kept for retried trials)."""
 
@@ -107,7 +122,7 @@ class TrialProfile(BaseModel):
     """workers.profile_summary.summarise_trace: top ops by self time; compute, collective and
     idle seconds of the profiled step."""
     error: str | None = None
-    status: Literal["stored", "failed", "skipped"] | None = None
+    status: ProfileStatus | None = None
     """stored (at `path`); failed (the profiler or the fetch failed: see error); skipped (the
     trace was taken but not kept: the artifact directory's disk or retention limit had no
     room, error says which). The trial's measurements stand in every case. Not given: stored

@@ -29,17 +29,15 @@ from pydantic import (
     model_validator,
 )
 
-from gdn_core import hardware
+from gdn_core import datasheets
 from gdn_core.config import Layers
 from gdn_core.cp_layout import LAYOUTS, Layout
 from gdn_core.cp_modes import ATTN_CP_MODES, AttnCPMode, CPMode
 from gdn_core.kernels import DEFAULT_KERNELS, KERNELS, Kernels
 from gdn_core.packing import DOCUMENTS_HELP, SINGLE_DOCUMENT, check_documents
 from gdn_core.presets import PRESETS
-from gdn_core.train_config import ComputeDType, ParamSharding, Remat
+from gdn_core.train_config import FRAMEWORKS, ComputeDType, Framework, ParamSharding, Remat
 
-Framework = Literal["jax", "torch"]
-FRAMEWORKS: tuple[str, ...] = ("jax", "torch")
 AcceleratorKind = Literal["cpu", "gpu", "tpu"]
 DType = ComputeDType
 TrialKind = Literal["measure", "plan"]
@@ -141,7 +139,7 @@ class AcceleratorSpec(BaseModel):
             if self.type != "cpu":
                 raise ValueError(f"accelerator.type={self.type!r} must be 'cpu' when kind='cpu'")
         else:
-            hardware.peak_flops_per_chip(self.type)  # ValueError lists the accepted types
+            datasheets.peak_flops_per_chip(self.type)  # ValueError lists the accepted types
         return self
 
 
@@ -157,7 +155,7 @@ class SweepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: Name
     kinds: list[TrialKind] = _grid_list("kinds", "measure")
-    frameworks: list[Framework] = Field(default=["jax", "torch"], min_length=1)
+    frameworks: list[Framework] = Field(default=list(FRAMEWORKS), min_length=1)
     modes: list[CPMode] = Field(default=["all_gather"], min_length=1)
     layers: list[Layers] = Field(default=["gdn_only"], min_length=1,
                                  description="the decoder: gdn_only (every layer GDN) and/or "
@@ -344,24 +342,43 @@ class SweepSpec(BaseModel):
         return chips == dp and (dp > 1 or self.has_baseline)
 
     @property
+    def once_meshes(self) -> list[tuple[int, int]]:
+        """The meshes that run once (runs_once: the one-chip baseline, pure data parallel)."""
+        return [(chips, dp) for chips, dp in self.meshes if self.runs_once(chips, dp)]
+
+    def grid_factors(self, kind: str) -> dict[str, int]:
+        """How many values of each dimension every point of `kind` is multiplied by: repeats
+        (plans: 1), frameworks (plans: JAX), kernels (plans: reference), seq_lens, dtypes,
+        param_shardings, remats, documents."""
+        return {"repeats": self.repeats if kind == "measure" else 1,
+                "frameworks": len(self.frameworks_of(kind)),
+                "kernels": len(self.kernels_of(kind)), "seq_lens": len(self.seq_lens),
+                "dtypes": len(self.dtypes), "param_shardings": len(self.param_shardings),
+                "remats": len(self.remats), "documents": len(self.documents)}
+
+    def cp_factors(self, layers: str) -> dict[str, int]:
+        """How many values of each CP dimension a decoder of `layers` multiplies: modes,
+        attn_cps (hybrid only), layouts, and the meshes run once per mode ("cp_meshes": those
+        that do not run once)."""
+        factors = {"modes": len(self.modes)}
+        if layers == "hybrid":
+            factors["attn_cps"] = len(self.attn_cps)
+        return {**factors, "layouts": len(self.layouts),
+                "cp_meshes": len(self.meshes) - len(self.once_meshes)}
+
+    @property
     def grid_size(self) -> int:
         """Trials the sweep expands to (len(grid.expand_trials(self)), skipped points
         included)."""
         return sum(self.grid_size_of(kind) for kind in self.kinds)
 
     def grid_size_of(self, kind: str) -> int:
-        """Trials of `kind`: repeats (plans: 1) × frameworks (plans: JAX) × kernels (plans:
-        reference) × seq_lens × dtypes × param_shardings × remats × documents × Σ over layers
-        of (modes × attn_cps (hybrid) × layouts × meshes, where a mesh that runs once
-        (runs_once: the one-chip baseline, pure data parallel) counts once)."""
-        once = sum(self.runs_once(chips, dp) for chips, dp in self.meshes)
-        per_mode = len(self.meshes) - once
-        points = sum(len(self.modes) * len(self.attn_cps_of(layers)) * len(self.layouts)
-                     * per_mode + once for layers in self.layers)
-        settings = math.prod(len(values) for values in (
-            self.frameworks_of(kind), self.kernels_of(kind), self.seq_lens, self.dtypes,
-            self.param_shardings, self.remats, self.documents))
-        return (self.repeats if kind == "measure" else 1) * settings * points
+        """Trials of `kind`, the one count of the grid (admission's message breaks it down by
+        the same factors): grid_factors × Σ over layers of (cp_factors + the once_meshes,
+        each counted once)."""
+        points = sum(math.prod(self.cp_factors(layers).values()) + len(self.once_meshes)
+                     for layers in self.layers)
+        return math.prod(self.grid_factors(kind).values()) * points
 
 
 __all__ = ["AcceleratorKind", "AcceleratorSpec", "DType", "Documents", "FRAMEWORKS", "Framework",

@@ -69,7 +69,7 @@ class TorchRankActor(ChipProcess):
 
     def _measure_gemm(self, seconds: float, dtype: str):
         """torch's GEMM rate on this rank's own cores with its own threads."""
-        from gdn_core.hardware import calibrate_cpu_peak_flops
+        from gdn_core.calibration import calibrate_cpu_peak_flops
 
         return calibrate_cpu_peak_flops(seconds=seconds, dtype=dtype)
 

@@ -1,8 +1,11 @@
 """Run one trial to a result: place it (or take a warm group), run, classify, retry, clean up.
 
-Before a trial runs, its workers resolve its `kernels` (gdn_core.kernels): a fused kernel they
-cannot serve makes the trial `skipped` with the reason (no metrics, never a silent fallback to
-the reference); a succeeded trial stores the resolved gdn_kernel and attention_kernel.
+Before a trial runs, its workers ask gdn_core.kernels' rule book whether its `kernels` can run
+there: a fused kernel they cannot serve makes the trial `skipped` with the reason before
+anything is built (no metrics, never a silent fallback to the reference). What a succeeded
+trial stores as gdn_kernel and attention_kernel is the step's own answer, carried back in its
+report (CPTrainReport.gdn_kernel / attention_kernel: what the step resolved where it ran); a
+kernel that refuses from inside the step is `skipped` too (failures.classify).
 
 Every path out of an attempt either hands the group back to the warm pool (it ran cleanly) or
 shuts it down (actors killed, placement group removed), so a finished trial holds nothing.
@@ -115,10 +118,10 @@ class TrialRunner:
                              else self._acquire(trial, retry=attempt > 1))
             device_name = ", ".join(group.device_names) or None
             group.check_devices(trial.accelerator_type)  # the chip MFU's peak is for
-            kernels = group.resolve_kernels(trial)
             # A fused kernel that cannot serve it here (never a fallback), or a GPU whose
             # reported memory the prediction exceeds: skipped before anything is built.
-            refusal = kernels.get("unavailable") or group.device_memory_problem(trial)
+            refusal = (group.resolve_kernels(trial).get("unavailable")
+                       or group.device_memory_problem(trial))
             if refusal is not None:
                 result = _Attempt(status="skipped", error=refusal, hosts=_hosts(group),
                                   metrics=TrialMetrics(device_name=device_name))
@@ -131,9 +134,8 @@ class TrialRunner:
                                      timeout_s=trial.timeout_s)
                 measured = metrics.trial_metrics(trial, reports, peak=peak,
                                                  device_name=device_name)
-                result = _Attempt(status="succeeded", metrics=measured.model_copy(update={
-                                      "gdn_kernel": kernels["gdn"],
-                                      "attention_kernel": kernels["attention"]}),
+                result = _Attempt(status="succeeded", metrics=measured.model_copy(
+                                      update=ran_kernels(reports)),
                                   hosts=_hosts(group), versions=group.versions,
                                   profile=self._profile(trial, group))
         except _Stopped as stop:
@@ -290,6 +292,13 @@ class TrialRunner:
     def _discard(group: WorkerGroup | None) -> None:
         if group is not None:
             group.shutdown()
+
+
+def ran_kernels(reports: list) -> dict[str, str | None]:
+    """gdn_kernel and attention_kernel of a trial's result: what its step reported running
+    (every process resolves alike; process 0's answer is the trial's)."""
+    return {"gdn_kernel": reports[0].gdn_kernel,
+            "attention_kernel": reports[0].attention_kernel}
 
 
 def reference_kernels(trial: TrialSpec) -> ResolvedKernels:

@@ -12,7 +12,7 @@ import dataclasses
 
 import ray
 
-from gdn_core.hardware import device_mismatch
+from gdn_core.device_names import device_mismatch
 
 from . import jax_hosts, torch_ranks
 from .environment import merge_environments

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "kernel": "gdn_core.bench.kernel:main",
     "cp": "gdn_core.bench.cp:main",
     "cp-gdn": "gdn_core.bench.cp_gdn_kernels:main",
+    "kernel-pallas": "gdn_core.bench.kernel_pallas:main",
     "memory": "gdn_core.bench.memory:main",
     "step": "gdn_core.bench.step:main",
     "env": "gdn_core.bench.environment:main",
@@ -24,7 +25,8 @@ BENCHMARKS: dict[str, str] = {
 
 
 def _usage() -> str:
-    names = "\n".join(f"  {name:<8} {target}" for name, target in BENCHMARKS.items())
+    width = max(map(len, BENCHMARKS))
+    names = "\n".join(f"  {name:<{width}} {target}" for name, target in BENCHMARKS.items())
     return ("usage: python -m gdn_core.bench <name> [options]   (<name> --help for its options)\n"
             f"benchmarks:\n{names}")
 

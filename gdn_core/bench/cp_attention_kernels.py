@@ -30,7 +30,8 @@ def _time_cases(rank: int, world: int, spec: dict) -> dict:
     import torch.distributed as dist
 
     from ..torch_gdn.attention_kernels import ATTENTION_KERNEL_FOR
-    from ..torch_gdn.cp.attention import attention_cp, check_attention_shape
+    from ..cp_modes import check_attention_cp_shape
+    from ..torch_gdn.cp.attention import attention_cp
 
     B, t, H, G, E = (spec[n] for n in ("batch", "local_tokens", "heads", "kv_heads", "head_dim"))
     dtype = getattr(torch, spec["dtype"])
@@ -39,8 +40,8 @@ def _time_cases(rank: int, world: int, spec: dict) -> dict:
     out = {}
     for attn_cp in spec["attn_cps"]:
         try:
-            check_attention_shape(mode=attn_cp, chips=world, seq_len=t * world,
-                                  layout=spec["layout"], num_heads=H, num_kv_heads=G)
+            check_attention_cp_shape(attn_cp=attn_cp, chips=world, num_heads=H,
+                                     num_kv_heads=G, seq_len=t * world, layout=spec["layout"])
         except ValueError as err:
             out[attn_cp] = str(err)
             continue

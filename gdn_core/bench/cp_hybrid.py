@@ -10,7 +10,7 @@ whole model, one training step:
                  backward, conv halo included) + the attention layers'
                  (torch_gdn.cp.attention.attention_comm_bytes)
   flops ratio    hardware FLOPs of the CP step ÷ those of one chip over the whole sequence
-                 (gdn_core.flops.hardware: GDN CP work + attention CP's extra pairs)
+                 (gdn_core.flops.executed: GDN CP work + attention CP's extra pairs)
   attn flop      attention layers' share of the token-mixer FLOPs, n_attn·F_attn ÷
                  (n_gdn·F_gdn + n_attn·F_attn) (model FLOPs: GDN projections, conv and rule;
                  attention projections and causal QKᵀ, AV): the time split if both kinds of
@@ -46,7 +46,7 @@ import time
 
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from ..flops.attention import attention_imbalance
-from ..flops.hardware import hardware_flops_per_step
+from ..flops.executed import hardware_flops_per_step
 from ..flops.model import model_flops_per_step
 from ..memory.activations import COMPUTE_BYTES
 from ..memory.step import predict_step_memory

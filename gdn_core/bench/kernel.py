@@ -49,12 +49,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..calibration import CALIBRATION_GEMM_SIZE, measure_gemm_flops_per_s
+from ..datasheets import peak_flops_per_chip, peak_source
+from ..device_names import accelerator_type_from_device_name
 from ..flops.model import gdn_rule_flops
-from ..hardware import (CALIBRATION_GEMM_SIZE, accelerator_type_from_device_name,
-                        measure_gemm_flops_per_s, peak_flops_per_chip, peak_source)
 from ..testing import rel_err
 from .kernel_fla import fla_backward_refusal, is_fla_backward_refusal, time_fla_forward_only
-from .kernel_runners import (FLA_OUTPUT_TOLERANCE, TORCH_DTYPES, time_alternating,
+from .alternating import time_alternating
+from .kernel_runners import (FLA_OUTPUT_TOLERANCE, TORCH_DTYPES,
                              torch_rule_runner)
 from .kernel_numerics import (COSINE, compare_inverses, correlated_inputs, float64_output,
                               print_inverse_comparison, product_form_inverse_in_jax_rule)

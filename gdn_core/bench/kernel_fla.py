@@ -15,7 +15,8 @@ import statistics
 import torch
 
 from ..testing import rel_err
-from .kernel_runners import FLA_OUTPUT_TOLERANCE, TORCH_DTYPES, time_alternating, torch_rule_runner
+from .alternating import time_alternating
+from .kernel_runners import FLA_OUTPUT_TOLERANCE, TORCH_DTYPES, torch_rule_runner
 
 
 def fla_backward_refusal() -> str | None:
@@ -27,9 +28,11 @@ def fla_backward_refusal() -> str | None:
 
 
 def is_fla_backward_refusal(err: BaseException) -> bool:
-    """Whether `err` is fla's own refusal of its gated backward (chunk_bwd_dqkwg, fla #640)."""
-    return isinstance(err, RuntimeError) and ("#640" in str(err)
-                                              or "chunk_bwd_dqkwg" in str(err))
+    """Whether `err` is fla's own refusal of its gated backward (chunk_bwd_dqkwg, fla #640):
+    the rule the training step skips by (torch_gdn.gdn_kernels.kernel_refusal)."""
+    from ..torch_gdn.gdn_kernels import kernel_refusal
+
+    return kernel_refusal(err) is not None
 
 
 def time_fla_forward_only(fla_rule, args, arrays, flops_fwd: float, *, reason: str) -> bool:

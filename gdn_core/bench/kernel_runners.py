@@ -4,7 +4,6 @@ the timed dtypes, fla's output tolerance, a torch rule's runner and the alternat
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 
 import torch
@@ -44,18 +43,4 @@ def torch_rule_runner(rule: Callable, arrays, *, device, dtype, chunk_size, tran
     return run
 
 
-def time_alternating(runners, *, warmup: int, repeats: int) -> dict[str, list[float]]:
-    """Warm up each implementation, then time ABCABC…; return the seconds of each timed run."""
-    for _ in range(warmup):
-        for run in runners.values():
-            run()
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-__all__ = ["FLA_OUTPUT_TOLERANCE", "TORCH_DTYPES", "time_alternating", "torch_rule_runner"]
+__all__ = ["FLA_OUTPUT_TOLERANCE", "TORCH_DTYPES", "torch_rule_runner"]

@@ -28,12 +28,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from ..hardware import GIB, HBM_BYTES_PER_CHIP
+from ..datasheets import GIB, hbm_bytes_per_chip
 
-USABLE_BYTES = {"H200": 139 * GIB, "v5p": HBM_BYTES_PER_CHIP["v5p"],
-                "H100": HBM_BYTES_PER_CHIP["h100"]}
+USABLE_BYTES = {"H200": 139 * GIB, "v5p": hbm_bytes_per_chip("v5p"),
+                "H100": hbm_bytes_per_chip("h100")}
 """Usable memory per chip: the H200 as its runtime reports it; v5p and H100 from
-gdn_core.hardware.HBM_BYTES_PER_CHIP (vendor figures)."""
+gdn_core.datasheets.hbm_bytes_per_chip (vendor figures)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +67,7 @@ def compile_step(model_cfg, train_cfg, *, chips: int, mode: str):
     import numpy as np
     from jax.sharding import Mesh
 
+    from ..cp_modes import CPSettings
     from ..jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
     from ..jax_gdn.cp.train import FAST
 
@@ -76,7 +77,8 @@ def compile_step(model_cfg, train_cfg, *, chips: int, mode: str):
     shapes = cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis="cp")
     # FAST skips LLVM optimisation only: buffer assignment (the memory figures) is unchanged.
     compiled = make_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp",
-                                  mode=mode).lower(*shapes).compile(FAST)
+                                  cp=CPSettings(mode=mode, chips=chips)
+                                  ).lower(*shapes).compile(FAST)
     return compiled, time.perf_counter() - start
 
 

@@ -2,7 +2,7 @@
 
     python -m gdn_core.bench step [--device cpu|cuda] [--preset qwen3.5-0.8b] [--layers N]
                                   [--seq-len 32768] [--batch 1] [--remat full]
-                                  [--frameworks torch,jax] [--kernels reference,fused]
+                                  [--frameworks jax,torch] [--kernels reference,fused]
                                   [--dtypes bfloat16] [--steps 2] [--warmup 1]
                                   [--budget-s 270] [--out DIR] [--plan]
 
@@ -38,7 +38,7 @@ Columns (docs/architecture.md, Metrics):
   tokens/s     batch × seq_len / step s
   MFU          gdn_core.flops.model.model_flops_per_step (independent of the kernels) /
                (step s × peak). Peak: the GPU's datasheet figure in the row's dtype
-               (hardware.peak_flops_per_chip); on CPU, or a GPU the table lacks, a GEMM
+               (datasheets.peak_flops_per_chip); on CPU, or a GPU the table lacks, a GEMM
                calibration in the row's framework and dtype on that device
   mem GiB      the run's measured peak (gdn_core.device_memory: CUDA's allocator peak, JAX's
                peak_bytes_in_use; on CPU the process RSS), its source printed below the table
@@ -63,11 +63,11 @@ import time
 from collections.abc import Sequence
 
 from ..device_memory import jax_gpu_allocator_env
+from ..train_config import FRAMEWORKS
 from .step_plan import (format_plan, memory_refusal, plan_rows,
                         predicted_memory, usable_here)
 from .step_table import format_table, write_outputs
 
-FRAMEWORKS = ("torch", "jax")
 DTYPES = ("bfloat16", "float32")
 ROW_PREFIX = "STEP_ROW_JSON "
 """Marks the line on which a row's child process prints its result."""
@@ -165,7 +165,7 @@ def _torch_row(args, model_cfg, train_cfg, cp) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .. import hardware
+    from .. import calibration
     from ..torch_gdn.cp.train import run_cp_training
     from .ranks import free_port
 
@@ -185,8 +185,8 @@ def _torch_row(args, model_cfg, train_cfg, cp) -> dict:
         name = f"cpu ({torch.get_num_threads()} torch threads)"
     peak = _datasheet_peak(name, train_cfg.dtype)
     if peak is None:
-        measured = hardware.measure_gemm_flops_per_s(
-            device=args.device, seconds=1.0, size=hardware.CALIBRATION_GEMM_SIZE[args.device],
+        measured = calibration.measure_gemm_flops_per_s(
+            device=args.device, seconds=1.0, size=calibration.CALIBRATION_GEMM_SIZE[args.device],
             dtype=train_cfg.dtype)
         peak = measured.flops_per_s, measured.source
     return dict(report=report, device_name=name, peak=peak)
@@ -197,7 +197,7 @@ def _jax_row(args, model_cfg, train_cfg, cp) -> dict:
     import numpy as np
     from jax.sharding import Mesh
 
-    from .. import hardware
+    from .. import calibration
     from ..jax_gdn.cp.train import run_cp_training
 
     platform = "gpu" if args.device == "cuda" else "cpu"
@@ -212,8 +212,8 @@ def _jax_row(args, model_cfg, train_cfg, cp) -> dict:
     name = device.device_kind if platform == "gpu" else f"cpu ({device.device_kind})"
     peak = _datasheet_peak(name, train_cfg.dtype)
     if peak is None:
-        gemm = hardware.measure_jax_gemm_flops_per_s(
-            device=device, seconds=1.0, size=hardware.CALIBRATION_GEMM_SIZE[args.device],
+        gemm = calibration.measure_jax_gemm_flops_per_s(
+            device=device, seconds=1.0, size=calibration.CALIBRATION_GEMM_SIZE[args.device],
             dtype=train_cfg.dtype)
         peak = gemm.flops_per_s, gemm.source
     return dict(report=report, device_name=name, peak=peak)
@@ -221,12 +221,13 @@ def _jax_row(args, model_cfg, train_cfg, cp) -> dict:
 
 def _datasheet_peak(device_name: str, dtype: str) -> tuple[float, str] | None:
     """(FLOP/s, source) from the datasheet table, or None for a chip it lacks (a CPU)."""
-    from .. import hardware
+    from .. import datasheets
+    from ..device_names import accelerator_type_from_device_name
 
-    kind = hardware.accelerator_type_from_device_name(device_name)
+    kind = accelerator_type_from_device_name(device_name)
     if kind is None:
         return None
-    return hardware.peak_flops_per_chip(kind, dtype), hardware.peak_source(kind, dtype)
+    return datasheets.peak_flops_per_chip(kind, dtype), datasheets.peak_source(kind, dtype)
 
 
 def _row_base(args, model_cfg, dtype: str, framework: str, kernels: str) -> dict:
@@ -240,7 +241,7 @@ def _row_base(args, model_cfg, dtype: str, framework: str, kernels: str) -> dict
 
 def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
     """Run one row in this process (the child's work) and return it, complete."""
-    from ..cp_modes import ONE_CHIP_CP_MODE, CPSettings
+    from ..cp_modes import CPSettings
     from ..flops.model import model_flops_per_step
     from ..kernels import KernelUnavailable, resolve_kernels
     from ..train_config import TrainConfig
@@ -249,8 +250,8 @@ def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
     base = _row_base(args, model_cfg, dtype, framework, kernels)
     train_cfg = TrainConfig(batch_size=args.batch, seq_len=args.seq_len, dtype=dtype,
                             remat=args.remat)
-    try:  # the rule book first, as a sweep's worker does; the step checks again itself
-        resolved = resolve_kernels(framework, kernels,
+    try:  # the rule book first, as a sweep's worker does; the step resolves what it runs
+        resolve_kernels(framework, kernels,
                                    device_kind="gpu" if args.device == "cuda" else "cpu",
                                    dtype=dtype, head_dim=model_cfg.attention.head_dim,
                                    has_attention=True)
@@ -260,7 +261,7 @@ def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
                                  *usable_here(args.device, framework))
         if refusal is not None:
             return StepRow(**base, status="skipped", reason=refusal)
-        cp = CPSettings(mode=ONE_CHIP_CP_MODE, chips=1, kernels=kernels)
+        cp = CPSettings.one_chip(kernels=kernels)
         got = (_torch_row if framework == "torch" else _jax_row)(args, model_cfg, train_cfg, cp)
     except KernelUnavailable as err:
         return StepRow(**base, status="skipped", reason=str(err))
@@ -277,7 +278,7 @@ def run_row(args, dtype: str, framework: str, kernels: str) -> StepRow:
                                     "peak is wrong")
     return StepRow(
         **base, status=status, reason=reason, device_name=got["device_name"],
-        gdn_kernel=resolved.gdn, attention_kernel=resolved.attention,
+        gdn_kernel=report.gdn_kernel, attention_kernel=report.attention_kernel,
         step_time_s=step_time, step_times_s=list(report.step_times_s),
         tokens_per_s=args.batch * args.seq_len / step_time, model_flops_per_step=model_flops,
         peak_flops_per_s=peak_flops, peak_source=peak_source, mfu=mfu,

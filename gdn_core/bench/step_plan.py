@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from ..cp_modes import ONE_CHIP_CP_MODE
 
 PLAN_GPUS = (("h100-sxm", "H100 80GB"), ("h200-sxm", "H200 141GB"))
-"""(gdn_core.hardware type, label) of the GPUs a device check may be lent."""
+"""(gdn_core.datasheets chip type, label) of the GPUs a device check may be lent."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +62,7 @@ def predicted_memory(model_cfg, *, batch: int, seq_len: int, dtype: str, remat: 
 def datasheet_usable_bytes(accelerator_type: str, framework: str) -> int:
     """What a `framework` trial can allocate on one `accelerator_type` GPU, by its datasheet."""
     from ..device_memory import usable_chip_bytes
-    from ..hardware import hbm_bytes_per_chip
+    from ..datasheets import hbm_bytes_per_chip
 
     return usable_chip_bytes(hbm_bytes_per_chip(accelerator_type), framework=framework,
                              accelerator_kind="gpu")
@@ -120,9 +120,8 @@ def format_plan(rows: Sequence[PlannedRow]) -> str:
             text.append(f"{label}: includes {_gib(row.kernel_workspace_bytes)} GiB of kernel "
                         f"workspace ({row.kernel_workspace_source})")
         elif row.kernels == "fused":
-            text.append(f"{label}: no kernel workspace added (the reference GDN rule, "
-                        "kernels.JAX_GDN_NOT_FUSED; blockwise fused attention as the "
-                        "reference's)")
+            text.append(f"{label}: no kernel workspace added (no GDN layers; blockwise "
+                        "fused attention as the reference's)")
         if row.framework == "torch" and row.kernels == "fused":
             low, high = FLA_HOPPER_BAD_TRITON
             text.append(f"{label}: on Hopper with {low} <= Triton < {high} and no tilelang "
@@ -137,7 +136,7 @@ def usable_here(device: str, framework: str) -> tuple[int | None, str]:
     total, JAX's bytes_limit), else the datasheet of the GPU it names; on CPU the host's
     MemAvailable."""
     from .. import device_memory
-    from ..hardware import accelerator_type_from_device_name
+    from ..device_names import accelerator_type_from_device_name
 
     if device == "cpu":
         available = device_memory.host_available_bytes()

@@ -5,7 +5,7 @@
     maxtext.py      the same step as MaxText counts it, stored beside ours for comparison
     attention.py    the hybrid decoder's full-attention layers, and the pairs attention CP runs
     rule.py         the GDN rule as each kernel runs it (reference: ours; fused: fla's)
-    hardware.py     hardware_flops_per_step: what really runs (the rule as its kernel runs it,
+    executed.py     hardware_flops_per_step: what a step executes (the rule as its kernel runs it,
                     CP work, recompute, the solve): HFU's numerator
     utilisation.py  mfu and tokens_per_s_per_chip
     conventions.py  the constants and argument checks they share
@@ -25,7 +25,7 @@ Conventions (one definition for code, database and dashboard; see docs/architect
   head), per token, once: no kernel, CP mode or chip count changes it, so MFU moves only with
   the step time. What an implementation runs beyond it is hardware FLOPs: the reference
   rule's per-chunk Dk×Dk transition and state scan and its chunk padding, fla's inverse and
-  backward recomputation (rule.py), CP work (hardware.cp_overhead_flops), recomputation and
+  backward recomputation (rule.py), CP work (executed.cp_overhead_flops), recomputation and
   each framework's solve. MaxText's convention (maxtext.py: the rule in its recurrent view,
   8·Hv·Dk·Dv per token) is stored beside the model count for comparison.
 - The hybrid decoder (ModelConfig.layers "hybrid") counts its gated full-attention layers

@@ -7,7 +7,7 @@ documents included: attention is counted per document, attention.document_causal
 the GDN rule and every per-token matmul are linear in T and unchanged): never on the kernel
 that runs the rule (`kernels`), the chip count or the CP mode, so MFU moves only with the step
 time.
-What an implementation runs beyond it is hardware FLOPs (rule.py, hardware.py).
+What an implementation runs beyond it is hardware FLOPs (rule.py, executed.py).
 Conventions and letters: the package docstring (gdn_core.flops).
 """
 
@@ -63,7 +63,7 @@ def gdn_rule_flops(*, batch: int, seq_len: int, num_k_heads: int, num_v_heads: i
 
     that is C²·(3·Dk + 2·Dv) + 3·C·Dk·Dv per chunk, counted per token (÷ C) over the B·T
     tokens, unpadded. What an implementation runs beyond it is hardware work
-    (gdn_core.flops.rule, hardware.py): building (I + L)⁻¹, padding to whole chunks or
+    (gdn_core.flops.rule, executed.py): building (I + L)⁻¹, padding to whole chunks or
     shards, recomputation, and the reference rule's per-chunk Dk×Dk transition and state scan.
     q and k are repeated to Hv heads before any matmul, so every count is per value head and
     num_k_heads only has to divide num_v_heads.
@@ -238,7 +238,7 @@ def model_flops_per_step(model_cfg: ModelConfig, *, batch: int, seq_len: int,
 
     MFU's numerator. It takes no kernel, framework or CP argument: a reference and a fused
     trial of the same point count the same model FLOPs (their hardware FLOPs differ:
-    hardware.hardware_flops_per_step). Divide by the chip count for a per-chip figure.
+    executed.hardware_flops_per_step). Divide by the chip count for a per-chip figure.
     cu_seqlens: the packed documents of every row (the step's packing.document_boundaries),
     None for one document per row; only the attention core depends on it (a step on
     packed documents never computes attention between them, so counting T² pairs would

@@ -2,14 +2,14 @@
 
 model.gdn_rule_flops is the model's cost of the rule (the standard chunked WY form, per token,
 the same for every kernel). What a kernel really runs differs from it; the difference is
-hardware work (hardware.hardware_flops_per_step):
+hardware work (executed.hardware_flops_per_step):
 
     reference  gdn_core's chunked rule (torch_gdn.chunk, jax_gdn.chunk). Per chunk it forms the
                affine pair of the inter-chunk recurrence, the Dk×Dk transition
                A_n = e^{G_C} I − k̃ᵀ w and b_n = k̃ᵀ u, and scans S_{n+1} = A_n S_n + b_n (the
                pairs its CP modes exchange), on N = ceil(T / C) padded chunks. A step runs
                3 × its forward, with (I + L)⁻¹ at the dense-apply convention here and as each
-               framework really runs it in hardware.solve_flops.
+               framework really runs it in executed.solve_flops.
     fused      flash-linear-attention's chunk_gated_delta_rule (torch on a GPU), in the WY form:
                its forward builds (I + L)⁻¹ blockwise (solve_tril), its backward recomputes
                w, u and the chunk states before its own gradient kernels (fla_block_macs).
@@ -86,7 +86,7 @@ def reference_rule_flops(*, batch: int, seq_len: int, num_k_heads: int, num_v_he
     over the N = ceil(T / C) chunks the code pads to. Against the model's standard form it
     runs A_n (C·Dk²) and the state scan (Dk²·Dv) in place of the state update (C·Dk·Dv, the
     b_n here), and the padding. The solve is counted as applying a dense C×C matrix (the
-    model's convention); hardware.solve_flops replaces it by what each framework runs.
+    model's convention); executed.solve_flops replaces it by what each framework runs.
     """
     gdn_rule_flops(batch=batch, seq_len=seq_len, num_k_heads=num_k_heads,
                    num_v_heads=num_v_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
@@ -191,7 +191,7 @@ def rule_block_macs(kernel: str, *, chunk_size: int, head_k_dim: int,
                     head_v_dim: int) -> tuple[int, int]:
     """(forward, forward + backward) MACs of one (batch row, value head, chunk) block as
     `kernel` ("reference" or "fused") runs it; the reference's (I + L)⁻¹ at the dense-apply
-    convention, its backward 2 × its forward (hardware.solve_flops adds each framework's own
+    convention, its backward 2 × its forward (executed.solve_flops adds each framework's own
     solve work)."""
     check_gdn_kernel(kernel)
     if kernel == "fused":
@@ -205,7 +205,7 @@ def rule_block_macs(kernel: str, *, chunk_size: int, head_k_dim: int,
 class RuleFlops:
     """A step's GDN rule as its kernel runs it, against the model's count of it (global batch,
     all GDN layers, forward + backward), on the unsharded blocks B·Hv·ceil(T/C) per layer:
-    what splitting the sequence adds is CP work (hardware.cp_overhead_flops)."""
+    what splitting the sequence adds is CP work (executed.cp_overhead_flops)."""
 
     kernel: str
     """The implementation that runs ("reference" or "fused")."""

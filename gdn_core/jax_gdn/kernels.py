@@ -6,9 +6,11 @@
                           (attention_fused.py), merged over segment pairs by log-sum-exp;
                           cpu under GDN_SWEEP_INTERPRET_KERNELS=1 → splash attention through
                           Pallas's interpreter, named "… (interpreted)" (a correctness path)
-    GDN        always the reference chunk rule: no library kernel composes with CP state
-               (MaxText turns its Pallas GDN kernel off under context parallelism), so a
-               fused trial runs it too, labelled as such.
+    GDN        reference  chunk.py's chunk rule ("reference jax chunk rule")
+               fused      the Pallas chunk rule (pallas/, "gdn_core pallas chunk rule (tpu)" /
+                          "(gpu)"), composed with every CP mode through its state in and out
+                          (cp/kernel_rule.py); on a CPU only under GDN_SWEEP_INTERPRET_KERNELS=1,
+                          through Pallas's interpreter, "… (interpreted)"
 
 A fused kernel that cannot serve the point raises gdn_core.kernels.KernelUnavailable with the
 reason (what was asked, what it accepts); nothing falls back silently.
@@ -126,16 +128,33 @@ def cudnn_lowering_problem() -> str | None:
     return None
 
 
-def resolve_jax_gdn_kernel(kernels: str) -> str:
-    """The GDN rule `kernels` runs in JAX: the reference chunk rule either way, labelled so
-    under fused (module docstring; gdn_core.kernels.jax_fused_gdn_name)."""
+def resolve_jax_gdn_kernel(kernels: str, *, backend: str) -> str:
+    """The name of the GDN rule `kernels` runs on `backend` (module docstring;
+    gdn_core.kernels.jax_fused_gdn_name); KernelUnavailable where the Pallas rule cannot run."""
     check_kernels(kernels)
-    return REFERENCE_GDN if kernels == "reference" else rules.jax_fused_gdn_name()
+    return REFERENCE_GDN if kernels == "reference" else rules.jax_fused_gdn_name(backend)
+
+
+def jax_gdn_rule_kernel(kernels: str, *, backend: str):
+    """The one-chip rule kernel the CP GDN layers run for `kernels` on `backend`: None for the
+    reference chunk rule; under fused the Pallas chunk rule bound to the backend's platform
+    (a CPU: Pallas's interpreter, only under GDN_SWEEP_INTERPRET_KERNELS=1), the kernel
+    protocol of cp/kernel_rule.py. KernelUnavailable where resolve_jax_gdn_kernel raises it."""
+    resolve_jax_gdn_kernel(kernels, backend=backend)  # refuses what cannot run, with the reason
+    if kernels == "reference":
+        return None
+    from .pallas import chunk_gated_delta_rule_pallas  # Pallas only where a step runs it
+
+    return functools.partial(chunk_gated_delta_rule_pallas,
+                             platform=rules.PALLAS_PLATFORMS.get(backend),
+                             interpret=backend == "cpu")
 
 
 def resolve_jax_kernels(kernels: str, *, backend: str, dtype, head_dim: int | None,
                         segment_len: int | None = None) -> ResolvedKernels:
-    """Both resolutions; head_dim None: no attention layers (a gdn_only model)."""
+    """Both resolutions; head_dim None: no attention layers (a gdn_only model). The GDN
+    rule's refusal is checked first: a point it refuses is skipped with its reason alone."""
+    gdn = resolve_jax_gdn_kernel(kernels, backend=backend)
     attention = None if head_dim is None else resolve_jax_attention_kernel(
         kernels, backend=backend, dtype=dtype, head_dim=head_dim, segment_len=segment_len)
-    return ResolvedKernels(gdn=resolve_jax_gdn_kernel(kernels), attention=attention)
+    return ResolvedKernels(gdn=gdn, attention=attention)

@@ -61,11 +61,11 @@ def plan_cp_step(model_cfg, train_cfg, *, mode: str, chips: int, devices=None,
     import numpy as np
     from jax.sharding import Mesh
 
-    from ..cp_modes import check_dp
+    from ..cp_modes import CPSettings
     from .cp.train import compile_cp_train_step
     from .hlo_flops import matmul_flops_per_chip
 
-    check_dp(dp, chips=chips)
+    cp = CPSettings(mode=mode, chips=chips, dp=dp)  # checks the mode and that dp divides chips
 
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) < chips:
@@ -78,7 +78,7 @@ def plan_cp_step(model_cfg, train_cfg, *, mode: str, chips: int, devices=None,
         mesh = Mesh(np.array(devices[:chips]).reshape(dp, chips // dp), ("dp", "cp"))
         batch_axis = "dp"
     start = time.perf_counter()
-    program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp", mode=mode,
+    program = compile_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp", cp=cp,
                                     batch_axis=batch_axis)
     compile_time_s = time.perf_counter() - start
     stats = program.compiled.memory_analysis()

@@ -13,9 +13,10 @@ add up):
     backward_working   one layer's backward at a time: its cotangents and, under remat, its
                        rebuilt residuals (BACKWARD_WORKING_FRACTION of the layer's residuals)
     exchange_buffers   the CP mode's transient exchange buffers and saved pairs/states
-    kernel_workspace   kernels="fused": what the library kernel holds beyond the reference
+    kernel_workspace   kernels="fused": what the fused GDN kernel holds beyond the reference
                        step's count (kernel_workspace.py: fla-core's chunked intermediates for
-                       torch's fused GDN, an estimate until measured on a chip; 0 otherwise)
+                       torch, the Pallas chunk rule's residuals for JAX; counted from their
+                       source until measured on a chip; 0 otherwise)
     loss_logits        the chunked cross-entropy's float32 logits of one chunk, forward and
                        backward (never [tokens, vocab] whole)
     temporaries        the gradient sync's or the optimizer update's buffers (update phase)
@@ -39,7 +40,7 @@ from ..train_config import TrainConfig, check_framework
 from .activations import (COMPUTE_BYTES, FLOAT32_BYTES, attention_exchange_bytes,
                           attention_saved_bytes_per_token, gdn_exchange_bytes,
                           saved_bytes_per_token)
-from .kernel_workspace import FLA_WORKSPACE_SOURCE, fused_gdn_workspace_bytes
+from .kernel_workspace import fused_gdn_workspace_bytes, workspace_source
 from .parameters import decoder_layer_kinds, param_counts
 
 JAX_LOSS_CHUNK_TOKENS = 1024
@@ -95,7 +96,7 @@ class MemoryPrediction:
 
     @property
     def kernel_workspace_source(self) -> str:
-        return FLA_WORKSPACE_SOURCE if self.kernel_workspace else "none"
+        return workspace_source(self.framework) if self.kernel_workspace else "none"
 
     @property
     def total(self) -> int:
@@ -131,7 +132,8 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
                         chips: int, framework: str, optimizer: bool = True,
                         attn_cp: str = "all_gather_kv",
                         layout: str = "contiguous", dp: int = 1,
-                        kernels: str = DEFAULT_KERNELS) -> MemoryPrediction:
+                        kernels: str = DEFAULT_KERNELS,
+                        device_kind: str | None = None) -> MemoryPrediction:
     """Predict the per-chip bytes of one CP training step (forward, backward, sync, AdamW).
 
     train_cfg: batch (per replica), global seq_len, dtype, param_sharding, remat as the step
@@ -142,7 +144,9 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
     attention layers' CP mode (hybrid decoder only); layout: contiguous or zigzag (the same
     bytes per chip: each chip holds T/D tokens either way). optimizer=False leaves out
     AdamW's state and update: a gradient-only run, as a verify reference is. kernels:
-    reference or fused (fused adds the library kernel's workspace, kernel_workspace.py).
+    reference or fused (fused adds the fused GDN kernel's workspace, kernel_workspace.py);
+    device_kind ("cpu" | "gpu" | "tpu", None: unknown) picks the parameterisation whose
+    workspace JAX's Pallas rule holds (None counts the GPU's, the larger).
     Raises ValueError naming the numbers for a shape `mode` / `attn_cp` cannot split over
     `chips`.
     """
@@ -239,7 +243,8 @@ def predict_step_memory(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode:
         kernels=kernels,
         kernel_workspace=fused_gdn_workspace_bytes(
             model_cfg, framework=framework, kernels=kernels, mode=mode, chips=chips,
-            tokens=tokens, compute_bytes=compute_bytes, remat=train_cfg.remat),
+            tokens=tokens, compute_bytes=compute_bytes, remat=train_cfg.remat,
+            device_kind=device_kind),
     )
 
 

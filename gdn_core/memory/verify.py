@@ -58,7 +58,8 @@ def verify_seq_len(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mode: str,
     for k in range(1, (train_cfg.seq_len - 1) // step + 1):
         try:
             check_cp_shape(mode=mode, chips=chips, seq_len=k * step, num_k_heads=gdn.num_k_heads,
-                           num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
+                           num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size,
+                           layout=layout)
         except ValueError:
             continue
         valid.append(k * step)

@@ -233,5 +233,23 @@ def resolve_torch_gdn_kernel(kernels: Kernels, *, device: str | torch.device,
     return name, FlaGDNKernel(chunk_size)
 
 
-__all__ = ["FUSED_GDN_KERNEL", "FlaCPContextKernel", "FlaGDNKernel", "GDNKernelName", "GDNRuleKernel", "GDN_KERNELS",
-           "ReferenceGDNKernel", "gdn_rule_kernel", "resolve_torch_gdn_kernel"]
+FLA_BACKWARD_REFUSAL_MARKS = ("#640", "chunk_bwd_dqkwg")
+"""What fla-core's own refusal of its gated backward says (fla issue #640: Hopper with
+3.4.0 <= Triton < 3.7.1 and no tilelang), raised as a RuntimeError in the step's backward;
+kernels.fla_gated_backward_problem is the same rule asked before the step."""
+
+
+def kernel_refusal(error: BaseException) -> KernelUnavailable | None:
+    """A library kernel's own refusal of the point, raised where it runs (fla-core's gated
+    backward: FLA_BACKWARD_REFUSAL_MARKS), as the KernelUnavailable a trial is skipped with;
+    None for any other error."""
+    if isinstance(error, RuntimeError) and any(mark in str(error)
+                                               for mark in FLA_BACKWARD_REFUSAL_MARKS):
+        return KernelUnavailable(f"fla-core refused to run its gated backward here: {error}")
+    return None
+
+
+__all__ = ["FLA_BACKWARD_REFUSAL_MARKS", "FUSED_GDN_KERNEL", "FlaCPContextKernel",
+           "FlaGDNKernel", "GDNKernelName", "GDNRuleKernel", "GDN_KERNELS",
+           "ReferenceGDNKernel", "gdn_rule_kernel", "kernel_refusal",
+           "resolve_torch_gdn_kernel"]

@@ -15,7 +15,7 @@ stays float32 inside the layer.
 from __future__ import annotations
 
 import contextlib
-import time
+import functools
 from collections.abc import Callable
 
 import torch
@@ -28,6 +28,7 @@ from ..packing import document_boundaries
 from ..train_config import COMPUTE_DTYPES, TrainConfig, TrainReport
 from .hybrid import HybridLanguageModel
 from .model import GDNLanguageModel, set_remat
+from .timed_steps import run_timed_steps
 
 GradSync = Callable[[nn.Module], object]
 """Called after backward, before the optimizer step. One that also has `prepare(model)` (e.g.
@@ -124,11 +125,6 @@ def packed_boundaries(train_cfg: TrainConfig) -> torch.Tensor | None:
     return None if cu is None else torch.from_numpy(cu)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                  warmup_steps: int = 1, device: str | torch.device = "cpu") -> TrainReport:
     """Train on one fixed synthetic batch (packed as train_cfg.documents says): warmup_steps
@@ -148,17 +144,11 @@ def run_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int,
                               vocab_size=model_cfg.vocab_size, seed=train_cfg.seed)
     tokens_BT = torch.from_numpy(tokens).long().to(device)
     inputs_BT, targets_BT = tokens_BT[:, :-1], tokens_BT[:, 1:]
-    cu_seqlens = packed_boundaries(train_cfg)
-    losses, times = [], []
-    for step in range(warmup_steps + steps):
-        _synchronize(device)
-        start = time.perf_counter()
-        losses.append(train_step(model, optimizer, inputs_BT, targets_BT,
+    one_step = functools.partial(train_step, model, optimizer, inputs_BT, targets_BT,
                                  global_tokens=targets_BT.numel(), dtype=train_cfg.dtype,
-                                 cu_seqlens=cu_seqlens))
-        _synchronize(device)
-        if step >= warmup_steps:
-            times.append(time.perf_counter() - start)
+                                 cu_seqlens=packed_boundaries(train_cfg))
+    losses, times, _ = run_timed_steps(one_step, steps=steps, warmup_steps=warmup_steps,
+                                       device=device)
     peak_bytes, source = device_memory.torch_peak_memory(device)
     losses = torch.stack(losses).tolist()  # the only read back to the host, after the steps
     return TrainReport(losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views
+
 revision = "0001_initial"
 down_revision = None
 branch_labels = None
@@ -139,13 +141,11 @@ def upgrade() -> None:
                     ["status", "tokens_per_s_per_chip", "trial_id"])
     op.create_index("ix_results_status_mfu", "results", ["status", "mfu", "trial_id"])
     op.create_index("ix_results_sweep_id", "results", ["sweep_id"])
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
+    drop_views()
     op.drop_table("results")
     op.drop_table("trials")
     op.drop_table("sweeps")

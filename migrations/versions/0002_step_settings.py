@@ -14,6 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views
+
 revision = "0002_step_settings"
 down_revision = "0001_initial"
 branch_labels = None
@@ -59,13 +61,13 @@ GROUP BY {grid}, batch_size, framework, mode, chips
 """
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
+# The views this revision creates, by the names views_of reads (0003's downgrade restores them).
+BEST_TOKENS_VIEW = best_tokens_view(GRID_COLUMNS)
+MAX_SEQ_LEN_VIEW = max_seq_len_view(GRID_COLUMNS)
 
 
 def upgrade() -> None:
-    _drop_views()  # they select from results, whose columns change
+    drop_views()  # they select from results, whose columns change
     for table in ("trials", "results"):
         with op.batch_alter_table(table) as batch:
             for name, width, default in SETTINGS:
@@ -75,8 +77,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("cp_comm_bytes_per_step_per_chip", sa.BigInteger))
         batch.add_column(sa.Column("grad_sync_bytes_per_step_per_chip", sa.BigInteger))
     op.execute(f"UPDATE trials SET key = key || {KEY_SUFFIX}")
-    op.execute(best_tokens_view(GRID_COLUMNS))
-    op.execute(max_seq_len_view(GRID_COLUMNS))
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -88,7 +89,7 @@ def downgrade() -> None:
         raise RuntimeError(f"{kept} trial(s) ran with param_sharding or remat other than "
                            "replicated/none; 0001 cannot tell them apart from their twins: "
                            "delete those sweeps before downgrading")
-    _drop_views()
+    drop_views()
     op.execute(f"UPDATE trials SET key = substr(key, 1, length(key) - length({KEY_SUFFIX}))")
     with op.batch_alter_table("results") as batch:
         batch.drop_column("grad_sync_bytes_per_step_per_chip")
@@ -97,5 +98,4 @@ def downgrade() -> None:
         with op.batch_alter_table(table) as batch:
             for name, _, _ in SETTINGS:
                 batch.drop_column(name)
-    op.execute(best_tokens_view(GRID_COLUMNS_0001))
-    op.execute(max_seq_len_view(GRID_COLUMNS_0001))
+    create_views(best_tokens_view(GRID_COLUMNS_0001), max_seq_len_view(GRID_COLUMNS_0001))

@@ -24,6 +24,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views, views_of
+
 revision = "0003_true_metrics"
 down_revision = "0002_step_settings"
 branch_labels = None
@@ -89,25 +91,6 @@ GROUP BY {GRID}, batch_size, framework, mode, chips
 """
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-
-
-def _views_0002() -> tuple[str, str]:
-    """Revision 0002's views (what a downgrade restores), from its own file: revision files
-    start with a digit, so they are loaded by path rather than imported."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("0002_step_settings.py")
-    spec = importlib.util.spec_from_file_location("_gdn_sweep_migration_0002", path)
-    previous = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(previous)
-    return (previous.best_tokens_view(previous.GRID_COLUMNS),
-            previous.max_seq_len_view(previous.GRID_COLUMNS))
-
-
 _sweeps = sa.table("sweeps", sa.column("id", sa.Integer), sa.column("spec", sa.JSON))
 
 
@@ -121,7 +104,7 @@ def _rewrite_specs(change) -> None:
 
 
 def upgrade() -> None:
-    _drop_views()  # they select from results, whose columns change
+    drop_views()  # they select from results, whose columns change
     op.create_table(
         "trial_attempts",
         sa.Column("trial_id", sa.Integer, sa.ForeignKey("trials.id", ondelete="CASCADE"),
@@ -148,8 +131,7 @@ def upgrade() -> None:
     _rewrite_specs(lambda spec: {**SPEC_DEFAULTS_OF_OLD_SWEEPS, **spec}
                    if SPEC_DEFAULTS_OF_OLD_SWEEPS.keys() - spec.keys() else None)
     op.execute(BACKFILL_BASELINE_KEYS)
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -160,7 +142,7 @@ def downgrade() -> None:
         raise RuntimeError(f"{kept} trial(s) are one-chip baselines (mode 'none') or repeats "
                            "(repeat > 0), which 0002 cannot express: delete those sweeps "
                            "before downgrading")
-    _drop_views()
+    drop_views()
     # 0002 kept XLA's estimate in the peak column when nothing was measured.
     op.execute("UPDATE results SET peak_memory_bytes_per_chip = estimated_memory_bytes_per_chip, "
                "memory_source = estimated_memory_source WHERE peak_memory_bytes_per_chip IS NULL "
@@ -176,6 +158,4 @@ def downgrade() -> None:
         batch.drop_column("baseline_key")
         batch.drop_column("repeat")
     op.drop_table("trial_attempts")
-    best, fit = _views_0002()
-    op.execute(best)
-    op.execute(fit)
+    create_views(*views_of("0002_step_settings.py"))

@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views, views_of
+
 revision = "0006_plan_trials"
 down_revision = "0005_cache_versions"
 branch_labels = None
@@ -66,33 +68,15 @@ GROUP BY kind, {GRID}, batch_size, framework, mode, chips
 """
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-
-
-def _views_0003() -> tuple[str, str]:
-    """Revision 0003's views (what a downgrade restores), loaded from its file by path."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("0003_true_metrics.py")
-    spec = importlib.util.spec_from_file_location("_gdn_sweep_migration_0003", path)
-    previous = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(previous)
-    return previous.BEST_TOKENS_VIEW, previous.MAX_SEQ_LEN_VIEW
-
-
 def upgrade() -> None:
-    _drop_views()
+    drop_views()
     # Plain ALTER TABLE (SQLite >= 3.35 and PostgreSQL): a batch table copy would drop the
     # results triggers of 0005.
     for table in ("trials", "results"):
         op.add_column(table, sa.Column("kind", sa.String(8), nullable=False,
                                        server_default=sa.text("'measure'")))
     op.add_column("results", sa.Column("compiled_flops_per_step_per_chip", sa.Float))
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -100,9 +84,8 @@ def downgrade() -> None:
     if plans.scalar():
         raise RuntimeError("the database holds plan trials, which 0005 cannot express: delete "
                            "their sweeps before downgrading")
-    _drop_views()
+    drop_views()
     op.execute("ALTER TABLE results DROP COLUMN compiled_flops_per_step_per_chip")
     for table in ("results", "trials"):
         op.execute(f"ALTER TABLE {table} DROP COLUMN kind")
-    for view in _views_0003():
-        op.execute(view)
+    create_views(*views_of("0003_true_metrics.py"))

@@ -28,6 +28,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views, views_of
+
 revision = "0008_hybrid_dimensions"
 down_revision = "0007_schedules"
 branch_labels = None
@@ -75,25 +77,8 @@ GROUP BY kind, {GRID}, batch_size, framework, mode, attn_cp, layout, chips
 _TABLES = ("trials", "results")
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-
-
-def _views_0006() -> tuple[str, str]:
-    """Revision 0006's views (what a downgrade restores), loaded from its file by path."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("0006_plan_trials.py")
-    spec = importlib.util.spec_from_file_location("_gdn_sweep_migration_0006", path)
-    previous = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(previous)
-    return previous.BEST_TOKENS_VIEW, previous.MAX_SEQ_LEN_VIEW
-
-
 def upgrade() -> None:
-    _drop_views()
+    drop_views()
     # Plain ALTER TABLE (SQLite >= 3.35 and PostgreSQL): a batch table copy would drop the
     # results triggers of 0005.
     for table in _TABLES:
@@ -102,8 +87,7 @@ def upgrade() -> None:
         op.add_column(table, sa.Column("attn_cp", sa.String(16)))
         op.add_column(table, sa.Column("layout", sa.String(16), nullable=False,
                                        server_default=sa.text("'contiguous'")))
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -113,9 +97,8 @@ def downgrade() -> None:
     if new.scalar():
         raise RuntimeError("the database holds hybrid or zigzag trials, which 0007 cannot "
                            "express: delete their sweeps before downgrading")
-    _drop_views()
+    drop_views()
     for table in reversed(_TABLES):
         for column in ("layout", "attn_cp", "layers"):
             op.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-    for view in _views_0006():
-        op.execute(view)
+    create_views(*views_of("0006_plan_trials.py"))

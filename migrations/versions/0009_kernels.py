@@ -25,6 +25,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views, views_of
+
 revision = "0009_kernels"
 down_revision = "0008_hybrid_dimensions"
 branch_labels = None
@@ -73,25 +75,8 @@ _TABLES = ("trials", "results")
 _RESOLVED = ("gdn_kernel", "attention_kernel")
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-
-
-def _views_0008() -> tuple[str, str]:
-    """Revision 0008's views (what a downgrade restores), loaded from its file by path."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("0008_hybrid_dimensions.py")
-    spec = importlib.util.spec_from_file_location("_gdn_sweep_migration_0008", path)
-    previous = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(previous)
-    return previous.BEST_TOKENS_VIEW, previous.MAX_SEQ_LEN_VIEW
-
-
 def upgrade() -> None:
-    _drop_views()
+    drop_views()
     # Plain ALTER TABLE (SQLite >= 3.35 and PostgreSQL): a batch table copy would drop the
     # results triggers of 0005.
     for table in _TABLES:
@@ -99,8 +84,7 @@ def upgrade() -> None:
                                        server_default=sa.text("'reference'")))
     for column in _RESOLVED:
         op.add_column("results", sa.Column(column, sa.Text()))
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -109,10 +93,9 @@ def downgrade() -> None:
     if new.scalar():
         raise RuntimeError("the database holds fused-kernel trials, which 0008 cannot "
                            "express: delete their sweeps before downgrading")
-    _drop_views()
+    drop_views()
     for column in reversed(_RESOLVED):
         op.execute(f"ALTER TABLE results DROP COLUMN {column}")
     for table in reversed(_TABLES):
         op.execute(f"ALTER TABLE {table} DROP COLUMN kernels")
-    for view in _views_0008():
-        op.execute(view)
+    create_views(*views_of("0008_hybrid_dimensions.py"))

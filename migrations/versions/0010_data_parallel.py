@@ -21,6 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views, views_of
+
 revision = "0010_data_parallel"
 down_revision = "0009_kernels"
 branch_labels = None
@@ -69,32 +71,14 @@ GROUP BY kind, {GRID}, batch_size, framework, kernels, mode, attn_cp, layout, ch
 _TABLES = ("trials", "results")
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-
-
-def _views_0009() -> tuple[str, str]:
-    """Revision 0009's views (what a downgrade restores), loaded from its file by path."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).with_name("0009_kernels.py")
-    spec = importlib.util.spec_from_file_location("_gdn_sweep_migration_0009", path)
-    previous = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(previous)
-    return previous.BEST_TOKENS_VIEW, previous.MAX_SEQ_LEN_VIEW
-
-
 def upgrade() -> None:
-    _drop_views()
+    drop_views()
     # Plain ALTER TABLE (SQLite >= 3.35 and PostgreSQL): a batch table copy would drop the
     # results triggers of 0005.
     for table in _TABLES:
         op.add_column(table, sa.Column("dp", sa.Integer(), nullable=False,
                                        server_default=sa.text("1")))
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -104,8 +88,7 @@ def downgrade() -> None:
     if replicated.scalar():
         raise RuntimeError("the database holds data-parallel trials (dp > 1), which 0009 "
                            "cannot express: delete their sweeps before downgrading")
-    _drop_views()
+    drop_views()
     for table in reversed(_TABLES):
         op.execute(f"ALTER TABLE {table} DROP COLUMN dp")
-    for view in _views_0009():
-        op.execute(view)
+    create_views(*views_of("0009_kernels.py"))

@@ -22,6 +22,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.views import create_views, drop_views
+
 revision = "0015_documents"
 down_revision = "0014_profiles"
 branch_labels = None
@@ -88,20 +90,14 @@ MAX_SEQ_LEN_VIEW = max_seq_len_view(GRID)
 _TABLES = ("trials", "results")
 
 
-def _drop_views() -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-
-
 def upgrade() -> None:
-    _drop_views()
+    drop_views()
     # Plain ALTER TABLE (SQLite >= 3.35 and PostgreSQL): a batch table copy would drop the
     # results triggers of 0005.
     for table in _TABLES:
         op.add_column(table, sa.Column("documents", sa.String(40), nullable=False,
                                        server_default=sa.text("'single'")))
-    op.execute(BEST_TOKENS_VIEW)
-    op.execute(MAX_SEQ_LEN_VIEW)
+    create_views(BEST_TOKENS_VIEW, MAX_SEQ_LEN_VIEW)
 
 
 def downgrade() -> None:
@@ -112,9 +108,8 @@ def downgrade() -> None:
         raise RuntimeError("the database holds trials on packed documents (documents other "
                            "than 'single'), which 0014 cannot express: delete their sweeps "
                            "before downgrading")
-    _drop_views()
+    drop_views()
     for table in reversed(_TABLES):
         op.execute(f"ALTER TABLE {table} DROP COLUMN documents")
     # 0010's views, as it defined them (the same columns), written as above
-    op.execute(best_tokens_view(GRID_0010))
-    op.execute(max_seq_len_view(GRID_0010))
+    create_views(best_tokens_view(GRID_0010), max_seq_len_view(GRID_0010))

@@ -22,7 +22,7 @@ Create Date: 2026-12-08
 
 from __future__ import annotations
 
-from alembic import op
+from migrations.views import create_views, drop_views
 
 revision = "0016_interpreted_kernels"
 down_revision = "0015_documents"
@@ -95,10 +95,9 @@ MAX_SEQ_LEN_VIEW = max_seq_len_view(compiled_only=True)
 
 
 def _replace_views(*, compiled_only: bool) -> None:
-    op.execute("DROP VIEW IF EXISTS max_seq_len_fit")
-    op.execute("DROP VIEW IF EXISTS best_tokens_per_s_per_chip")
-    op.execute(best_tokens_view(compiled_only=compiled_only))
-    op.execute(max_seq_len_view(compiled_only=compiled_only))
+    drop_views()
+    create_views(best_tokens_view(compiled_only=compiled_only),
+                 max_seq_len_view(compiled_only=compiled_only))
 
 
 def upgrade() -> None:

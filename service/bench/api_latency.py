@@ -1,31 +1,26 @@
 """`gdn-sweep bench api` without --concurrency: latency of the read API, one request at a time.
 
 Fills a fresh SQLite file and a fresh PostgreSQL database with synthetic sweeps
-(synthetic_db.py), serves the real app with uvicorn on loopback, and times GET /api/results
-with filters and GET /api/sweeps/{id} one request at a time (keep-alive). Prints p50/p99 per
-query and backend; the goal is p99 < 50 ms.
+(synthetic_db.py), serves them with a real `gdn-sweep serve` on loopback (serve_process.py:
+the service's own app factory and process; no scheduler, the results cache off, so what is
+timed is the queries), and times GET /api/results with filters and GET /api/sweeps/{id} one
+request at a time (keep-alive). Prints p50/p99 per query and backend; the goal is p99 < 50 ms.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import threading
+import tempfile
 import time
+from pathlib import Path
 
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.presets import PRESETS
-from service.bench.synthetic_db import (
-    ACCELERATORS,
-    CHIPS,
-    FRAMEWORKS,
-    MODES,
-    SEQ_LENS,
-    fill,
-    ScratchDatabase,
-)
-from service.core.config import Settings
+from gdn_core.train_config import FRAMEWORKS
+from service.bench.serve_process import REPO_ROOT, ServeProcess
+from service.bench.synthetic_db import ACCELERATORS, CHIPS, SEQ_LENS, ScratchDatabase, fill
 from service.db.engine import upgrade_database
-from workers.process_probe import free_port
 
 GOAL_MS = 50.0
 
@@ -38,7 +33,7 @@ def _queries(rng: random.Random, sweep_ids: list[int]) -> dict[str, callable]:
         lo = rng.choice(SEQ_LENS[:-3])
         return "/api/results", {
             "preset": presets[n % len(presets)], "accelerator": ACCELERATORS[n % 5][1],
-            "mode": rng.choice(MODES), "chips": rng.choice(CHIPS), "seq_len_min": lo,
+            "mode": rng.choice(CP_MODES), "chips": rng.choice(CHIPS), "seq_len_min": lo,
             "seq_len_max": lo * 8, "dtype": "bfloat16", "sort": "-tokens_per_s_per_chip"}
 
     def broad():
@@ -48,7 +43,7 @@ def _queries(rng: random.Random, sweep_ids: list[int]) -> dict[str, callable]:
                                 "sort": "-tokens_per_s_per_chip", "limit": 100}
 
     def framework_mode():
-        return "/api/results", {"framework": rng.choice(FRAMEWORKS), "mode": rng.choice(MODES),
+        return "/api/results", {"framework": rng.choice(FRAMEWORKS), "mode": rng.choice(CP_MODES),
                                 "sort": "-mfu", "limit": 100}
 
     def unfiltered():
@@ -65,41 +60,39 @@ def _queries(rng: random.Random, sweep_ids: list[int]) -> dict[str, callable]:
 
 
 def measure(url: str, sweep_ids: list[int], requests: int, seed: int = 1) -> dict[str, tuple]:
-    """p50, p99 (ms) and rows returned per query, over HTTP against the real app."""
-    import httpx
-    import uvicorn
-
-    from service.main import create_app
-
-    port = free_port()
-    app = create_app(Settings(database_url=url, run_scheduler=False, upgrade_on_start=False,
-                              results_cache_entries=0))  # the queries' latency, not the cache's
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                           access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    rng, out = random.Random(seed), {}
+    """p50, p99 (ms) and rows returned per query, over HTTP against `gdn-sweep serve`."""
+    # kept afterwards: a serve that fails to start is named with its log
+    log = Path(tempfile.mkdtemp(prefix="gdn-sweep-bench-latency-")) / "serve.log"
+    serve = ServeProcess(REPO_ROOT, url, ["--no-access-log"], log, {
+        "GDN_SWEEP_RUN_SCHEDULER": "false",  # no Ray: a read API over a filled database
+        "GDN_SWEEP_RESULTS_CACHE_ENTRIES": "0"})  # the queries' latency, not the cache's
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            for name, make in _queries(rng, sweep_ids).items():
-                times, sizes = [], []
-                for i in range(requests + requests // 10):  # the first tenth warms up
-                    path, params = make()
-                    start = time.perf_counter()
-                    response = client.get(path, params=params)
-                    elapsed = time.perf_counter() - start
-                    response.raise_for_status()
-                    if i >= requests // 10:
-                        times.append(elapsed * 1000)
-                        body = response.json()
-                        sizes.append(body.get("count", body.get("trials_total", 0)))
-                q = statistics.quantiles(times, n=100, method="inclusive")
-                out[name] = (q[49], q[98], statistics.median(sizes))
+        serve.wait_ready()
+        return _time_queries(f"http://127.0.0.1:{serve.port}", sweep_ids, requests, seed)
     finally:
-        server.should_exit = True
-        thread.join(30)
+        serve.stop()
+
+
+def _time_queries(base_url: str, sweep_ids: list[int], requests: int,
+                  seed: int) -> dict[str, tuple]:
+    import httpx
+
+    rng, out = random.Random(seed), {}
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        for name, make in _queries(rng, sweep_ids).items():
+            times, sizes = [], []
+            for i in range(requests + requests // 10):  # the first tenth warms up
+                path, params = make()
+                start = time.perf_counter()
+                response = client.get(path, params=params)
+                elapsed = time.perf_counter() - start
+                response.raise_for_status()
+                if i >= requests // 10:
+                    times.append(elapsed * 1000)
+                    body = response.json()
+                    sizes.append(body.get("count", body.get("trials_total", 0)))
+            q = statistics.quantiles(times, n=100, method="inclusive")
+            out[name] = (q[49], q[98], statistics.median(sizes))
     return out
 
 

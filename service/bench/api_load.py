@@ -1,9 +1,10 @@
 """`gdn-sweep bench api`: load on the read API over a database of 100,000 trials.
 
 Latency (the default, api_latency.py): fills a fresh SQLite file and a fresh PostgreSQL
-database (created and dropped here) with synthetic sweeps, serves the real app with uvicorn on
-loopback, and times GET /api/results with filters and GET /api/sweeps/{id} one request at a
-time (keep-alive). Prints p50/p99 per query and backend; the goal is p99 < 50 ms.
+database (created and dropped here) with synthetic sweeps, serves them with a real `gdn-sweep
+serve` on loopback (no scheduler, results cache off), and times GET /api/results with filters
+and GET /api/sweeps/{id} one request at a time (keep-alive). Prints p50/p99 per query and
+backend; the goal is p99 < 50 ms. Both modes serve through serve_process.py.
 
     gdn-sweep bench api [--rows 100000] [--requests 300] [--backends sqlite,postgresql]
 
@@ -30,18 +31,16 @@ import contextlib
 import multiprocessing
 import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlencode
 
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.presets import PRESETS
-from service.bench.synthetic_db import ACCELERATORS, MODES, ensure_filled, ScratchDatabase
+from service.bench.serve_process import REPO_ROOT, ServeProcess, cpu_seconds, psutil_module
+from service.bench.synthetic_db import ACCELERATORS, ScratchDatabase, ensure_filled
 from service.core.config import Settings
-from workers.process_probe import free_port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +91,7 @@ def load_request(rng: random.Random, sweep_ids: list[int]) -> str:
     presets = sorted(PRESETS)
     return "/api/results?" + urlencode({
         "preset": presets[n % len(presets)], "accelerator": ACCELERATORS[n % 5][1],
-        "mode": rng.choice(MODES), "dtype": "bfloat16", "sort": "-tokens_per_s_per_chip",
+        "mode": rng.choice(CP_MODES), "dtype": "bfloat16", "sort": "-tokens_per_s_per_chip",
         "limit": 50})
 
 
@@ -169,7 +168,7 @@ def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int
     """Closed-loop clients against 127.0.0.1:port: req/s, p50/p99/max (ms), status counts,
     and the CPU the `measured_pids` spent per request. The clients start together, warm up
     for `warmup_s`, then count what completes within `duration_s`."""
-    psutil = _psutil()
+    psutil = psutil_module()
     ctx = multiprocessing.get_context("spawn")
     ready, go, queue = ctx.Queue(), ctx.Event(), ctx.Queue()
     window = ctx.Array("d", 2)
@@ -187,9 +186,9 @@ def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int
     go.set()
     measured = [psutil.Process(pid) for pid in measured_pids]
     time.sleep(max(0.0, start_at - time.time()))
-    cpu_before = _cpu_s(measured)
+    cpu_before = cpu_seconds(measured)
     time.sleep(max(0.0, end_at - time.time()))
-    cpu_after = _cpu_s(measured)
+    cpu_after = cpu_seconds(measured)
     latencies, statuses = [], collections.Counter()
     for _ in workers:
         got_latencies, got_statuses = queue.get(timeout=300)
@@ -214,93 +213,11 @@ def run_load(port: int, concurrency: int, duration_s: float, sweep_ids: list[int
                                    if latencies else float("nan"))}
 
 
-def _psutil():
-    """psutil, which ray[default] ships (ray/thirdparty_files) and puts on sys.path when ray is
-    imported: ray must come first. Two import statements were once sorted into the wrong order
-    (ModuleNotFoundError before anything was measured, issue 36), hence import_module."""
-    import importlib
-
-    import ray  # noqa: F401
-
-    return importlib.import_module("psutil")
-
-
-def _cpu_s(processes) -> float:
-    total = 0.0
-    for process in processes:
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system
-        except Exception:  # noqa: BLE001 - exited meanwhile
-            pass
-    return total
-
-
-class ServeProcess:
-    """`python -m service.cli serve` of `checkout` on a free port, until stop()."""
-
-    def __init__(self, checkout: Path, database_url: str, args: list[str], log: Path,
-                 env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(checkout), "GDN_SWEEP_UPGRADE_ON_START": "false",
-               "GDN_SWEEP_CPU_CHIPS": "2", "DATABASE_URL": database_url, **(env or {})}
-        self.log = log.open("w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--port", str(self.port), *args],
-            cwd=checkout, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Until /api/health answers 200 and the process tree (its Ray starting) is quiet."""
-        import httpx
-
-        psutil = _psutil()
-
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit(f"serve exited with {self.process.returncode}; see "
-                                 f"{self.log.name}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/api/health", timeout=5) \
-                        .status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise SystemExit(f"serve not healthy after {timeout_s:.0f} s; see {self.log.name}")
-        tree = [psutil.Process(self.process.pid)]
-        while time.monotonic() < deadline:  # a local Ray takes a while to settle
-            tree = [tree[0], *tree[0].children(recursive=True)]
-            before = _cpu_s(tree)
-            time.sleep(2.0)
-            if _cpu_s(tree) - before < 0.3:
-                return
-
-    def api_pids(self) -> list[int]:
-        """The serve process and its uvicorn workers (not the scheduler's Ray)."""
-        psutil = _psutil()
-        root = psutil.Process(self.process.pid)
-        return [root.pid, *(p.pid for p in root.children()
-                            if "multiprocessing" in " ".join(p.cmdline()))]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log.close()
-
-
 def load_main(args) -> int:
     """The load benchmark of `args` (--concurrency given), one table row per serve and
     concurrency."""
-    here = Path(__file__).resolve().parents[2]  # the checkout: service/bench/ → root
-    variants = [(f"this checkout, --workers {n}", here, [] if n == 1 else ["--workers", str(n)],
-                 {}) for n in args.workers]
+    variants = [(f"this checkout, --workers {n}", REPO_ROOT,
+                 [] if n == 1 else ["--workers", str(n)], {}) for n in args.workers]
     if args.uncached:
         variants += [(f"{label}, results cache off", checkout, serve_args,
                       {"GDN_SWEEP_RESULTS_CACHE_ENTRIES": "0"})
@@ -339,8 +256,6 @@ def load_main(args) -> int:
               f"{row['p99_results']:.0f} / {row['p99_sweep']:.0f} | {shown} | "
               f"{row['cpu_ms_per_request']:.1f} |")
     return 0
-
-
 
 
 if __name__ == "__main__":

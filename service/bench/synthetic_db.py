@@ -15,13 +15,14 @@ from pathlib import Path
 from sqlalchemy import insert, text
 from sqlalchemy.engine import make_url
 
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.presets import PRESETS
+from gdn_core.train_config import FRAMEWORKS
 from service.db.engine import make_engine, upgrade_database
 from service.db.models import (FACT_COLUMNS, Result, Sweep, Trial, TrialAttempt, trial_values,
                                utcnow)
 from workers.grid import TrialSpec, trial_key
 
-FRAMEWORKS, MODES = ("jax", "torch"), ("ulysses", "p2p", "all_gather", "log_scan")
 CHIPS = (1, 2, 4, 8, 16, 32, 64, 128)
 SEQ_LENS = tuple(2 ** k for k in range(10, 21))
 ACCELERATORS = (("cpu", "cpu"), ("gpu", "h100"), ("tpu", "v5p"), ("tpu", "v6e"), ("gpu", "a100"))
@@ -46,8 +47,8 @@ def fill(url: str, rows: int, seed: int = 0) -> list[int]:
             preset, (kind, chip) = presets[n % len(presets)], ACCELERATORS[n % len(ACCELERATORS)]
             dtype = "bfloat16" if n % 3 else "float32"
             frameworks = ("jax",) if kind == "tpu" else FRAMEWORKS  # no torch-on-TPU path
-            grid = list(itertools.product(frameworks, MODES, CHIPS, SEQ_LENS))
-            spec = {"name": f"bench {n}", "frameworks": list(frameworks), "modes": list(MODES),
+            grid = list(itertools.product(frameworks, CP_MODES, CHIPS, SEQ_LENS))
+            spec = {"name": f"bench {n}", "frameworks": list(frameworks), "modes": list(CP_MODES),
                     "chips": list(CHIPS), "seq_lens": list(SEQ_LENS), "model": {"preset": preset},
                     "dtypes": [dtype], "accelerator": {"kind": kind, "type": chip}}
             sweep_id = conn.execute(insert(Sweep).returning(Sweep.id), [{

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import TextIO
 
-from service.cli.read_database import shown_url
+from service.cli.database import database_command, shown_url
 from service.core.config import Settings
 from service.core.exposure import refusal_to_serve
 
@@ -106,10 +106,10 @@ def _stop_process(process: subprocess.Popen, timeout_s: float) -> None:
 def scheduler(*, database_url: str | None = None, ray_address: str | None = None,
               log_level: str | None = None) -> int:
     """Run the scheduler alone, no HTTP, until SIGTERM or Ctrl-C (it fires due schedules
-    too): it stops the running sweep for a resume, stops a local Ray completely and exits 0."""
+    too): it stops the running sweep for a resume, stops a local Ray completely and exits 0.
+    A database that cannot be reached at start: one line, exit 1."""
+    from service.cli.database import open_database
     from service.core.logging import configure_logging
-    from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.main import build_schedule_loop, build_scheduler
 
     settings = cli_settings(database_url=database_url, ray_address=ray_address,
                          log_level=log_level)
@@ -123,10 +123,23 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, request_stop)
-    if settings.upgrade_on_start:
-        log.info("database at revision %s", upgrade_database(settings.database_url))
-    engine = make_engine(settings.database_url)
-    session_factory = make_session_factory(engine)
+
+    def run() -> int:
+        with open_database(settings.database_url,
+                           upgrade=settings.upgrade_on_start) as session_factory:
+            code = _run_scheduler(session_factory, settings, stop)
+        if code == 0:
+            log.info("shutdown complete")
+        return code
+
+    return database_command(run, err=sys.stderr)
+
+
+def _run_scheduler(session_factory, settings: Settings, stop: threading.Event) -> int:
+    """The scheduler and schedule loop of `scheduler`, until `stop` is set: 0, or 1 when the
+    scheduler thread ended on its own."""
+    from service.main import build_schedule_loop, build_scheduler
+
     runner = build_scheduler(session_factory, settings)
     schedules = build_schedule_loop(session_factory, settings, runner)
     runner.start()
@@ -144,8 +157,6 @@ def scheduler(*, database_url: str | None = None, ray_address: str | None = None
             log.error("the scheduler did not stop in time")
         log.info("scheduler stopped")
         runner.ray.shutdown()
-        engine.dispose()
-    log.info("shutdown complete")
     return 0
 
 
@@ -155,9 +166,13 @@ def db_upgrade(*, database_url: str | None = None, revision: str = "head",
     from service.db.engine import upgrade_database
 
     settings = cli_settings(database_url=database_url)
-    at = upgrade_database(settings.database_url, revision)
-    print(f"database {shown_url(settings.database_url)} at revision {at}", file=out)
-    return 0
+
+    def upgrade() -> int:
+        at = upgrade_database(settings.database_url, revision)
+        print(f"database {shown_url(settings.database_url)} at revision {at}", file=out)
+        return 0
+
+    return database_command(upgrade, err=sys.stderr)
 
 
 def results(*, database_url: str | None = None, csv: bool = False, out: TextIO | None = None,
@@ -169,10 +184,11 @@ def results(*, database_url: str | None = None, csv: bool = False, out: TextIO |
     out, err = sys.stdout if out is None else out, sys.stderr if err is None else err
     from pydantic import ValidationError
 
-    from service.cli.read_database import EXIT_NO_DATABASE, MissingDatabase, database_to_read
+    from service.cli.database import database_session, database_to_read
     from service.cli.results_table import results_table
-    from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.db.results_query import ResultFilters, query_results, to_csv
+    from service.db.results_query import query_results
+    from service.schemas.results import ResultFilters, to_csv
+    from service.schemas.trials import TrialPublic
     from service.runs.admission import validation_text
 
     try:
@@ -181,20 +197,15 @@ def results(*, database_url: str | None = None, csv: bool = False, out: TextIO |
     except ValidationError as invalid:
         print(validation_text(invalid), file=err)
         return 2
-    try:
-        url = database_to_read(database_url, err=err)
-    except MissingDatabase as missing:
-        print(missing, file=err)
-        return EXIT_NO_DATABASE
-    upgrade_database(url)
-    engine = make_engine(url)
-    try:
-        with make_session_factory(engine)() as session:
-            rows, count = query_results(session=session, filters=filters)
-    finally:
-        engine.dispose()
-    out.write(to_csv(rows) if csv else results_table(rows, count))
-    return 0
+
+    def show() -> int:
+        with database_session(database_to_read(database_url, err=err)) as session:
+            found, count = query_results(session=session, filters=filters)
+            rows = TrialPublic.from_rows(found)
+        out.write(to_csv(rows) if csv else results_table(rows, count))
+        return 0
+
+    return database_command(show, err=err)
 
 
 def add_service_commands(sub: argparse._SubParsersAction) -> None:

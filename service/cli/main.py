@@ -15,13 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gdn_core.train_config import COMPUTE_DTYPES, REMATS
-
-FRAMEWORKS = ("torch", "jax")
+from gdn_core.train_config import COMPUTE_DTYPES, FRAMEWORKS, REMATS
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gdn_core import hardware
+    from gdn_core import calibration
     from gdn_core.flops.model import model_flops_per_step
     from gdn_core.flops.utilisation import mfu, tokens_per_s_per_chip
     from gdn_core.presets import get_preset
@@ -36,8 +34,8 @@ def _train(args: argparse.Namespace) -> int:
         from gdn_core.jax_gdn.train import run_training
     report = run_training(model_cfg, train_cfg, steps=args.steps, warmup_steps=args.warmup_steps)
     # The peak of this process in the step's dtype, with the framework's own GEMM.
-    peak = (hardware.measure_jax_gemm_flops_per_s(dtype=args.dtype) if args.framework == "jax"
-            else hardware.calibrate_cpu_peak_flops(dtype=args.dtype))
+    peak = (calibration.measure_jax_gemm_flops_per_s(dtype=args.dtype)
+            if args.framework == "jax" else calibration.calibrate_cpu_peak_flops(dtype=args.dtype))
     model_flops = model_flops_per_step(model_cfg, batch=args.batch_size,
                                        seq_len=args.seq_len).total
     step_time = report.step_time_s

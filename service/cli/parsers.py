@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
+from gdn_core.train_config import COMPUTE_DTYPES, FRAMEWORKS, PARAM_SHARDINGS, REMATS
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES
 from gdn_core.kernels import KERNELS
 from workers.grid import TRIAL_MODES
-from workers.sweep_spec import FRAMEWORKS, TRIAL_KINDS
+from workers.sweep_spec import TRIAL_KINDS
 
 DB_HELP = ("database URL (default: $DATABASE_URL, else sqlite:///gdn_sweep.db in the current "
            "folder)")

@@ -10,8 +10,8 @@ from typing import TextIO
 from gdn_core.config import LAYERS
 from gdn_core.cp_layout import LAYOUTS
 from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES
-from gdn_core.hardware import GIB
-from gdn_core.train_config import COMPUTE_DTYPES, PARAM_SHARDINGS, REMATS
+from gdn_core.datasheets import GIB
+from gdn_core.train_config import COMPUTE_DTYPES, FRAMEWORKS, PARAM_SHARDINGS, REMATS
 
 BASIS_MARK = {"measured": "m", "estimated": "e", "interpolated": "i", "extrapolated": "x",
               "predicted": "p", "roofline": "r", "refused": "-"}
@@ -38,7 +38,7 @@ def add_plan_parser(sub, db_help: str) -> None:
                         "dividing a chip count; each mesh is dp × chips/dp CP chips)")
     p.add_argument("--batch", type=int, default=1, help="sequences per replica (default 1)")
     p.add_argument("--dtype", choices=COMPUTE_DTYPES, default="bfloat16")
-    p.add_argument("--framework", action="append", choices=("jax", "torch"))
+    p.add_argument("--framework", action="append", choices=FRAMEWORKS)
     p.add_argument("--mode", action="append", choices=CP_MODES)
     p.add_argument("--layers", action="append", choices=LAYERS,
                    help="decoder, repeatable (default: the preset's own — hybrid for the "
@@ -52,8 +52,8 @@ def add_plan_parser(sub, db_help: str) -> None:
     p.add_argument("--param-sharding", action="append", choices=PARAM_SHARDINGS)
     p.add_argument("--remat", action="append", choices=REMATS)
     p.add_argument("--kernels", choices=("reference", "fused"), default=None,
-                   help="plan for this implementation (default reference; JAX's GDN is the "
-                        "reference under both)")
+                   help="plan for this implementation (default reference; JAX's fused GDN "
+                        "is the Pallas chunk rule, its step times unmeasured until a trial)")
     p.add_argument("--sweep-id", action="append", type=int, help="evidence only from these")
     p.add_argument("--rows", type=int, default=12, help="candidates printed (default 12)")
     p.add_argument("--json", action="store_true", help="the whole answer as JSON")
@@ -75,11 +75,11 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     from pydantic import ValidationError
 
-    from service.cli.read_database import EXIT_NO_DATABASE, MissingDatabase, database_to_read
-    from service.db.engine import make_engine, make_session_factory, upgrade_database
+    from service.cli.database import (MissingDatabase, database_command, database_session,
+                                      database_to_read)
     from service.planner.capacity import plan_capacity
     from service.planner.evidence import evidence_for
-    from service.planner.schemas import SHAPE_FIELDS, CapacityRequest
+    from service.schemas.planner import SHAPE_FIELDS, CapacityRequest
     from service.runs.admission import validation_text
 
     if args.validate is None and not (args.seq_len and args.accelerator):
@@ -87,48 +87,48 @@ def run_plan(args: argparse.Namespace, out: TextIO | None = None) -> int:
                           "--validate SWEEP_ID)")
     if args.fit:
         return run_fit(args, out)
+    if args.validate is not None:
+        def validate_sweep() -> int:
+            url = database_to_read(args.database_url, err=sys.stderr)
+            with database_session(url) as session:
+                return _validate(session, args.validate, out)
+
+        return database_command(validate_sweep, err=sys.stderr)
     try:
         url = database_to_read(args.database_url, err=sys.stderr)
     except MissingDatabase as missing:
-        if args.validate is not None:
-            print(missing, file=sys.stderr)
-            return EXIT_NO_DATABASE
         print(f"{missing}: planning from the datasheets and published runs alone",
               file=sys.stderr)
         url = None
-    if args.validate is None:
-        given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
-                 "frameworks": args.framework, "modes": args.mode, "dp": args.dp,
-                 "layers": args.layers, "attn_cps": args.attn_cp, "layouts": args.layout,
-                 "param_shardings": args.param_sharding, "remats": args.remat,
-                 "kernels": args.kernels, "sweep_id": args.sweep_id,
-                 "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
-                                       if args.chip_memory_gib else None)}
-        try:
-            request = CapacityRequest(
-                preset=args.preset, seq_len=args.seq_len, accelerator=args.accelerator,
-                max_chips=args.max_chips, batch_size=args.batch, dtype=args.dtype,
-                **{k: v for k, v in given.items() if v})
-        except ValidationError as err:
-            print(validation_text(err), file=sys.stderr)
-            return 2
-    evidence = []
-    if url is not None:
-        upgrade_database(url)
-        engine = make_engine(url)
-        try:
-            with make_session_factory(engine)() as session:
-                if args.validate is not None:
-                    return _validate(session, args.validate, out)
+    given = {**{f: getattr(args, f) for f in SHAPE_FIELDS},
+             "frameworks": args.framework, "modes": args.mode, "dp": args.dp,
+             "layers": args.layers, "attn_cps": args.attn_cp, "layouts": args.layout,
+             "param_shardings": args.param_sharding, "remats": args.remat,
+             "kernels": args.kernels, "sweep_id": args.sweep_id,
+             "chip_memory_bytes": (int(args.chip_memory_gib * GIB)
+                                   if args.chip_memory_gib else None)}
+    try:
+        request = CapacityRequest(
+            preset=args.preset, seq_len=args.seq_len, accelerator=args.accelerator,
+            max_chips=args.max_chips, batch_size=args.batch, dtype=args.dtype,
+            **{k: v for k, v in given.items() if v})
+    except ValidationError as err:
+        print(validation_text(err), file=sys.stderr)
+        return 2
+
+    def answer_plan() -> int:
+        evidence = []
+        if url is not None:
+            with database_session(url) as session:
                 evidence = evidence_for(session, request)
-        finally:
-            engine.dispose()
-    answer = plan_capacity(evidence, request)
-    if args.json:
-        out.write(answer.model_dump_json(indent=1) + "\n")
-    else:
-        out.write(format_answer(answer, rows=args.rows))
-    return 0
+        answer = plan_capacity(evidence, request)
+        if args.json:
+            out.write(answer.model_dump_json(indent=1) + "\n")
+        else:
+            out.write(format_answer(answer, rows=args.rows))
+        return 0
+
+    return database_command(answer_plan, err=sys.stderr)
 
 
 def _fig(figure, scale: float = 1.0, fmt: str = "{:,.0f}") -> str:
@@ -340,7 +340,7 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
     import itertools
 
     from gdn_core.presets import PRESETS
-    from service.planner.fit_record import FitRow, accelerator_spec
+    from service.runs.fit_record import FitRow, accelerator_spec
     from workers.plan_runner import plan_in_fresh_process
 
     if args.preset not in PRESETS:
@@ -354,7 +354,7 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
     budget = _fit_budget(args, chip.type)
     if budget is None:
         return 2
-    session_factory, failed = _fit_database(args)
+    url, failed = _fit_database(args)
     if failed:
         return failed
     out.write(f"{args.preset}: the longest seq_len ≤ {args.seq_len:,} whose XLA:CPU estimate "
@@ -387,14 +387,13 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
                   f"{over['seq_len'] if over else '-':>12} "
                   f"{over['estimated_memory_bytes'] / GIB if over else 0:>9.3f} "
                   f"{len(search['probes']):>8}\n")
-    if session_factory is not None and rows:
-        from service.planner.fit_record import record_fit
+    if url is not None and rows:
+        from service.cli.database import open_database
+        from service.runs.fit_record import record_fit
 
-        try:
+        with open_database(url) as session_factory:
             sweep_id, stored = record_fit(session_factory, rows, accelerator=args.accelerator,
                                           max_seq_len=args.seq_len)
-        finally:
-            session_factory.kw["bind"].dispose()
         out.write(f"recorded {stored} compile(s) as plan trials of sweep {sweep_id} (a later "
                   "`gdn-sweep plan` reads them as evidence: memory `estimated`)\n")
     return 0
@@ -403,7 +402,7 @@ def run_fit(args: argparse.Namespace, out: TextIO) -> int:
 def _fit_budget(args: argparse.Namespace, chip_type: str) -> int | None:
     """Bytes per chip the --fit search fits: --chip-memory-gib, else the chip's HBM; None
     (said on stderr) for cpu without a size."""
-    from gdn_core.hardware import hbm_bytes_per_chip
+    from gdn_core.datasheets import hbm_bytes_per_chip
 
     if args.chip_memory_gib:
         return int(args.chip_memory_gib * GIB)
@@ -414,14 +413,13 @@ def _fit_budget(args: argparse.Namespace, chip_type: str) -> int | None:
     return hbm_bytes_per_chip(chip_type)
 
 
-def _fit_database(args: argparse.Namespace):
-    """(session factory, 0) of the database --fit records into (migrated; reached before any
-    compile), (None, 0) with --no-record, (None, exit code) when it cannot be used (2: a bad
-    URL, 1: unreachable; said on stderr)."""
+def _fit_database(args: argparse.Namespace) -> tuple[str | None, int]:
+    """(URL, 0) of the database --fit records into (migrated and reached before any compile:
+    preflight.database_error, as `run` checks its database), (None, 0) with --no-record,
+    (None, exit code) when it cannot be used (2: a bad URL, 1: unreachable; said on stderr)."""
     if args.no_record:
         return None, 0
     from service.core.config import Settings
-    from service.db.engine import make_engine, make_session_factory
     from service.runs.preflight import database_error
 
     url = Settings(**({"database_url": args.database_url} if args.database_url else {})
@@ -430,4 +428,4 @@ def _fit_database(args: argparse.Namespace):
     if failed is not None:
         print(f"{failed[1]} (--no-record compiles without storing)", file=sys.stderr)
         return None, failed[0]
-    return make_session_factory(make_engine(url)), 0
+    return url, 0

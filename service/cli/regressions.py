@@ -3,7 +3,7 @@ GET /api/regressions answers, worst first, read from the database directly.
 
 Exit status, for cron: 0 none is new, 3 a new regression is open (first seen with its series'
 latest run), 2 bad input (a schedule or sweep that does not exist), 1 database unreachable
-(or a SQLite file that does not exist: nothing is created, read_database.py).
+(or a SQLite file that does not exist: nothing is created; service/cli/database.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import TextIO
 from service.core.exit_codes import EXIT_BAD_INPUT
 
 EXIT_NEW_REGRESSION = 3
-EXIT_DATABASE = 1
 _UNITS = {"step_time_s": "s", "tokens_per_s_per_chip": "tokens/s/chip",
           "peak_memory_bytes_per_chip": "B"}
 
@@ -34,41 +33,28 @@ def add_regressions_parser(sub, db_help: str) -> None:
 
 def run_regressions(args: argparse.Namespace, out: TextIO | None = None,
                     err: TextIO | None = None) -> int:
-    from service.cli.read_database import MissingDatabase, database_to_read
-    from service.db.engine import make_engine, make_session_factory, upgrade_database
-    from service.db.errors import clean_error, is_transient
+    from service.cli.database import database_command, database_session, database_to_read
     from service.regressions.report import ScopeError, regressions_report, resolve_scope
 
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        url = database_to_read(args.database_url, err=err)
-    except MissingDatabase as missing:
-        print(missing, file=err)
-        return EXIT_DATABASE
-    try:
-        upgrade_database(url)
-        engine = make_engine(url)
-        try:
-            with make_session_factory(engine)() as session:
+
+    def report_regressions() -> int:
+        with database_session(database_to_read(args.database_url, err=err)) as session:
+            try:
                 schedule_ids, sweep_ids = resolve_scope(
                     session=session, schedule=args.schedule, sweep_ids=args.sweep_id or ())
-                report = regressions_report(session=session, schedule_ids=schedule_ids,
-                                            sweep_ids=sweep_ids)
-        finally:
-            engine.dispose()
-    except ScopeError as refused:
-        print(refused, file=err)
-        return EXIT_BAD_INPUT
-    except Exception as failed:
-        if not is_transient(failed):
-            raise
-        print(f"database unreachable: {clean_error(failed)}", file=err)
-        return EXIT_DATABASE
-    if args.json:
-        print(report.model_dump_json(indent=2), file=out)
-    else:
-        _print_report(report, out)
-    return EXIT_NEW_REGRESSION if report.new else 0
+            except ScopeError as refused:
+                print(refused, file=err)
+                return EXIT_BAD_INPUT
+            report = regressions_report(session=session, schedule_ids=schedule_ids,
+                                        sweep_ids=sweep_ids)
+        if args.json:
+            print(report.model_dump_json(indent=2), file=out)
+        else:
+            _print_report(report, out)
+        return EXIT_NEW_REGRESSION if report.new else 0
+
+    return database_command(report_regressions, err=err)
 
 
 def _print_report(report, out: TextIO) -> None:

@@ -3,20 +3,17 @@ directly with the API's crud (a running service fires them; no HTTP involved).
 
 Bad input (cron, time zone, sweep file, unknown id) is one line on stderr, exit 2, nothing
 written; an unreachable database is one line, exit 1 (so is a SQLite file that does not
-exist, except for `add`, which creates the database: read_database.py).
+exist, except for `add`, which creates the database: service/cli/database.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-from collections.abc import Iterator
 from typing import TextIO
 
+from service.cli.database import database_command, database_session, database_to_read
 from service.core.exit_codes import EXIT_BAD_INPUT
-
-EXIT_DATABASE = 1
 
 
 class ScheduleInputError(ValueError):
@@ -58,42 +55,22 @@ def add_schedule_parser(sub, db_help: str) -> None:
 def run_schedule(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None) -> int:
     """Run the chosen action; one line on `err` and a non-zero exit for any refusal."""
-    from service.cli.read_database import MissingDatabase, database_to_read
     from service.core.config import Settings
-    from service.db.errors import clean_error, is_transient
 
     out, err = out or sys.stdout, err or sys.stderr
-    try:
+
+    def act() -> int:
         url = args.database_url
         if args.action is not _add:  # only add creates a database; the rest read one
             url = database_to_read(url, err=err)
         settings = Settings(**({"database_url": url} if url else {}))
-        return args.action(args, settings, out)
-    except MissingDatabase as missing:
-        print(missing, file=err)
-        return EXIT_DATABASE
-    except ScheduleInputError as refused:
-        print(refused, file=err)
-        return EXIT_BAD_INPUT
-    except Exception as failed:
-        if not is_transient(failed):
-            raise
-        print(f"database unreachable: {clean_error(failed)}", file=err)
-        return EXIT_DATABASE
+        try:
+            return args.action(args, settings, out)
+        except ScheduleInputError as refused:
+            print(refused, file=err)
+            return EXIT_BAD_INPUT
 
-
-@contextlib.contextmanager
-def _database(settings) -> Iterator:
-    """A session on the migrated database of `settings`."""
-    from service.db.engine import make_engine, make_session_factory, upgrade_database
-
-    upgrade_database(settings.database_url)
-    engine = make_engine(settings.database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            yield session
-    finally:
-        engine.dispose()
+    return database_command(act, err=err)
 
 
 def _one_line(text: str) -> str:
@@ -109,7 +86,7 @@ def _schedule_create(args, grid_cap: int):
     from pydantic import ValidationError
 
     from service.core.cron import check_cron, check_timezone
-    from service.db.schemas import ScheduleCreate
+    from service.schemas.schedules import ScheduleCreate
     from service.runs.admission import validation_text
     from service.runs.sweep_file import SweepFileError, load_spec
 
@@ -130,12 +107,21 @@ def _add(args, settings, out: TextIO) -> int:
     from service.db import crud
 
     schedule_in = _schedule_create(args, settings.grid_cap)  # before touching the database
-    with _database(settings) as session:
-        schedule = crud.create_schedule(session=session, schedule_create=schedule_in)
-        (shown,) = crud.schedules_public(session=session, schedules=[schedule])
+    with database_session(settings.database_url) as session:
+        schedule = crud.create_schedule(session=session, **schedule_in.columns())
+        (shown,) = _public(session, [schedule])
     print(f"schedule {shown.id} saved: {shown.name!r} {shown.cron} ({shown.timezone}), next run "
           f"{_when(shown.next_run_at, shown.timezone)}", file=out)
     return 0
+
+
+def _public(session, schedules) -> list:
+    """SchedulePublic of each of `schedules`, with its latest runs and sweep count."""
+    from service.db import crud
+    from service.schemas.schedules import SchedulePublic
+
+    activity = crud.schedule_activity(session=session, schedule_ids=[s.id for s in schedules])
+    return SchedulePublic.from_rows(schedules, activity)
 
 
 def _get(session, schedule_id: int):
@@ -159,9 +145,9 @@ def _when(instant, timezone: str) -> str:
 def _list(args, settings, out: TextIO) -> int:
     from service.db import crud
 
-    with _database(settings) as session:
+    with database_session(settings.database_url) as session:
         schedules, count = crud.list_schedules(session=session)
-        shown = crud.schedules_public(session=session, schedules=schedules)
+        shown = _public(session, schedules)
     rows = [("id", "name", "cron", "tz", "paused", "next run", "last run", "sweeps")]
     rows += [(str(s.id), s.name, s.cron, s.timezone, "yes" if s.paused else "no",
               _when(s.next_run_at, s.timezone), _when(s.last_run_at, s.timezone),
@@ -174,11 +160,8 @@ def _list(args, settings, out: TextIO) -> int:
 
 
 def _show(args, settings, out: TextIO) -> int:
-    from service.db import crud
-
-    with _database(settings) as session:
-        (s,) = crud.schedules_public(session=session,
-                                     schedules=[_get(session, args.schedule_id)])
+    with database_session(settings.database_url) as session:
+        (s,) = _public(session, [_get(session, args.schedule_id)])
     print(f"schedule {s.id}: {s.name!r}\n  cron {s.cron} ({s.timezone}), "
           f"{'paused' if s.paused else 'active'}, overlap "
           f"{'allowed' if s.allow_overlap else 'skipped'}\n  next run "
@@ -198,12 +181,11 @@ def _show(args, settings, out: TextIO) -> int:
 
 def _set_paused(args, settings, out: TextIO, paused: bool) -> int:
     from service.db import crud
-    from service.db.schemas import ScheduleUpdate
 
-    with _database(settings) as session:
+    with database_session(settings.database_url) as session:
         schedule = crud.update_schedule(session=session,
                                         schedule=_get(session, args.schedule_id),
-                                        schedule_update=ScheduleUpdate(paused=paused))
+                                        changes={"paused": paused})
     state = ("paused" if paused else
              f"active, next run {_when(schedule.next_run_at, schedule.timezone)}")
     print(f"schedule {schedule.id} {state}", file=out)
@@ -221,7 +203,7 @@ def _resume(args, settings, out: TextIO) -> int:
 def _delete(args, settings, out: TextIO) -> int:
     from service.db import crud
 
-    with _database(settings) as session:
+    with database_session(settings.database_url) as session:
         crud.delete_schedule(session=session, schedule=_get(session, args.schedule_id))
     print(f"schedule {args.schedule_id} deleted (the sweeps it created stay)", file=out)
     return 0

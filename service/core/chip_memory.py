@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from gdn_core import hardware
+from gdn_core import datasheets
 
 
 @lru_cache
@@ -18,7 +18,7 @@ def chip_memory(kind: str, accelerator_type: str) -> tuple[int | None, str | Non
             return None, None
         return total, "host RAM of the service host (CPU chips share it)"
     try:
-        total = hardware.hbm_bytes_per_chip(accelerator_type)
+        total = datasheets.hbm_bytes_per_chip(accelerator_type)
     except ValueError:
         return None, None
-    return total, f"{accelerator_type} HBM per chip ({total / hardware.GIB:.0f} GiB)"
+    return total, f"{accelerator_type} HBM per chip ({total / datasheets.GIB:.0f} GiB)"

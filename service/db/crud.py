@@ -1,4 +1,6 @@
-"""Database reads and writes behind the API. Every function takes keyword-only arguments."""
+"""Database reads and writes behind the API. Every function takes keyword-only arguments and
+returns rows: ORM objects, or plain row tuples (TrialRow) where a listing joins many tables.
+The API models are built from them by service.schemas, which this layer never imports."""
 
 from __future__ import annotations
 
@@ -6,12 +8,13 @@ import datetime as dt
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from sqlalchemy import Select, and_, case, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased, object_session
+from sqlalchemy.orm import Session, aliased
 
 from service.core.cron import next_due
 from service.db.interpreted import compiled_kernels
@@ -28,14 +31,6 @@ from service.db.models import (
     trial_row,
     trial_spec,
     utcnow,
-)
-from service.db.schemas import (
-    ScheduleCreate,
-    SchedulePublic,
-    ScheduleUpdate,
-    SweepPublic,
-    TrialPublic,
-    trials_from_mappings,
 )
 from workers.result import FINAL_STATUSES, TRIAL_STATUSES
 from workers.grid import TrialSpec, expand_trials
@@ -141,28 +136,24 @@ def queue_position(*, session: Session, sweep: Sweep) -> int | None:
     return ahead + 1
 
 
-def sweep_public(*, sweep: Sweep, counts: dict[str, int]) -> SweepPublic:
-    from service.core.chip_memory import chip_memory
-
-    spec = stored_spec(sweep.spec)
-    memory, label = chip_memory(spec.accelerator.kind, spec.accelerator.type)
-    return SweepPublic(
-        id=sweep.id, name=sweep.name, status=sweep.status, error=sweep.error,
-        created_at=sweep.created_at, started_at=sweep.started_at, finished_at=sweep.finished_at,
-        trials_total=sweep.trials_total, trials_skipped=sweep.trials_skipped,
-        trials_done=sum(n for s, n in counts.items() if s in FINAL_STATUSES), counts=counts,
-        spec=spec, chip_memory_bytes=memory, chip_memory_label=label,
-        queue_position=queue_position(session=object_session(sweep), sweep=sweep),
-        schedule_id=sweep.schedule_id)
-
-
 _BaselineTrial, _BaselineResult = aliased(Trial), aliased(Result)
 
 
+class TrialRow(NamedTuple):
+    """A trial as the listings read it: plain rows, no ORM objects (listings of thousands stay
+    fast). service.schemas.trials.TrialPublic.from_row(s) makes the API's trial of it."""
+
+    columns: Mapping[str, Any]
+    """The trial's columns, its result's (its start as `result_started_at`), and its one-chip
+    baseline's `baseline_trial_id` and `baseline_tokens_per_s_per_chip` (public_trial_columns)."""
+    attempts: list[dict[str, Any]]
+    """Its trial_attempts rows in order, as {attempt, status, reason, hosts, started_at,
+    finished_at} (none before it ends)."""
+
+
 def public_trial_columns() -> tuple:
-    """Columns that make a TrialPublic (with `schemas.trials_from_mappings`): a trial, its
-    result and its one-chip baseline's id and tokens/s/chip, read as plain rows (no ORM
-    objects: listings of thousands stay fast)."""
+    """The columns of a TrialRow: a trial, its result and its one-chip baseline's id and
+    tokens/s/chip."""
     skip = {"trial_id", "status", "started_at", *FACT_COLUMNS}
     return (*Trial.__table__.columns,
             *(c for c in Result.__table__.columns if c.key not in skip),
@@ -188,13 +179,13 @@ def public_select() -> Select:
 _ATTEMPT_COLUMNS = tuple(c.label(f"attempt_{c.key}") for c in TrialAttempt.__table__.columns
                          if c.key != "trial_id")
 _ATTEMPT_FIELDS = tuple((c.key, c.key.removeprefix("attempt_")) for c in _ATTEMPT_COLUMNS)
-"""(the row's label, the AttemptPublic field) of each attempt column."""
+"""(the row's label, the trial_attempts column) of each attempt column."""
 
 
-def public_trials(*, session: Session, ids: Select, order_by: Sequence) -> list[TrialPublic]:
-    """TrialPublic, attempt histories included, of the trials whose ids `ids` selects (a
-    page's own query), in `order_by`: one statement, one snapshot — the database picks the
-    page, joins it and its attempts (one row per attempt, in order; none before it ends)."""
+def public_trials(*, session: Session, ids: Select, order_by: Sequence) -> list[TrialRow]:
+    """TrialRows, attempts included, of the trials whose ids `ids` selects (a page's own
+    query), in `order_by`: one statement, one snapshot — the database picks the page, joins
+    it and its attempts (one row per attempt, in order; none before it ends)."""
     stmt = (public_select().add_columns(*_ATTEMPT_COLUMNS)
             .outerjoin(TrialAttempt, TrialAttempt.trial_id == Trial.id)
             .where(Trial.id.in_(ids.correlate(None))).order_by(*order_by, TrialAttempt.attempt))
@@ -205,12 +196,13 @@ def public_trials(*, session: Session, ids: Select, order_by: Sequence) -> list[
         if row["attempt_attempt"] is not None:
             histories.setdefault(trial["id"], []).append(
                 {field: row[label] for label, field in _ATTEMPT_FIELDS})
-    return trials_from_mappings(trials.values(), histories)
+    return [TrialRow(row, histories.get(trial_id, [])) for trial_id, row in trials.items()]
 
 
 def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), offset: int = 0,
-                limit: int | None = None) -> tuple[list[TrialPublic], int]:
-    """A sweep's trials in grid order with their results (metrics None until they end)."""
+                limit: int | None = None) -> tuple[list[TrialRow], int]:
+    """A sweep's trials in grid order with their results (metrics None until they end), and
+    how many match in all."""
     where = [Trial.sweep_id == sweep_id]
     if status:
         where.append(Trial.status.in_(status))
@@ -219,7 +211,8 @@ def list_trials(*, session: Session, sweep_id: int, status: Sequence[str] = (), 
     return public_trials(session=session, ids=page, order_by=[Trial.id]), count
 
 
-def get_trial(*, session: Session, trial_id: int) -> TrialPublic | None:
+def get_trial(*, session: Session, trial_id: int) -> TrialRow | None:
+    """The trial with its result, baseline and attempts; None if there is none."""
     rows = public_trials(session=session, ids=select(Trial.id).where(Trial.id == trial_id),
                          order_by=[])
     return rows[0] if rows else None
@@ -273,17 +266,17 @@ SCHEDULE_RUNS_SHOWN = 20
 """Latest ticks listed with each schedule."""
 
 
-def create_schedule(*, session: Session, schedule_create: ScheduleCreate,
-                    now: dt.datetime | None = None) -> Schedule:
+def create_schedule(*, session: Session, name: str, cron: str, timezone: str,
+                    spec: SweepSpec, paused: bool = False, allow_overlap: bool = False,
+                    webhook_url: str | None = None, now: dt.datetime | None = None) -> Schedule:
     """Insert a schedule (its spec already checked as POST /api/sweeps checks one); its next
     due time is the first after `now`, none while paused."""
     now = now or utcnow()
-    c = schedule_create
-    schedule = Schedule(name=c.name, cron=c.cron, timezone=c.timezone,
-                        spec=c.spec.model_dump(mode="json"), paused=c.paused,
-                        allow_overlap=c.allow_overlap, created_at=now, updated_at=now,
-                        webhook_url=None if c.webhook_url is None else str(c.webhook_url),
-                        next_run_at=None if c.paused else next_due(c.cron, c.timezone, now))
+    schedule = Schedule(name=name, cron=cron, timezone=timezone,
+                        spec=spec.model_dump(mode="json"), paused=paused,
+                        allow_overlap=allow_overlap, created_at=now, updated_at=now,
+                        webhook_url=webhook_url,
+                        next_run_at=None if paused else next_due(cron, timezone, now))
     session.add(schedule)
     session.commit()
     return schedule
@@ -302,17 +295,12 @@ def list_schedules(*, session: Session, offset: int = 0,
     return rows.all(), count
 
 
-def update_schedule(*, session: Session, schedule: Schedule, schedule_update: ScheduleUpdate,
+def update_schedule(*, session: Session, schedule: Schedule, changes: Mapping[str, Any],
                     now: dt.datetime | None = None) -> Schedule:
-    """Change the fields `schedule_update` gives. A change of cron, time zone or paused sets
+    """Set the columns `changes` names (name, cron, timezone, spec as JSON, paused,
+    allow_overlap, webhook_url: None removes it). A change of cron, time zone or paused sets
     the next due time from `now`: ticks missed while paused are not fired on resume."""
     now = now or utcnow()
-    changes = {k: v for k, v in schedule_update.model_dump(exclude_unset=True).items()
-               if v is not None}
-    if "spec" in changes:
-        changes["spec"] = schedule_update.spec.model_dump(mode="json")
-    if "webhook_url" in changes:  # "" removes it
-        changes["webhook_url"] = str(changes["webhook_url"]) or None
     retime = any(k in changes and changes[k] != getattr(schedule, k)
                  for k in ("cron", "timezone", "paused"))
     for field, value in changes.items():
@@ -334,10 +322,18 @@ def delete_schedule(*, session: Session, schedule: Schedule) -> None:
     session.commit()
 
 
-def schedules_public(*, session: Session, schedules: Sequence[Schedule]) -> list[SchedulePublic]:
-    """SchedulePublic of each schedule with its latest runs and its sweep count (two queries
-    for the whole page)."""
-    ids = [s.id for s in schedules]
+class ScheduleActivity(NamedTuple):
+    """What a page of schedules did: per schedule id, its latest runs and its sweep count."""
+
+    runs: dict[int, list[ScheduleRun]]
+    """The latest SCHEDULE_RUNS_SHOWN ticks, newest first."""
+    sweeps_created: dict[int, int]
+    """Ticks that created a sweep, in all."""
+
+
+def schedule_activity(*, session: Session, schedule_ids: Sequence[int]) -> ScheduleActivity:
+    """Each schedule's latest runs and sweep count (two queries for the whole page)."""
+    ids = list(schedule_ids)
     runs: dict[int, list] = {i: [] for i in ids}
     created: dict[int, int] = dict.fromkeys(ids, 0)
     if ids:
@@ -353,12 +349,4 @@ def schedules_public(*, session: Session, schedules: Sequence[Schedule]) -> list
                 .where(ScheduleRun.schedule_id.in_(ids), ScheduleRun.outcome == "created")
                 .group_by(ScheduleRun.schedule_id)):
             created[schedule_id] = n
-    return [SchedulePublic(
-        id=s.id, name=s.name, cron=s.cron, timezone=s.timezone, spec=stored_spec(s.spec),
-        paused=s.paused, allow_overlap=s.allow_overlap, next_run_at=s.next_run_at,
-        last_run_at=s.last_run_at, created_at=s.created_at, updated_at=s.updated_at,
-        sweeps_created=created[s.id], webhook_url=s.webhook_url,
-        webhook_status=s.webhook_status, webhook_error=s.webhook_error, webhook_at=s.webhook_at,
-        runs=[{"due_at": r.due_at, "sweep_id": r.sweep_id, "outcome": r.outcome,
-               "error": r.error, "created_at": r.created_at} for r in runs[s.id]])
-        for s in schedules]
+    return ScheduleActivity(runs, created)

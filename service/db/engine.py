@@ -92,9 +92,12 @@ def current_revision(url: str) -> str | None:
 
 
 def head_revision() -> str | None:
+    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    # from alembic.ini, as the migrations run: its prepend_sys_path lets the revision scripts
+    # import migrations.views
+    return ScriptDirectory.from_config(Config(str(ALEMBIC_INI))).get_current_head()
 
 
 def ping(engine: Engine) -> None:

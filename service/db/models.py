@@ -12,7 +12,7 @@ for the same grid point of a sweep. The capacity-planning views are created by t
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sqlalchemy import (
     JSON,
@@ -74,18 +74,11 @@ class Sweep(Base):
     trials: Mapped[list[Trial]] = relationship(back_populates="sweep", passive_deletes=True)
 
 
-class Trial(Base):
-    """One grid point of a sweep: the work queue (spec and lifecycle status)."""
+class GridPoint:
+    """The grid coordinates and step settings of a trial: one definition, mapped into both the
+    trial row and its result row (which copies them in: FACT_COLUMNS), so the two tables hold
+    the same columns of the same types."""
 
-    __tablename__ = "trials"
-    __table_args__ = (
-        UniqueConstraint("sweep_id", "key", name="uq_trials_sweep_key"),
-        Index("ix_trials_sweep_status", "sweep_id", "status"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
-    key: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(8), default="measure",
                                       server_default=text("'measure'"))
     """'measure' (run and timed) or 'plan' (the JAX step compiled for its chips, not run)."""
@@ -100,7 +93,6 @@ class Trial(Base):
     """Sequences per replica: the step's global batch is dp × batch_size."""
     preset: Mapped[str] = mapped_column(String(64))
     num_layers: Mapped[int] = mapped_column(Integer)
-    vocab_size: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(16))
     param_sharding: Mapped[str] = mapped_column(String(16), default="replicated")
     remat: Mapped[str] = mapped_column(String(8), default="none")
@@ -117,15 +109,30 @@ class Trial(Base):
     documents: Mapped[str] = mapped_column(String(40), default="single",
                                            server_default=text("'single'"))
     """How each sequence is packed: single, or uniform:LO-HI (gdn_core.packing)."""
-    steps: Mapped[int] = mapped_column(Integer)
-    warmup_steps: Mapped[int] = mapped_column(Integer)
     accelerator_kind: Mapped[str] = mapped_column(String(8))
     accelerator_type: Mapped[str] = mapped_column(String(32))
+    repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    """Which run of its grid point (0 … SweepSpec.repeats − 1)."""
+
+
+class Trial(GridPoint, Base):
+    """One grid point of a sweep: the work queue (spec and lifecycle status)."""
+
+    __tablename__ = "trials"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "key", name="uq_trials_sweep_key"),
+        Index("ix_trials_sweep_status", "sweep_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+    vocab_size: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[int] = mapped_column(Integer)
+    warmup_steps: Mapped[int] = mapped_column(Integer)
     verify: Mapped[bool] = mapped_column(Boolean)
     timeout_s: Mapped[float] = mapped_column(Float)
     skip_reason: Mapped[str | None] = mapped_column(Text)
-    repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
-    """Which run of its grid point (0 … SweepSpec.repeats − 1)."""
     baseline_key: Mapped[str | None] = mapped_column(String(200))
     """chips > 1: key (same sweep) of the one-chip trial this one's speed-up is relative to."""
     status: Mapped[str] = mapped_column(String(16), default="pending")
@@ -137,7 +144,7 @@ class Trial(Base):
                                                  passive_deletes=True)
 
 
-class Result(Base):
+class Result(GridPoint, Base):
     """What a finished trial produced (any final status): the fact table planners query.
 
     Immutable once written, and self-contained: the trial's grid coordinates are copied in
@@ -164,34 +171,6 @@ class Result(Base):
                                           primary_key=True, autoincrement=False)
     """One result per trial: the trial's id is the key (and SQLite clusters rows by it)."""
     sweep_id: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(8), default="measure",
-                                      server_default=text("'measure'"))
-    """'measure' (run and timed) or 'plan' (the JAX step compiled for its chips, not run)."""
-    framework: Mapped[str] = mapped_column(String(16))
-    mode: Mapped[str] = mapped_column(String(16))
-    chips: Mapped[int] = mapped_column(Integer)
-    dp: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
-    """Data-parallel replicas of the trial's chips (as on its trial row)."""
-    seq_len: Mapped[int] = mapped_column(Integer)
-    batch_size: Mapped[int] = mapped_column(Integer)
-    """Sequences per replica (global batch: dp × batch_size)."""
-    preset: Mapped[str] = mapped_column(String(64))
-    num_layers: Mapped[int] = mapped_column(Integer)
-    dtype: Mapped[str] = mapped_column(String(16))
-    param_sharding: Mapped[str] = mapped_column(String(16), default="replicated")
-    remat: Mapped[str] = mapped_column(String(8), default="none")
-    layers: Mapped[str] = mapped_column(String(16), default="gdn_only",
-                                        server_default=text("'gdn_only'"))
-    attn_cp: Mapped[str | None] = mapped_column(String(16))
-    layout: Mapped[str] = mapped_column(String(16), default="contiguous",
-                                        server_default=text("'contiguous'"))
-    kernels: Mapped[str] = mapped_column(String(16), default="reference",
-                                         server_default=text("'reference'"))
-    documents: Mapped[str] = mapped_column(String(40), default="single",
-                                           server_default=text("'single'"))
-    accelerator_kind: Mapped[str] = mapped_column(String(8))
-    accelerator_type: Mapped[str] = mapped_column(String(32))
-    repeat: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     status: Mapped[str] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -332,7 +311,8 @@ class Schedule(Base):
     webhook_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
-SCHEDULE_RUN_OUTCOMES: tuple[str, ...] = ("created", "skipped_overlap", "failed")
+ScheduleRunOutcome = Literal["created", "skipped_overlap", "failed"]
+SCHEDULE_RUN_OUTCOMES: tuple[str, ...] = get_args(ScheduleRunOutcome)
 """created: a sweep was queued; skipped_overlap: the previous sweep was still queued or
 running; failed: the stored spec could not make a sweep any more (the error says why)."""
 
@@ -396,11 +376,8 @@ METRIC_COLUMNS: tuple[str, ...] = tuple(TrialMetrics.model_fields)
 """Result columns filled from workers.result.TrialMetrics, the one list of metrics (same names;
 tests/service/test_models.py checks that Result has each, nullable, of the field's type)."""
 
-FACT_COLUMNS: tuple[str, ...] = (
-    "sweep_id", "kind", "framework", "mode", "chips", "dp", "seq_len", "batch_size", "preset",
-    "num_layers", "dtype", "param_sharding", "remat", "layers", "attn_cp", "layout",
-    "kernels", "documents", "accelerator_kind", "accelerator_type", "repeat")
-"""Trial columns copied into its result row."""
+FACT_COLUMNS: tuple[str, ...] = ("sweep_id", *GridPoint.__annotations__)
+"""Trial columns copied into its result row: its sweep and its GridPoint columns."""
 
 TRIAL_SPEC_ONLY: frozenset[str] = frozenset({"repeats", "profile", "admit_over_memory"})
 """workers.grid.TrialSpec fields that are no trial column (the sweep's spec holds them)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 
 from gdn_core.config import ModelConfig
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.memory.step import MemoryPrediction, predict_step_memory
 from gdn_core.train_config import TrainConfig

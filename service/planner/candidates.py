@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gdn_core import hardware
-from gdn_core.kernels import REFERENCE_GDN, jax_fused_gdn_name
+from gdn_core import datasheets
+from gdn_core.cp_modes import trial_mode
+from gdn_core.interpreted_kernels import INTERPRET_ENV, interpreted
+from gdn_core.kernels import JAX_PALLAS_GDN, REFERENCE_GDN
 from service.planner.cached import model_flops
 from service.planner.evidence import Observation
 from service.planner.points import Point
-from service.planner.schemas import CapacityRequest, Candidate, Figure, PlanCheck
+from service.schemas.planner import CapacityRequest, Candidate, Figure, PlanCheck
 from workers.memory_admission import chip_memory_bytes
 from workers.sweep_spec import AcceleratorSpec
 
@@ -18,13 +20,33 @@ SECONDS_PER_HOUR = 3600
 BILLION_TOKENS = 10 ** 9
 
 
-def gdn_kernel_label(framework: str, kernels: str) -> str:
-    """What a candidate's GDN layers run (gdn_core.kernels' names, no versions: a plan spans
-    installs). JAX has no fused GDN under CP: the reference, labelled so."""
+UNMEASURED_NOTE = ("unmeasured: no measured (non-interpreted) trial of the Pallas chunk rule "
+                   "yet, so this step time is not the kernel's own")
+"""A fused JAX candidate's step-time note until a chip has measured the Pallas rule."""
+
+
+def accelerator_kind(accelerator: str) -> str:
+    """cpu, tpu (the TPU types of gdn_core.datasheets, v4 … v6e) or gpu."""
+    if accelerator == "cpu":
+        return "cpu"
+    try:
+        name = datasheets.canonical_accelerator_type(accelerator)
+    except ValueError:
+        return "gpu"
+    return "tpu" if name.startswith("v") else "gpu"
+
+
+def gdn_kernel_label(framework: str, kernels: str, accelerator: str) -> str:
+    """What a candidate's GDN layers run on `accelerator` chips (gdn_core.kernels' names, no
+    versions: a plan spans installs). JAX's fused GDN: the Pallas chunk rule for the chip's
+    platform; on CPU chips it runs only interpreted."""
     if kernels == "reference":
         return REFERENCE_GDN[framework]
     if framework == "jax":
-        return jax_fused_gdn_name()
+        kind = accelerator_kind(accelerator)
+        if kind == "cpu":
+            return f"{interpreted(JAX_PALLAS_GDN)}, only under {INTERPRET_ENV}=1"
+        return f"{JAX_PALLAS_GDN} ({kind})"
     return ("fla-core chunk_gated_delta_rule (not built under context parallelism yet: "
             "fused torch trials are skipped, so no trial rests on it)")
 
@@ -37,8 +59,8 @@ def chip_memory(request: CapacityRequest, chips: int) -> tuple[int, str]:
     if request.accelerator == "cpu":
         total, what = chip_memory_bytes(AcceleratorSpec(kind="cpu", type="cpu"), chips)
         return total or 0, what
-    return (hardware.hbm_bytes_per_chip(request.accelerator),
-            f"{request.accelerator} HBM per chip (gdn_core.hardware datasheet)")
+    return (datasheets.hbm_bytes_per_chip(request.accelerator),
+            f"{request.accelerator} HBM per chip (gdn_core.datasheets)")
 
 
 def make_candidate(request: CapacityRequest, model_cfg, point: Point, *, peak: float | None,
@@ -47,6 +69,10 @@ def make_candidate(request: CapacityRequest, model_cfg, point: Point, *, peak: f
     """The candidate of `point`: its throughput, MFU and chip-hours from its step time (an
     MFU over 1 refuses them all: no chip runs above its peak)."""
     fits = memory.value is not None and memory.value <= capacity
+    unmeasured = point.framework == "jax" and request.kernels == "fused" and not step.trial_ids
+    if unmeasured:
+        step = step.model_copy(update={"note": "; ".join(filter(None, (UNMEASURED_NOTE,
+                                                                       step.note)))})
     tokens = point.dp * request.batch_size * request.seq_len  # every replica's sequences
     per_chip = total = mfu = hours = Figure(value=None, basis=step.basis, note=step.note)
     if step.value:
@@ -68,8 +94,10 @@ def make_candidate(request: CapacityRequest, model_cfg, point: Point, *, peak: f
             mfu = Figure(value=value, basis=step.basis, trial_ids=ids,
                          note="" if peak else "no peak FLOP/s known for this chip")
     return Candidate(framework=point.framework, kernels=request.kernels,
-                     gdn_kernel=gdn_kernel_label(point.framework, request.kernels),
-                     mode="none" if point.cp_chips == 1 else point.mode,
+                     gdn_kernel=gdn_kernel_label(point.framework, request.kernels,
+                                                 request.accelerator),
+                     gdn_kernel_unmeasured=unmeasured,
+                     mode=trial_mode(point.mode, cp_chips=point.cp_chips),
                      chips=point.chips, dp=point.dp, cp_chips=point.cp_chips,
                      global_batch_size=point.dp * request.batch_size,
                      param_sharding=point.param_sharding, remat=point.remat,
@@ -136,5 +164,5 @@ def plan_checks(observations: Sequence[Observation]) -> list[PlanCheck]:
     return checks
 
 
-__all__ = ["chip_memory", "drop_dominated_variants", "gdn_kernel_label", "make_candidate",
-           "pareto_frontier", "plan_checks"]
+__all__ = ["UNMEASURED_NOTE", "accelerator_kind", "chip_memory", "drop_dominated_variants",
+           "gdn_kernel_label", "make_candidate", "pareto_frontier", "plan_checks"]

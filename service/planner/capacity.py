@@ -23,8 +23,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from gdn_core import hardware
-from gdn_core.kernels import JAX_GDN_NOT_FUSED
+from gdn_core import datasheets
 from gdn_core.train_config import (
     TrainConfig,
 )
@@ -59,7 +58,7 @@ from service.planner.points import (
 )
 from service.planner.published_runs import Efficiency, efficiency_for
 from service.planner.roofline import estimate_step, roofline_comm, scaled_by_count
-from service.planner.schemas import (
+from service.schemas.planner import (
     Basis,
     Candidate,
     CapacityAnswer,
@@ -207,7 +206,7 @@ def _rounds(point: Point, model_cfg) -> int:
 
 def _peak(request: CapacityRequest, group) -> float | None:
     if request.accelerator != "cpu":
-        return hardware.peak_flops_per_chip(request.accelerator, request.dtype)
+        return datasheets.peak_flops_per_chip(request.accelerator, request.dtype)
     peaks = [o.peak_flops_per_chip for o in group if o.peak_flops_per_chip]
     return statistics.median(peaks) if peaks else None
 
@@ -301,10 +300,11 @@ def _answer(request: CapacityRequest, model_cfg, candidates: list[Candidate], ob
         caveats.append(f"{variants_left_out} attn_cp / layout variant(s) left out: another of "
                        "the same mesh and settings fits as well with no more memory and no "
                        "longer step (list attn_cps or layouts to see every one).")
-    if "jax" in request.frameworks:
-        caveats.append(f"JAX's GDN layers run the reference chunk rule under either kernels "
-                       f"value {JAX_GDN_NOT_FUSED}: MaxText turns its Pallas kernel off under "
-                       "context parallelism; kernels=fused changes only JAX's attention.")
+    if "jax" in request.frameworks and request.kernels == "fused":
+        caveats.append("JAX's fused GDN layers run this project's Pallas chunk rule, composed "
+                       "with every CP mode (what MaxText turns off under context "
+                       "parallelism); until a measured (non-interpreted) trial of it exists, "
+                       "its candidates' step times are marked unmeasured.")
     if interpreted:
         caveats.append(interpreted_caveat(interpreted))
     if model_cfg.moe is not None:

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gdn_core.hardware import canonical_accelerator_type
+from gdn_core.cp_modes import gdn_mode
+from gdn_core.datasheets import canonical_accelerator_type
 from gdn_core.packing import SINGLE_DOCUMENT
 from service.db.interpreted import INTERPRETED_NOTE, ran_interpreted
 from service.db.models import Result
-from service.planner.schemas import Figure
-from workers.grid import trial_cp_settings
+from service.schemas.planner import Figure
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,9 +78,8 @@ class Observation:
 
     @property
     def cp_mode(self) -> str:
-        """The GDN mode gdn_core ran (a baseline's "none" named as grid.trial_cp_settings does)."""
-        return trial_cp_settings(mode=self.mode, attn_cp=None, layout="contiguous",
-                                 chips=self.chips, dp=self.dp).mode
+        """The GDN mode gdn_core ran (a baseline's "none" as cp_modes.gdn_mode names it)."""
+        return gdn_mode(self.mode)
 
     def settings(self) -> tuple:
         """What a fit may not mix: the model and its decoder, batch, replicas, dtype and step
@@ -119,7 +118,7 @@ def load_observations(session: Session, *, preset: str, accelerator_type: str,
 
 
 def canonical_chip(accelerator_type: str) -> str:
-    """gdn_core.hardware's name of a chip type as trials spell it (h100 → h100-sxm), cpu as is."""
+    """gdn_core.datasheets' name of a chip type as trials spell it (h100 → h100-sxm), cpu as is."""
     try:
         return canonical_accelerator_type(accelerator_type)
     except ValueError:

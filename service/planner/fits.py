@@ -29,7 +29,7 @@
 - Communication: what a multi-chip step takes beyond its compute, fitted as bytes ÷ bandwidth
   + dependent rounds × latency over measured trials of every dp × cp mesh (each one's recorded
   CP and gradient bytes and its rounds); where they are too few, the chip type's datasheet
-  prior (gdn_core.hardware).
+  prior (link_priors.py).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from gdn_core.hardware import link_prior
 from service.planner.evidence import Observation
+from service.planner.link_priors import link_prior
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pydantic import BaseModel
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -21,33 +20,7 @@ from gdn_core.cp_modes import ATTN_CP_MODES
 from gdn_core.presets import PRESETS
 from service.db.models import Result
 from service.planner.evidence import PLANNED_DOCUMENTS, canonical_chip
-
-
-class FormDefaults(BaseModel):
-    """A capacity request's fields as the stored trials suggest them (absent: none stored)."""
-
-    preset: str | None = None
-    accelerator: str | None = None
-    dtype: str | None = None
-    kernels: str | None = None
-    layers: list[str] | None = None
-    num_layers: int | None = None
-    frameworks: list[str] = []
-    seq_len: int | None = None
-    max_chips: int | None = None
-
-
-class PlannerForm(BaseModel):
-    """GET /api/capacity/defaults: the form's choices and its defaults, and what they rest on."""
-
-    layers: list[str]
-    attn_cps: list[str]
-    layouts: list[str]
-    defaults: FormDefaults
-    trials: int
-    """Succeeded measured trials of the defaults' settings."""
-    source: str
-
+from service.schemas.planner import FormDefaults, PlannerForm
 
 _KEY = (Result.preset, Result.accelerator_type, Result.dtype, Result.kernels, Result.layers,
         Result.num_layers)

@@ -26,7 +26,7 @@ from gdn_core.train_config import TrainConfig
 from service.planner.cached import step_memory
 from service.planner.evidence import Observation
 from service.planner.fits import LinkFit, scaled_comm_bytes
-from service.planner.schemas import CapacityRequest, Figure
+from service.schemas.planner import CapacityRequest, Figure
 
 BEYOND_THE_REPLICA = {"measured": "extrapolated", "estimated": "extrapolated",
                       "interpolated": "extrapolated"}

@@ -20,7 +20,7 @@ from gdn_core.cp_modes import (ATTN_CP_MODES, ONE_CHIP_CP_MODE, check_attention_
                                check_cp_shape)
 from service.planner.evidence import Observation
 from service.planner.meshes import mesh_dps
-from service.planner.schemas import CapacityRequest
+from service.schemas.planner import CapacityRequest
 
 
 

@@ -1,7 +1,7 @@
 """Measured efficiencies of published runs: what the planner's roofline estimate assumes a chip
 achieves where this database has no trial of it (roofline.py).
 
-Here rather than in gdn_core.hardware: an MFU is not a property of a chip but of a workload
+Here rather than in gdn_core.datasheets: an MFU is not a property of a chip but of a workload
 run on it (this model family, under context parallelism, at this length, with that software),
 so it is evidence a plan rests on, cited like a trial, and it grows as runs are published. The
 planner is its only reader.
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gdn_core import hardware
+from gdn_core import datasheets
+from service.schemas.planner import Efficiency
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,7 +26,7 @@ class PublishedRun:
 
     who: str
     chip: str
-    """Canonical accelerator type (gdn_core.hardware)."""
+    """Canonical accelerator type (gdn_core.datasheets)."""
     dtype: str
     chips: int
     seq_len: int
@@ -62,26 +63,7 @@ DEFAULT_SOURCE = (
 FLOAT32_PASSES_ON_TPU = 6
 """float32 matmuls at Precision.HIGHEST on a TPU run as about six bf16 MXU passes (JAX's
 'bfloat16_6x'), and MFU of a float32 TPU run is taken against the bf16 peak
-(gdn_core.hardware.peak_dtype): a bf16 run's efficiency is divided by this for one."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Efficiency:
-    """The MFU a roofline estimate assumes on a chip type, and what it rests on."""
-
-    mfu: float
-    low: float
-    high: float
-    published: bool
-    """From a published run on this chip type (else the default range)."""
-    label: str
-    """How an answer names it: "MaxText's measured 27.6% MFU on v5p"."""
-    source: str
-
-    def __post_init__(self) -> None:
-        if not 0 < self.low <= self.mfu <= self.high <= 1:
-            raise ValueError(f"efficiency {self.low} ≤ {self.mfu} ≤ {self.high} must lie in "
-                             "(0, 1]: no chip runs above its peak")
+(gdn_core.datasheets.peak_dtype): a bf16 run's efficiency is divided by this for one."""
 
 
 def efficiency_for(accelerator: str, dtype: str) -> Efficiency | None:
@@ -91,7 +73,7 @@ def efficiency_for(accelerator: str, dtype: str) -> Efficiency | None:
     if accelerator == "cpu":
         return None
     run = next((r for r in PUBLISHED_RUNS if r.chip == accelerator), None)
-    tpu_float32 = dtype == "float32" and hardware.peak_dtype(accelerator, dtype) != dtype
+    tpu_float32 = dtype == "float32" and datasheets.peak_dtype(accelerator, dtype) != dtype
     scale = 1 / FLOAT32_PASSES_ON_TPU if tpu_float32 else 1.0
     why = (f"; ÷ {FLOAT32_PASSES_ON_TPU} for float32 on a TPU (HIGHEST runs about six bf16 "
            "passes, MFU taken against the bf16 peak)" if tpu_float32 else "")

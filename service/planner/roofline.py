@@ -5,14 +5,14 @@ Per chip of a candidate's mesh (dp replicas × cp CP chips), one step:
 
     roof   = max(compute, HBM, overlapped links) + exposed links + rounds × latency
     compute     hardware FLOPs of the busiest chip ÷ the datasheet peak in the run's dtype
-                (gdn_core.flops.hardware_flops_per_step ÷ cp, plus the causal attention a
+                (gdn_core.flops.executed.hardware_flops_per_step ÷ cp, plus the causal attention a
                 ring over contiguous shards leaves on the last chip beyond the mean)
     HBM         the bytes a step must move at least ÷ the datasheet bandwidth: the weights
                 read in the compute dtype once per pass (forward, backward, the recomputed
                 forward under remat), the float32 gradients written and read, the master
                 weights and AdamW state read and written, the kept activations written and
                 read (gdn_core.memory.step.predict_step_memory's parts)
-    links       bytes received ÷ the chip's link prior (gdn_core.hardware.link_prior):
+    links       bytes received ÷ the chip's link prior (link_priors.link_prior):
                 exposed — the GDN mode's exchanges and conv halo, all_gather_kv's forward
                 gather, ulysses' all-to-alls (each gates the work after it); overlapped — a
                 ring's K/V hops, all_gather_kv's backward reduce-scatter ring, the gradient
@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import math
 
-from gdn_core import hardware
+from gdn_core import datasheets
 from gdn_core.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from gdn_core.cp_modes import UlyssesHeads
 from gdn_core.flops.conventions import FLOPS_PER_MAC, FWD_BWD_MULTIPLIER
@@ -41,9 +41,10 @@ from gdn_core.memory.parameters import param_counts
 from gdn_core.train_config import TrainConfig
 from service.planner.cached import hardware_flops, model_flops, step_memory
 from service.planner.fits import dependent_rounds
+from service.planner.link_priors import LinkPrior, link_prior
 from service.planner.points import Point
 from service.planner.published_runs import Efficiency, efficiency_for
-from service.planner.schemas import CapacityRequest, Figure
+from service.schemas.planner import CapacityRequest, Figure
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -202,10 +203,10 @@ def hbm_bytes(model_cfg: ModelConfig, point: Point, *, batch: int, seq_len: int,
 
 
 @functools.lru_cache(maxsize=64)
-def _chip(accelerator: str, dtype: str) -> tuple[float, float, hardware.LinkPrior]:
+def _chip(accelerator: str, dtype: str) -> tuple[float, float, LinkPrior]:
     """(peak FLOP/s in the dtype, HBM bytes/s, link prior) of a chip type."""
-    return (hardware.peak_flops_per_chip(accelerator, dtype),
-            hardware.hbm_bandwidth_per_chip(accelerator), hardware.link_prior(accelerator))
+    return (datasheets.peak_flops_per_chip(accelerator, dtype),
+            datasheets.hbm_bandwidth_per_chip(accelerator), link_prior(accelerator))
 
 
 def roofline(request: CapacityRequest, model_cfg: ModelConfig, point: Point, *,
@@ -216,7 +217,7 @@ def roofline(request: CapacityRequest, model_cfg: ModelConfig, point: Point, *,
     if request.accelerator == "cpu":
         if peak is None:
             return None
-        bandwidth, link = float("inf"), hardware.link_prior("cpu")
+        bandwidth, link = float("inf"), link_prior("cpu")
     else:
         peak, bandwidth, link = _chip(request.accelerator, request.dtype)
     B, T = request.batch_size, request.seq_len

@@ -18,7 +18,7 @@ from service.planner.evidence import Observation
 from service.planner.points import Point, model_for
 from service.planner.published_runs import DEFAULT_MFU, DEFAULT_RANGE, Efficiency, efficiency_for
 from service.planner.roofline import estimate_step, roofline
-from service.planner.schemas import CapacityRequest
+from service.schemas.planner import CapacityRequest
 
 CPU_EFFICIENCY = Efficiency(
     mfu=DEFAULT_MFU, low=DEFAULT_RANGE[0], high=DEFAULT_RANGE[1], published=False,

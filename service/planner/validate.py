@@ -18,10 +18,11 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
+from gdn_core.cp_modes import trial_mode
 from gdn_core.presets import get_preset
 from service.planner.capacity import plan_capacity
 from service.planner.evidence import Observation, split_speed
-from service.planner.schemas import CapacityRequest
+from service.schemas.planner import CapacityRequest
 
 MEMORY_GOAL = 0.03
 """Memory: every held-out point (so the median too) within 3% (of the part above the
@@ -99,7 +100,7 @@ def _candidate(train: Sequence[Observation], o: Observation):
     """The planner's candidate for o's point, from `train`."""
     answer = plan_capacity(train, _request(o))
     return next((c for c in answer.candidates if c.chips == o.chips and c.dp == o.dp
-                 and c.mode == ("none" if o.chips == o.dp else o.cp_mode)), None)
+                 and c.mode == trial_mode(o.cp_mode, cp_chips=o.cp_chips)), None)
 
 
 def _points(held: Sequence[Observation]) -> list[tuple[Observation, tuple[int, ...]]]:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import RegressionAlert, Schedule, Sweep, utcnow
 from service.regressions.report import series_shifts
-from service.regressions.schemas import ShiftPublic
+from service.schemas.schedules import ShiftPublic
 from service.regressions.series import load_series
 
 ERROR_LIMIT = 2000

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from service.db.models import Schedule, Sweep
 from service.regressions.detect import Shift, detect_shifts
 from service.regressions.environment import environment_diff, environment_of_result
-from service.regressions.schemas import RegressionsPublic, RunRef, SeriesPoint, ShiftPublic
+from service.schemas.schedules import RegressionsPublic, RunRef, SeriesPoint, ShiftPublic
 from service.regressions.series import METRICS, Run, Series, load_series
 
 

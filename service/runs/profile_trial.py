@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from gdn_core.cp_modes import NO_CP
 from service.db import crud
 from service.db.models import Sweep, Trial
 from workers.grid import expand_trials
@@ -30,7 +31,7 @@ def point_spec(trial: Trial, sweep_spec: SweepSpec) -> SweepSpec:
     if trial.skip_reason is not None:
         raise NotProfilable(f"trial {trial.id} was skipped ({trial.skip_reason}); a point that "
                             "cannot run cannot be profiled")
-    one_chip = trial.mode == "none"  # the baseline / pure data parallel: runs once as "none"
+    one_chip = trial.mode == NO_CP  # the baseline / pure data parallel: runs once as NO_CP
     return SweepSpec(
         name=f"profile of trial {trial.id}: {trial.key}"[:200], kinds=["measure"],
         frameworks=[trial.framework],

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable
 
 from sqlalchemy import exists, select, update
@@ -38,6 +37,7 @@ from service.db import crud
 from service.db.errors import clean_error, is_transient
 from service.db.models import Schedule, ScheduleRun, Sweep, utcnow
 from service.runs.admission import grid_cap_error
+from service.runs.background_loop import BackgroundLoop
 from workers.sweep_spec import SweepSpec
 
 log = logging.getLogger(__name__)
@@ -179,22 +179,17 @@ class ScheduleLoop:
         """`clock`: the current time, aware UTC (tests pass their own); `on_created`: called
         with the id of each sweep created (the service wakes its scheduler)."""
         self._session_factory = session_factory
-        self._poll_s = settings.schedule_poll_s
         self._grid_cap = settings.grid_cap
         self._clock = clock
         self._on_created = on_created
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop(self.tick, name="gdn-sweep-schedules", what="schedules",
+                                    interval_s=settings.schedule_poll_s, log=log)
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("this ScheduleLoop was started already; make a new one")
-        self._thread = threading.Thread(target=self._loop, name="gdn-sweep-schedules",
-                                        daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def tick(self) -> list[Fired]:
-        """Fire what is due now (raises on a database error)."""
+        """Fire what is due now (raises on a database error; the loop logs it and goes on)."""
         fired = fire_due(session_factory=self._session_factory, now=self._clock(),
                          grid_cap=self._grid_cap)
         for outcome in fired:
@@ -203,27 +198,12 @@ class ScheduleLoop:
         return fired
 
     def request_stop(self) -> None:
-        self._stop.set()
+        self._loop.request_stop()
 
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the thread; False if it still runs after timeout_s."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
+        return self._loop.join(timeout_s)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         self.request_stop()
         return self.join(timeout_s)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as err:  # keep firing: log, wait, look again
-                if is_transient(err):
-                    log.warning("schedules: database unavailable (%s); retrying in %.1f s",
-                                clean_error(err), self._poll_s)
-                else:
-                    log.exception("schedules: firing failed; retrying in %.1f s", self._poll_s)
-            self._stop.wait(self._poll_s)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from service.runs.admission import grid_cap_error, validation_text
+from service.runs.admission import grid_cap_error, key_problem, model_problem, validation_text
 from workers.result_sink import JsonLinesError, read_jsonl, read_text
-from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
 
 
@@ -47,10 +46,12 @@ def load_spec(path: str | Path, *, grid_cap: int | None = None) -> SweepSpec:
     too_large = None if grid_cap is None else grid_cap_error(spec, grid_cap)
     if too_large is not None:
         raise SweepFileError(f"{path}: {too_large['msg']}")
-    try:
-        expand_trials(spec)  # what POST /api/sweeps does: a model the presets cannot build
-    except ValueError as err:
-        raise SweepFileError(f"{path}: model: {err}") from None
+    problem = model_problem(spec)  # what POST /api/sweeps refuses: a model the presets
+    if problem is not None:        # cannot build, a trial key longer than its column
+        raise SweepFileError(f"{path}: model: {problem}")
+    problem = key_problem(spec)
+    if problem is not None:
+        raise SweepFileError(f"{path}: documents: {problem}")
     return spec
 
 

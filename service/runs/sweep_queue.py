@@ -25,10 +25,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.core.config import Settings
 from service.db import crud
-from service.db.errors import clean_error, is_transient
+from service.db.errors import clean_error
 from service.regressions.destinations import WebhookPolicy
 from service.regressions.webhook import alert_in_background
 from service.runs import sweep_run
+from service.runs.background_loop import BackgroundLoop
 from service.runs.db_sink import DatabaseSink, replay_spool
 from service.runs.ray_setup import RayConnection
 from service.runs.spool import Spool
@@ -63,11 +64,14 @@ class Scheduler:
         self.spool = Spool(settings.spool_dir, session_factory.kw["bind"].url)
         self.ray = ray or RayConnection.from_settings(settings)
         self._on_event = on_event
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self._lock = threading.Lock()
         self._current: _Running | None = None
-        self._thread: threading.Thread | None = None
+        self._spool_replayed = False
+        self._loop = BackgroundLoop(
+            self._look, name="gdn-sweep-scheduler", what="scheduler",
+            interval_s=settings.scheduler_poll_s, log=log,
+            # connect at start, so /api/health reports Ray from the beginning
+            on_start=self.ray.ensure)
 
     @property
     def running_sweep_id(self) -> int | None:
@@ -75,70 +79,51 @@ class Scheduler:
             return None if self._current is None else self._current.sweep_id
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("this Scheduler was started already; make a new one")
-        self._thread = threading.Thread(target=self._loop, name="gdn-sweep-scheduler",
-                                        daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def wake(self) -> None:
         """Look for queued sweeps now (called after a POST)."""
-        self._wake.set()
+        self._loop.wake()
 
     def cancel(self, sweep_id: int) -> None:
         """Stop `sweep_id` now if this scheduler runs it (the API has set it cancelling)."""
         with self._lock:
             if self._current is not None and self._current.sweep_id == sweep_id:
                 self._current.cancel_event.set()
-        self._wake.set()
+        self._loop.wake()
 
     def request_stop(self) -> None:
         """Begin a shutdown without waiting (safe from any thread, an on_event callback too):
         detach the sink, stop the driver. Unfinished trials stay so and re-run on resume."""
-        self._stop.set()
+        self._loop.stop_event.set()  # first: a sweep claimed from now on is released at once
         with self._lock:
             if self._current is not None:
                 self._current.sink.detach()
                 self._current.cancel_event.set()
-        self._wake.set()
+        self._loop.request_stop()
 
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the scheduler thread; False if it still runs after timeout_s."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            return not self._thread.is_alive()
-        return True
+        return self._loop.join(timeout_s)
 
     def stop(self, timeout_s: float = 120.0) -> bool:
         """Shut down: `request_stop()`, then wait for the thread (at most timeout_s)."""
         self.request_stop()
         return self.join(timeout_s)
 
-    def _loop(self) -> None:
-        poll_s = self._settings.scheduler_poll_s
-        self.ray.ensure()  # connect at start, so /api/health reports Ray from the beginning
-        replayed = False
-        while not self._stop.is_set():
-            try:
-                if not replayed:  # results a dead predecessor spooled count before any resume
-                    replay_spool(self.spool, self._session_factory)
-                    replayed = True
-                with self._session_factory() as session:
-                    sweep_id = sweep_run.next_sweep_id(session=session,
-                                                       lease_s=self._settings.lease_s)
-                if sweep_id is not None and self.ray.ensure():
-                    self._run(sweep_id)
-                    continue
-            except Exception as err:  # keep serving: log, wait, look again
-                if is_transient(err):
-                    log.warning("scheduler: database unavailable (%s); retrying in %.1f s",
-                                clean_error(err), poll_s)
-                else:
-                    log.exception("scheduler loop failed; retrying in %.1f s", poll_s)
-            self._wake.wait(poll_s)
-            self._wake.clear()
+    def _look(self) -> None:
+        """One round of the loop: run the next sweep due, if any (then look again at once)."""
+        if not self._spool_replayed:  # what a dead predecessor spooled counts before any resume
+            replay_spool(self.spool, self._session_factory)
+            self._spool_replayed = True
+        with self._session_factory() as session:
+            sweep_id = sweep_run.next_sweep_id(session=session, lease_s=self._settings.lease_s)
+        if sweep_id is not None and self.ray.ensure():
+            self._run(sweep_id)
+            self._loop.wake()
 
     def _run(self, sweep_id: int) -> None:
+        stop = self._loop.stop_event
         with self._session_factory() as session:
             claimed = sweep_run.claim(session=session, sweep_id=sweep_id,
                                       runner_id=self.runner_id, lease_s=self._settings.lease_s)
@@ -147,7 +132,7 @@ class Scheduler:
                     "event": "sweep_claimed", "sweep_id": sweep_id, "status": claimed})
             if claimed == "cancelling" and not sweep_run.finish(  # no runner was alive
                     session=session, sweep_id=sweep_id, status="cancelled",
-                    stop_event=self._stop):
+                    stop_event=stop):
                 self._release(sweep_id)
             if claimed != "running":
                 return
@@ -158,12 +143,12 @@ class Scheduler:
             except ValueError as err:  # rows another version wrote: fail it, not the loop
                 log.error("sweep %s: its trials cannot be run: %s", sweep_id, err)
                 sweep_run.finish(session=session, sweep_id=sweep_id, status="failed",
-                                 error=f"its trials cannot be run: {err}", stop_event=self._stop)
+                                 error=f"its trials cannot be run: {err}", stop_event=stop)
                 return
         running = _Running(sweep_id, DatabaseSink(self._session_factory, sweep_id,
                                                   spool=self.spool), threading.Event())
         with self._lock:
-            stopping = self._stop.is_set()
+            stopping = stop.is_set()
             if not stopping:
                 self._current = running
         if stopping:
@@ -178,7 +163,7 @@ class Scheduler:
                 runner_id=self.runner_id,
                 max_concurrent_trials=self._settings.max_concurrent_trials,
                 poll_s=self._settings.scheduler_poll_s, on_event=self._on_event,
-                stop_event=self._stop,
+                stop_event=stop,
                 # profile traces go where this service's API serves them from
                 driver_options=DriverOptions(
                     source=source, artifact_dir=self._settings.artifact_dir,
@@ -188,14 +173,14 @@ class Scheduler:
                 self._current = None
         if running.sink.detached:  # shutdown (or taken over): unfinished trials wait for a resume
             running.sink.close(timeout_s=5.0)  # what is not stored by then stays spooled
-            if self._stop.is_set():
+            if stop.is_set():
                 self._release(sweep_id)
             return
         status = ("failed" if error is not None else
                   "cancelled" if running.cancel_event.is_set() else "finished")
         with self._session_factory() as session:
             ended = sweep_run.finish(
-                session=session, sweep_id=sweep_id, status=status, stop_event=self._stop,
+                session=session, sweep_id=sweep_id, status=status, stop_event=stop,
                 error=None if error is None else f"sweep driver failed: {error}")
         running.sink.close()
         if not ended:

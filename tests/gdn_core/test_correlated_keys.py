@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 
 from gdn_core import jax_gdn, torch_gdn
 from gdn_core.config import GDNConfig
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.jax_gdn.cp import chunk_gated_delta_rule_cp
 from gdn_core.jax_gdn.layer import gdn_layer
 from gdn_core.jax_gdn.params import from_state_dict, to_state_dict
@@ -175,7 +176,7 @@ CP_CASE = RuleCase(1, 192, 4, 8, 32, 16, "weak", 64, cosine=0.95)  # T/D = 96, 4
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("D", [2, pytest.param(4, marks=pytest.mark.slow)], ids="D{}".format)
-@pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather", "log_scan"])
+@pytest.mark.parametrize("mode", CP_MODES)
 def test_jax_cp_modes_match_float64(mode, D):
     mesh = Mesh(np.array(jax.devices()[:D]), ("cp",))
     ref = reference(CP_CASE, True)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn.cp import chunk_gated_delta_rule_cp
 
@@ -20,7 +21,7 @@ from .float64_reference import NAMES, float64_reference, loss_weights
 from .rule_inputs import RuleCase, make_inputs
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 TOL = 1e-5  # fp32 vs float64; measured ≤ 1e-6 (as the single-chip rule)
 
 
@@ -95,7 +96,7 @@ def step_job(rank: int, D: int) -> dict:
                                                        vocab_size=CFG.vocab_size)).long()
         model = realistic_gdn(build_model(CFG, train_cfg))
         cosine = mean_key_cosine(model, tokens_BT1[:, :-1])
-        context_parallel(model, group=None, mode=mode)
+        context_parallel(model, group=None, cp=CPSettings(mode=mode, chips=D))
         shard_parameters(model, train_cfg, group=None)
         inputs_Bt, targets_Bt = shard_batch(tokens_BT1, rank=rank, chips=D)
         errors[(mode, sharding, remat)] = (cosine, verify_against_single_chip(

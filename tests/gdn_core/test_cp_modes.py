@@ -8,7 +8,19 @@ import itertools
 
 import pytest
 
-from gdn_core.cp_modes import CPSettings, UlyssesHeads, check_cp_shape
+from gdn_core.cp_modes import (
+    CP_MODES,
+    NO_CP,
+    ONE_CHIP_ATTN_CP,
+    ONE_CHIP_CP_MODE,
+    CPSettings,
+    UlyssesHeads,
+    check_cp_shape,
+    cp_settings_for_trial,
+    gdn_mode,
+    trial_mode,
+)
+from gdn_core.presets import get_preset
 
 # (Hk, Hv) × D with Hv % D == 0: D divides Hk, Hk divides D (copies), and neither.
 HEAD_GRID = [(Hk, Hv, D) for Hk, r, D in itertools.product((1, 2, 3, 4, 16), (1, 2, 3, 4),
@@ -78,3 +90,42 @@ def test_cp_settings_refuse_bad_values_naming_them(field, value, accepted):
     with pytest.raises(ValueError) as caught:
         CPSettings(**{"mode": "p2p", "chips": 2, field: value})
     assert f"{field}={value!r}" in str(caught.value) and accepted in str(caught.value)
+
+
+def test_the_one_chip_names_and_their_inverse():
+    """A trial's mode "none" runs as ONE_CHIP_CP_MODE and a step on one chip per replica is
+    named "none" again; every CP mode on more chips keeps its name both ways."""
+    assert gdn_mode(NO_CP) == ONE_CHIP_CP_MODE
+    assert CPSettings.one_chip(kernels="fused") == CPSettings(
+        mode=ONE_CHIP_CP_MODE, chips=1, attn_cp=ONE_CHIP_ATTN_CP, kernels="fused")
+    for mode in CP_MODES:
+        assert gdn_mode(mode) == mode and trial_mode(mode, cp_chips=2) == mode
+        assert trial_mode(mode, cp_chips=1) == NO_CP
+    for chips, dp in ((1, 1), (4, 4), (4, 2)):
+        cp = cp_settings_for_trial(mode=NO_CP if chips == dp else "log_scan", attn_cp=None,
+                                   layout="contiguous", chips=chips, dp=dp)
+        assert trial_mode(cp.mode, cp_chips=cp.cp_chips) == (NO_CP if chips == dp
+                                                              else "log_scan")
+
+
+@pytest.mark.parametrize("cp, seq_len, needle", [
+    (CPSettings(mode="p2p", chips=4, layout="zigzag"), 16,
+     "zigzag segment of 2 tokens (seq_len=16 / (2 × chips=4)) is shorter than the "
+     "conv halo of 3 tokens"),
+    (CPSettings(mode="p2p", chips=4, layout="zigzag"), 100,
+     "seq_len=100 is not divisible by 8 (2 × chips=4)"),
+    (CPSettings(mode="p2p", chips=8, attn_cp="ulysses"), 256,
+     "attn_cp='ulysses' needs query heads (4) divisible by chips=8"),
+    (CPSettings(mode="p2p", chips=8, dp=2, layout="zigzag"), 8,
+     "each of dp=2 replicas splits the sequence over cp_chips=4 = chips=8 / dp=2"),
+], ids=["zigzag-segment-under-halo", "zigzag-indivisible", "ulysses-attention", "dp"])
+def test_one_shape_check_for_the_step(cp, seq_len, needle):
+    """CPSettings.check_shape: the GDN rules (check_cp_shape, zigzag's halo per segment) and a
+    hybrid's attention rules, over one replica's cp_chips; ulysses GDN layers move heads, not
+    halos, so zigzag segments shorter than the halo are theirs to take."""
+    hybrid = get_preset("tiny", layers="hybrid", num_layers=2)
+    with pytest.raises(ValueError) as error:
+        cp.check_shape(hybrid, seq_len)
+    assert needle in str(error.value)
+    CPSettings(mode="ulysses", chips=4, layout="zigzag").check_shape(
+        get_preset("tiny", num_layers=1), 16)

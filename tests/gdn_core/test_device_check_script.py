@@ -22,6 +22,7 @@ from gdn_core.bench import step
 from gdn_core.device_memory import JAX_GPU_MEMORY_FRACTION
 from gdn_core.flops.model import model_flops_per_step
 from gdn_core.presets import get_preset
+from gdn_core.train_config import FRAMEWORKS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "device-check.sh"
@@ -46,6 +47,7 @@ def test_script_without_cuda_says_so_skips_gpu_tests_and_exits_0(tmp_path):
     assert "devices: cuda=0 jax_gpu=0" in out
     assert " skipped" in out and "passed" not in out and "failed" not in out, out[-3000:]
     assert "=== kernel" not in out and "=== step" not in out  # they need a GPU
+    assert "=== pallas" not in out
     assert "env: ok" in out and "tests: ok" in out  # the summary
     # JAX's allocator as the sweep's workers set it: one constant, one owner.
     assert (f"XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION="
@@ -61,20 +63,23 @@ def test_step_table_runs_the_sweeps_step_reference_beside_fused_on_cpu(tmp_path)
         [sys.executable, "-m", "gdn_core.bench", "step", "--device", "cpu", "--preset", "tiny",
          "--seq-len", str(seq_len), "--steps", "1", "--warmup", "1", "--dtypes", "float32",
          "--budget-s", "500", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=560)
+        cwd=ROOT, capture_output=True, text=True, timeout=560,
+        env={k: v for k, v in os.environ.items() if k != "GDN_SWEEP_INTERPRET_KERNELS"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {(r["framework"], r["kernels"]): r
             for r in json.loads((tmp_path / "step-table.json").read_text())}
-    assert list(rows) == [("torch", "reference"), ("torch", "fused"), ("jax", "reference"),
-                          ("jax", "fused")]
-    # torch's fused GDN is fla-core's, which needs a GPU: skipped with that reason, not run
+    assert list(rows) == [(f, k) for f in FRAMEWORKS for k in ("reference", "fused")]
+    # torch's fused GDN is fla-core's, which needs a GPU, and JAX's the Pallas chunk rule,
+    # which needs a TPU or GPU (or the interpreter switch): skipped with that reason, not run
     # as the reference.
-    skipped = rows["torch", "fused"]
-    assert skipped["status"] == "skipped" and "CUDA" in skipped["reason"], skipped
-    assert skipped["step_time_s"] is None
+    for key, why in ((("torch", "fused"), "CUDA"), (("jax", "fused"), "the Pallas chunk rule "
+                                                                      "needs a TPU or GPU")):
+        skipped = rows[key]
+        assert skipped["status"] == "skipped" and why in skipped["reason"], skipped
+        assert skipped["step_time_s"] is None
     flops = model_flops_per_step(get_preset("tiny", layers="hybrid"), batch=1,
                                  seq_len=seq_len).total
-    for key in (("torch", "reference"), ("jax", "reference"), ("jax", "fused")):
+    for key in (("torch", "reference"), ("jax", "reference")):
         row = rows[key]
         assert row["status"] == "ok" and row["reason"] is None, (key, row["reason"])
         assert row["step_time_s"] > 0 and len(row["step_times_s"]) == 1, key
@@ -85,14 +90,9 @@ def test_step_table_runs_the_sweeps_step_reference_beside_fused_on_cpu(tmp_path)
         assert row["memory_source"].startswith("process_rss"), key
         assert len(row["losses"]) == 2 and all(math.isfinite(x) for x in row["losses"]), key
     assert rows["jax", "reference"]["attention_kernel"].startswith("reference jax")
-    assert "dot_product_attention xla" in rows["jax", "fused"]["attention_kernel"]
-    assert rows["jax", "fused"]["gdn_kernel"].startswith("reference jax")  # said so, honestly
-    # The same weights and batch: the fused attention changes the loss only by rounding.
-    assert rows["jax", "fused"]["losses"][0] == pytest.approx(
-        rows["jax", "reference"]["losses"][0], rel=1e-5)
     markdown = (tmp_path / "step-table.md").read_text()
     assert markdown.startswith("| framework | kernels | dtype |")
-    assert markdown.count("| skipped |") == 1
+    assert markdown.count("| skipped |") == 2
 
 
 @pytest.mark.timeout(120)
@@ -121,7 +121,7 @@ def test_rows_beyond_the_budget_are_reported_not_lost_and_exit_0(tmp_path, capsy
     rows = json.loads((tmp_path / "step-table.json").read_text())
     assert [(r["dtype"], r["framework"], r["kernels"]) for r in rows] == [
         (dtype, framework, kernels) for dtype in ("bfloat16", "float32")
-        for framework in ("torch", "jax") for kernels in ("reference", "fused")]
+        for framework in FRAMEWORKS for kernels in ("reference", "fused")]
     assert all(r["status"] == "not reached" and "budget" in r["reason"] for r in rows)
     assert capsys.readouterr().out.count("NOT REACHED") == len(rows)
 
@@ -138,8 +138,9 @@ def test_step_options_are_checked():
 def test_script_cpu_dry_run_runs_every_part(tmp_path):
     done = run_script("--cpu-dry-run", out_dir=tmp_path, timeout_s=1700)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
-    for part in ("env", "tests", "kernel", "step"):
+    for part in ("env", "tests", "kernel", "pallas", "step"):
         assert f"{part}: ok" in done.stdout, part
+    assert "check gdn_core pallas chunk rule (interpreted) vs xla_reference" in done.stdout
     assert (tmp_path / "step-table.json").exists()
 
 
@@ -160,13 +161,16 @@ def test_plan_lists_the_parts_and_step_rows_and_every_row_fits_an_h100(tmp_path)
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     out = done.stdout
-    limits = dict(re.findall(r"^  (env|tests|kernel|step)\s+(\d+) s", out, re.MULTILINE))
-    assert list(limits) == ["env", "tests", "kernel", "step"]
-    assert sum(map(int, limits.values())) <= 480 and f"sum {sum(map(int, limits.values()))} s" \
+    limits = dict(re.findall(r"^  (env|tests|kernel|pallas|step)\s+(\d+) s", out,
+                             re.MULTILINE))
+    assert list(limits) == ["env", "tests", "kernel", "pallas", "step"]
+    assert sum(map(int, limits.values())) < 480 and f"sum {sum(map(int, limits.values()))} s" \
         in out
+    assert "kernel_pallas --device cuda --dtype bfloat16 --seq-len 32768" in out
     rows = plan_rows(out)
-    assert [(r[0], r[1]) for r in rows] == [("torch", "reference"), ("torch", "fused"),
-                                            ("jax", "reference"), ("jax", "fused")]
+    # Rows in the step module's framework order (gdn_core.train_config.FRAMEWORKS).
+    assert [(r[0], r[1]) for r in rows] == [(f, k) for f in FRAMEWORKS
+                                            for k in ("reference", "fused")]
     for (framework, kernels, preset, layers, seq_len, remat, dtype, predicted, h100, h100_fits,
          h200, h200_fits) in rows:
         # The hybrid preset at full depth and 32K tokens, made to fit by remat full.
@@ -229,3 +233,23 @@ def test_cuda_rows_run_jax_at_the_workers_allocator_fraction(monkeypatch):
     assert row.status == "failed"  # the stand-in child's exit
     assert seen["XLA_PYTHON_CLIENT_MEM_FRACTION"] == str(JAX_GPU_MEMORY_FRACTION)
     assert seen["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+
+
+@pytest.mark.timeout(300)
+def test_pallas_row_checks_then_times_the_jax_rules_interpreted(capsys):
+    """The device check's JAX-rule row at toy size on this CPU: the Pallas rule through Pallas's
+    interpreter, checked against the XLA rule (bf16), then both timed."""
+    from gdn_core.bench import kernel_pallas
+
+    code = kernel_pallas.main(["--device", "cpu", "--interpret", "--seq-len", "80",
+                               "--num-k-heads", "1", "--num-v-heads", "2", "--head-k-dim", "16",
+                               "--head-v-dim", "16", "--repeats", "1", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    check = re.search(r"check gdn_core pallas chunk rule \(interpreted\) vs xla_reference "
+                      r"\(bfloat16, tolerance 2e-02\): (.*)", out)
+    assert check, out
+    errors = dict(re.findall(r"(\w+) ([\d.e+-]+)", check.group(1)))
+    assert list(errors) == ["o", "dq", "dk", "dv", "dg", "dbeta"]
+    assert all(float(e) < 2e-2 for e in errors.values()), errors
+    assert re.search(r"pallas\s+median [\d.]+ s", out) and "measure Pallas's interpreter" in out

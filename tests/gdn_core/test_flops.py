@@ -7,7 +7,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gdn_core.config import GDNConfig, ModelConfig
-from gdn_core.flops.hardware import (cp_overhead_flops, hardware_flops_per_step, solve_flops,
+from gdn_core.cp_modes import CP_MODES
+from gdn_core.flops.executed import (cp_overhead_flops, hardware_flops_per_step, solve_flops,
                                      unit_lower_inverse_flops)
 from gdn_core.flops.maxtext import maxtext_gdn_flops, maxtext_model_flops_per_step
 from gdn_core.flops.model import gdn_rule_flops, model_flops_per_step, model_forward_flops
@@ -206,7 +207,7 @@ CP_SHAPE = dict(batch=1, num_v_heads=16, head_k_dim=128, head_v_dim=128, chunk_s
                 num_layers=24)
 
 
-@pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather", "log_scan"])
+@pytest.mark.parametrize("mode", CP_MODES)
 def test_cp_overhead_zero_on_one_chip(mode):
     assert cp_overhead_flops(mode, chips=1, seq_len=8192, **CP_SHAPE).total == 0
 
@@ -258,7 +259,7 @@ def test_cp_overhead_rejects_bad_arguments():
                                 batch=1, seq_len=32 * 1024, framework="jax")
 
 
-@pytest.mark.parametrize("mode", ["ulysses", "p2p", "all_gather", "log_scan"])
+@pytest.mark.parametrize("mode", CP_MODES)
 def test_cp_overhead_design_target(mode):
     # Design target: at qwen3.5-0.8b, a 4096-token local shard and D=8, the CP summary work is
     # below 10% of the model FLOPs.

@@ -11,7 +11,7 @@ import pytest
 
 from gdn_core.attention_documents import document_ids
 from gdn_core.flops.attention import attention_layer_flops, causal_pairs, document_causal_pairs
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step, model_forward_flops
 from gdn_core.packing import document_boundaries
 

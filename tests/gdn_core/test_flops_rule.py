@@ -4,7 +4,7 @@ hardware FLOPs do; fla's block count by hand."""
 import pytest
 
 from gdn_core.config import GDNConfig, ModelConfig
-from gdn_core.flops.hardware import cp_overhead_flops, hardware_flops_per_step
+from gdn_core.flops.executed import cp_overhead_flops, hardware_flops_per_step
 from gdn_core.flops.model import gdn_rule_flops, model_flops_per_step
 from gdn_core.flops.rule import (fla_block_macs, gdn_kernel, reference_rule_flops,
                                  rule_block_macs, rule_flops)

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, shard_order
-from gdn_core.cp_modes import ATTN_CP_MODES
+from gdn_core.cp_modes import ATTN_CP_MODES, CPSettings
 from gdn_core.interpreted_kernels import INTERPRET_ENV
 from gdn_core.jax_gdn.attention import causal_attention
 from gdn_core.jax_gdn.cp.attention import attention_cp
@@ -38,7 +38,7 @@ from gdn_core.jax_gdn.kernels import (
 )
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
-from gdn_core.kernels import JAX_GDN_NOT_FUSED, KernelUnavailable, resolve_kernels
+from gdn_core.kernels import KernelUnavailable, resolve_kernels
 from gdn_core.testing import assert_close, max_verify_error, rel_err
 from gdn_core.train_config import TrainConfig
 
@@ -53,7 +53,8 @@ REFERENCE_BLOCK = 8  # reference tiles of 8 tokens: several per segment, the dia
 @pytest.fixture(autouse=True)
 def compiled_kernels(monkeypatch):
     """These tests name the CPU's fused attention XLA's: without the interpreter switch
-    (test_jax_splash_interpreted.py covers it), whatever the caller's environment says."""
+    (test_jax_splash_interpreted.py covers it), whatever the caller's environment says, but
+    where a test sets it (a fused CPU step runs only under it: the Pallas GDN rule)."""
     monkeypatch.delenv(INTERPRET_ENV, raising=False)
 
 
@@ -238,12 +239,12 @@ def test_resolvers_name_each_kernel_with_its_version():
         f"{VERSION} dot_product_attention cudnn")
     assert resolve("fused", backend="tpu", dtype="bfloat16", segment_len=1024) == (
         f"{VERSION} splash attention")
-    # JAX's GDN is the reference under either value, and says so under fused.
-    assert resolve_jax_gdn_kernel("reference") == REFERENCE_GDN
-    assert resolve_jax_gdn_kernel("fused") == f"{REFERENCE_GDN} {JAX_GDN_NOT_FUSED}"
-    # The rule book a worker consults before building anything names the same kernels.
-    for backend, kind, dtype in (("cpu", "cpu", "float32"), ("gpu", "gpu", "bfloat16"),
-                                 ("tpu", "tpu", "bfloat16")):
+    # JAX's fused GDN is the Pallas chunk rule (test_jax_pallas_kernels.py: every backend).
+    assert resolve_jax_gdn_kernel("reference", backend="gpu") == REFERENCE_GDN
+    assert resolve_jax_gdn_kernel("fused", backend="gpu") == "gdn_core pallas chunk rule (gpu)"
+    # The rule book a worker consults before building anything names the same kernels (on a
+    # CPU without the interpreter switch both refuse: the Pallas rule needs a chip).
+    for backend, kind, dtype in (("gpu", "gpu", "bfloat16"), ("tpu", "tpu", "bfloat16")):
         assert resolve_kernels("jax", "fused", device_kind=kind, dtype=dtype, head_dim=256,
                                has_attention=True) == resolve_jax_kernels(
             "fused", backend=backend, dtype=dtype, head_dim=256, segment_len=1024)
@@ -279,36 +280,48 @@ HYBRID = ModelConfig(
                               partial_rotary_factor=0.5, full_attention_interval=2))
 
 
-@pytest.mark.parametrize("kernels, pair, attention", [
-    ("reference", "reference", REFERENCE_ATTENTION),
-    ("fused", "xla", f"{VERSION} dot_product_attention xla")])
-def test_the_kernel_choice_reaches_the_steps_attention(kernels, pair, attention):
-    """mesh_cp resolves `kernels` on the mesh's backend (CPU here) and the step's attend_fn
-    runs that pair kernel (nothing compiled)."""
-    cp = mesh_cp(HYBRID, 64, mesh=Mesh(np.array(jax.devices()[:2]), ("cp",)), axis="cp",
-                 mode="p2p", attn_cp="ring", layout="zigzag", kernels=kernels)
-    gdn = REFERENCE_GDN if kernels == "reference" else f"{REFERENCE_GDN} {JAX_GDN_NOT_FUSED}"
+@pytest.mark.parametrize("kernels, pair, attention, gdn", [
+    ("reference", "reference", REFERENCE_ATTENTION, REFERENCE_GDN),
+    ("fused", "splash_interpreted", f"{VERSION} splash attention (interpreted)",
+     "gdn_core pallas chunk rule (interpreted)")])
+def test_the_kernel_choice_reaches_the_steps_layers(monkeypatch, kernels, pair, attention, gdn):
+    """mesh_cp resolves `kernels` on the mesh's backend (CPU here: fused runs only under the
+    interpreter switch, the Pallas GDN rule needing a chip) and the step's attend_fn and GDN
+    layer run those kernels (nothing compiled; 512 tokens: splash's 128-token segments)."""
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    cp = mesh_cp(HYBRID, 512, mesh=Mesh(np.array(jax.devices()[:2]), ("cp",)), axis="cp",
+                 cp=CPSettings(mode="p2p", chips=2, attn_cp="ring", layout="zigzag",
+                               kernels=kernels))
     assert (cp.attention_kernel, cp.resolved.attention, cp.resolved.gdn) == (
         pair, attention, gdn)
-    assert model_hooks(cp, 64)["attend_fn"].keywords["kernel"] == pair
+    hooks = model_hooks(cp, 512)
+    assert hooks["attend_fn"].keywords["kernel"] == pair
+    rule_kernel = hooks["gdn_layer_fn"].keywords["rule_kernel"]
+    assert (rule_kernel is None) == (kernels == "reference")
+    if rule_kernel is not None:
+        assert rule_kernel.keywords == {"platform": None, "interpret": True}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_fused_hybrid_loss_and_grads_equal_one_chip():
-    """The hybrid decoder's CP loss and gradients with kernels="fused" (p2p GDN, ring/zigzag
-    attention through the xla pairs, D = 2) against one chip's reference, within 1e-4 as the
-    hybrid CP tests hold the reference kernels (max_verify_error)."""
-    train_cfg = TrainConfig(batch_size=2, seq_len=64, seed=3)
+@pytest.mark.timeout(1200)
+def test_fused_hybrid_loss_and_grads_equal_one_chip(monkeypatch):
+    """The hybrid decoder's CP loss and gradients with kernels="fused" (p2p GDN through the
+    Pallas rule, ring/zigzag attention through splash's pairs, both interpreted: on a CPU
+    fused runs only so; D = 2, 128-token segments) against one chip's reference, within 1e-4
+    as the hybrid CP tests hold the reference kernels (max_verify_error)."""
+    monkeypatch.setenv(INTERPRET_ENV, "1")
+    seq_len = 512
+    train_cfg = TrainConfig(batch_size=2, seq_len=seq_len, seed=3)
     params = init_model_params(HYBRID, jax.random.PRNGKey(train_cfg.seed))
     tokens_BT1 = synthetic_batch(HYBRID, train_cfg)
     inputs_BT, targets_BT = tokens_BT1[:, :-1], tokens_BT1[:, 1:]
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(
-        lambda p: model_loss(p, inputs_BT, targets_BT, HYBRID, global_tokens=2 * 64)))(params)
+        lambda p: model_loss(p, inputs_BT, targets_BT, HYBRID, global_tokens=2 * seq_len)))(params)
     mesh = Mesh(np.array(jax.devices()[:2]), ("cp",))
-    fn = cp_loss_and_grads_fn(HYBRID, train_cfg, mesh=mesh, axis="cp", mode="p2p",
-                              attn_cp="ring", layout="zigzag", kernels="fused")
-    order = shard_order(chips=2, seq_len=64, layout="zigzag")
+    fn = cp_loss_and_grads_fn(HYBRID, train_cfg, mesh=mesh, axis="cp",
+                              cp=CPSettings(mode="p2p", chips=mesh.devices.size, attn_cp="ring",
+                                            layout="zigzag", kernels="fused"))
+    order = shard_order(chips=2, seq_len=seq_len, layout="zigzag")
     seq = NamedSharding(mesh, P(None, "cp"))
     args = (jax.device_put(params, NamedSharding(mesh, P())),
             jax.device_put(inputs_BT[:, order], seq), jax.device_put(targets_BT[:, order], seq))

@@ -19,6 +19,7 @@ import pytest
 from jax.sharding import Mesh
 
 from gdn_core import jax_gdn
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.jax_gdn.cp import chunk_gated_delta_rule_cp, conv_halo
 from gdn_core.jax_gdn.hlo_comm import received_bytes_per_chip
 from gdn_core.testing import assert_close
@@ -281,7 +282,7 @@ def test_one_chip_is_the_one_chip_rule_bit_for_bit(layout):
                   use_qk_l2norm=True, chunk_size=16)
     mesh = Mesh(np.array(jax.devices()[:1]), ("cp",))
     o_1, final_1 = jax.jit(lambda *a: jax_gdn.chunk_gated_delta_rule(*a, **common))(*args)
-    for mode in ("ulysses", "p2p", "all_gather", "log_scan"):
+    for mode in CP_MODES:
         o, final = jax.jit(lambda *a: chunk_gated_delta_rule_cp(
             *a, mesh=mesh, axis="cp", mode=mode, layout=layout, **common))(*args)
         assert bool((o == o_1).all()) and bool((final == final_1).all()), mode

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
 from gdn_core.cp_layout import LAYOUTS, shard_order
-from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES
+from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES, CPSettings
 from gdn_core.jax_gdn.cp.step import cp_training_inputs, make_cp_train_step, synthetic_batch
 from gdn_core.jax_gdn.cp.verify import cp_loss_and_grads_fn
 from gdn_core.jax_gdn.model import model_loss
@@ -75,8 +75,8 @@ def check_cases(D, cases, train_cfg=TRAIN):
     cases compiled as one program."""
     params, tokens_BT1, ref_loss, ref_grads = one_chip_loss_and_grads()
     mesh = mesh_of(D)
-    fns = [cp_loss_and_grads_fn(MODEL, train_cfg, mesh=mesh, axis="cp", mode=mode,
-                                attn_cp=attn_cp, layout=layout)
+    fns = [cp_loss_and_grads_fn(MODEL, train_cfg, mesh=mesh, axis="cp",
+                                cp=CPSettings(mode=mode, chips=D, attn_cp=attn_cp, layout=layout))
            for mode, attn_cp, layout in cases]
     orders = [shard_order(chips=D, seq_len=TRAIN.seq_len, layout=layout)
               for _, _, layout in cases]
@@ -150,8 +150,8 @@ def test_one_optimizer_step_equals_one_chip(D, mode, attn_cp, layout, sharding, 
     ref_params, ref_opt, ref_loss = one_chip_step(dataclasses.replace(TRAIN, remat=remat))
     mesh = mesh_of(D)
     inputs = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp", layout=layout)
-    step = make_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode=mode,
-                              attn_cp=attn_cp, layout=layout)
+    step = make_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp",
+                              cp=CPSettings(mode=mode, chips=D, attn_cp=attn_cp, layout=layout))
     params, opt_state, loss = one_step(step, *inputs)
     assert_close("loss", ref_loss, loss, TOL)
     for name, ref, got in zip(("params", "adam state"), (ref_params, ref_opt),
@@ -165,13 +165,13 @@ def test_one_optimizer_step_equals_one_chip(D, mode, attn_cp, layout, sharding, 
 def test_bad_combinations_are_refused_with_the_numbers():
     with pytest.raises(ValueError, match=r"attn_cp='ring-ish' is not one of: all_gather_kv, "
                                          r"ring, ulysses"):
-        make_cp_train_step(MODEL, TRAIN, mesh=mesh_of(2), axis="cp", mode="p2p",
-                           attn_cp="ring-ish")
+        make_cp_train_step(MODEL, TRAIN, mesh=mesh_of(2), axis="cp",
+                           cp=CPSettings(mode="p2p", chips=2, attn_cp="ring-ish"))
     many_heads = dataclasses.replace(MODEL, attention=dataclasses.replace(MODEL.attention,
                                                                           num_heads=4))
     with pytest.raises(ValueError, match=r"query heads \(4\) divisible by chips=8"):
-        make_cp_train_step(many_heads, TRAIN, mesh=mesh_of(8), axis="cp", mode="p2p",
-                           attn_cp="ulysses")
+        make_cp_train_step(many_heads, TRAIN, mesh=mesh_of(8), axis="cp",
+                           cp=CPSettings(mode="p2p", chips=8, attn_cp="ulysses"))
     with pytest.raises(ValueError, match="layout='spiral' is not one of"):
-        make_cp_train_step(MODEL, TRAIN, mesh=mesh_of(2), axis="cp", mode="p2p",
-                           layout="spiral")
+        make_cp_train_step(MODEL, TRAIN, mesh=mesh_of(2), axis="cp",
+                           cp=CPSettings(mode="p2p", chips=2, layout="spiral"))

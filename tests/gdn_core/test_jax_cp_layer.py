@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.jax_gdn.cp import cp_gdn_layer, cp_layer_fn, gdn_layer_cp
 from gdn_core.jax_gdn.layer import gdn_layer
 from gdn_core.jax_gdn.model import model_forward
@@ -33,7 +34,7 @@ CFG = GDNConfig(hidden_size=32, num_k_heads=4, num_v_heads=8, head_k_dim=8, head
 MODEL = ModelConfig(name="cp-test", gdn=CFG, num_layers=2, intermediate_size=64, vocab_size=64)
 B, T = 2, 120
 TOL = 1e-4
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 # layout → (mesh shape, mesh axis names, the `axis` argument)
 LAYOUTS = {"D2": ((2,), ("cp",), "cp"), "D4": ((4,), ("cp",), "cp"),
            "2x2-ba": ((2, 2), ("a", "b"), ("b", "a")), "D8": ((8,), ("cp",), "cp")}

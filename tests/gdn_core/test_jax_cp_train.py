@@ -24,11 +24,8 @@ import pytest
 from jax.sharding import Mesh
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
-from gdn_core.cp_modes import CPSettings
+from gdn_core.cp_modes import CPSettings, check_attention_cp_shape, check_cp_shape
 from gdn_core.jax_gdn.cp import make_cp_train_step, run_cp_training
-from gdn_core.jax_gdn.cp.attention import check_attention_shape
-from gdn_core.jax_gdn.cp.layer import check_layer_shape
-from gdn_core.jax_gdn.cp.rule import check_cp_rule_shape
 from gdn_core.jax_gdn.cp.step import cp_training_inputs, mesh_cp, synthetic_batch
 from gdn_core.jax_gdn.cp.train import compile_cp_train_step
 from gdn_core.jax_gdn.cp.verify import verify_against_single_chip
@@ -105,7 +102,8 @@ def expected_cp_bytes(mode, D, T):
 @pytest.mark.parametrize("mode,layout", CASES)
 def test_one_step_matches_single_chip(mode, layout):
     mesh = mesh_of(layout)
-    step = compile_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode=mode).compiled
+    step = compile_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp",
+                                 cp=CPSettings(mode=mode, chips=mesh.devices.size)).compiled
     params, opt_state, loss = jax.device_get(
         step(*cp_training_inputs(MODEL, TRAIN, mesh=mesh, axis="cp")))
     params_ref, opt_state_ref, loss_ref = single_chip_step()
@@ -130,6 +128,8 @@ def test_run_cp_training_report(mode, layout):
                              cp=CPSettings(mode=mode, chips=D), steps=2, warmup_steps=1)
     assert (report.mode, report.chips) == (mode, D)
     assert (report.attn_cp, report.layout) == (None, "contiguous")  # gdn_only: no attention
+    # what ran, as the step resolved it (a trial's result stores these)
+    assert (report.gdn_kernel, report.attention_kernel) == ("reference jax chunk rule", None)
     assert len(report.losses) == 3 and np.isfinite(report.losses).all()
     assert_close("first loss", single_chip_step()[2], report.losses[0], TOL)
     assert len(report.step_times_s) == 2 and min(report.step_times_s) > 0
@@ -153,7 +153,8 @@ def test_cp_bytes_independent_of_seq_len(mode):
     # states, pairs and the halo only, so the bytes are those of T = 120 (formula and
     # test_run_cp_training_report); the gradient sync does not depend on T either.
     train_cfg = dataclasses.replace(TRAIN, seq_len=2 * TRAIN.seq_len)
-    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh_of("D2"), axis="cp", mode=mode)
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh_of("D2"), axis="cp",
+                                    cp=CPSettings(mode=mode, chips=2))
     assert program.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, TRAIN.seq_len)
     assert program.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, train_cfg.seq_len)
     assert program.grad_sync_bytes_per_step == 4 * parameter_count()
@@ -196,7 +197,8 @@ def test_validation_errors_name_numbers():
     with pytest.raises(ValueError, match="seq_len=118 is not divisible by chips=4"):
         run_cp_training(MODEL, train_cfg, mesh=mesh, axis="cp", cp=p2p, steps=1)
     with pytest.raises(ValueError, match="mode='ring' is not one of"):
-        make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode="ring")
+        make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp",
+                           cp=CPSettings(mode="ring", chips=mesh.devices.size))
     with pytest.raises(ValueError, match=r"steps=0 must be >= 1"):
         run_cp_training(MODEL, TRAIN, mesh=mesh, axis="cp", cp=p2p, steps=0)
     with pytest.raises(ValueError, match=r"cp.chips=2 but mesh axis 'cp' spans 4 chips"):
@@ -204,16 +206,16 @@ def test_validation_errors_name_numbers():
                         steps=1)
 
 
-def count_calls(monkeypatch, fn) -> list:
-    """Count fn's calls from every gdn_core module that bound it by name (a `from … import`);
-    returns the list each call appends to."""
+def count_calls(monkeypatch, fn, within: tuple[str, ...] = ("gdn_core",)) -> list:
+    """Count fn's calls from every module under `within` that bound it by name (a `from …
+    import`); returns the list each call appends to."""
     calls = []
 
     def counted(*args, **kwargs):
         calls.append(args or kwargs)
         return fn(*args, **kwargs)
 
-    for module in [m for name, m in sys.modules.items() if name.startswith("gdn_core")]:
+    for module in [m for name, m in sys.modules.items() if name.startswith(within)]:
         for name, value in list(vars(module).items()):
             if value is fn:
                 monkeypatch.setattr(module, name, counted)
@@ -239,19 +241,21 @@ HYBRID = ModelConfig(
 ], ids=["gdn_only", "hybrid-verify"])
 def test_a_trial_validates_its_settings_once(monkeypatch, model_cfg, cp, verify,
                                              attention_checks):
-    # run_cp_training checks mode, attn_cp, layout and the shape once (step.mesh_cp), not
-    # again for verify, the compile, the comm reference, or in each layer at every trace
-    # (issue 22: it was 6 whole checks, plus 9 layer, 9 attention and 3 rule checks).
-    counts = {fn.__name__: count_calls(monkeypatch, fn) for fn in (
-        mesh_cp, check_layer_shape, check_attention_shape, check_cp_rule_shape)}
+    # run_cp_training checks the shape once (step.mesh_cp: CPSettings.check_shape, the one
+    # copy of the GDN and attention rules), not again for verify, the compile, the comm
+    # reference, or in each layer or rule at every trace (issue 22: it was 6 whole checks,
+    # plus 9 layer, 9 attention and 3 rule checks).
+    # (the memory predictor verify asks checks its own arguments: not the step's, not counted)
+    step_modules = ("gdn_core.cp_modes", "gdn_core.jax_gdn")
+    counts = {fn.__name__: count_calls(monkeypatch, fn, step_modules) for fn in (
+        mesh_cp, check_cp_shape, check_attention_cp_shape)}
     train_cfg = TRAIN if model_cfg is MODEL else TrainConfig(batch_size=1, seq_len=64, seed=3)
     report = run_cp_training(model_cfg, train_cfg, mesh=mesh_of("D2"), axis="cp", cp=cp,
                              steps=1, warmup_steps=0, verify=verify)
     assert report.max_rel_err is None if not verify else report.max_rel_err < TOL
     assert {name: len(calls) for name, calls in counts.items()} == {
         "mesh_cp": 1,  # the one validation, which runs the two below once each
-        "check_layer_shape": 1, "check_attention_shape": attention_checks,
-        "check_cp_rule_shape": 0}
+        "check_cp_shape": 1, "check_attention_cp_shape": attention_checks}
 
 
 def weight_traffic_bytes(sharding, remat, D):
@@ -290,10 +294,12 @@ def test_weight_layout_and_remat_match_single_chip(layout, sharding, remat):
     # weights' bytes are reported apart from the CP exchanges, and verify works.
     D, mesh = LAYOUTS[layout], mesh_of(layout)
     train_cfg = dataclasses.replace(TRAIN, param_sharding=sharding, remat=remat)
-    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode="log_scan")
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp",
+                                    cp=CPSettings(mode="log_scan", chips=mesh.devices.size))
     inputs = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp")
     error = verify_against_single_chip(inputs[0], synthetic_batch(MODEL, train_cfg), MODEL,
-                                       train_cfg, mesh=mesh, axis="cp", mode="log_scan")
+                                       train_cfg, mesh=mesh, axis="cp",
+                                       cp=CPSettings(mode="log_scan", chips=mesh.devices.size))
     assert error < TOL
     params, opt_state, loss = jax.device_get(program.compiled(*inputs))
     params_ref, opt_state_ref, loss_ref = single_chip_step()
@@ -389,6 +395,6 @@ def test_cp_step_on_correlated_keys(mode, sharding, remat):
     mesh = mesh_of("D2")
     params, *_ = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp",
                                     params=from_state_dict(torch_model.state_dict()))
-    err = verify_against_single_chip(params, tokens_BT1, MODEL, train_cfg, mesh=mesh,
-                                     axis="cp", mode=mode)
+    err = verify_against_single_chip(params, tokens_BT1, MODEL, train_cfg, mesh=mesh, axis="cp",
+                                     cp=CPSettings(mode=mode, chips=mesh.devices.size))
     assert err < TOL, f"{mode} {sharding} remat={remat}: {err:.2e}"

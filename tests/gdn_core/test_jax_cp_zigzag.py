@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from gdn_core import jax_gdn
 from gdn_core.config import GDNConfig
 from gdn_core.cp_layout import segments, shard_order
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.jax_gdn.cp import cp_gdn_layer, chunk_gated_delta_rule_cp, gdn_layer_cp
 from gdn_core.jax_gdn.hlo_comm import received_bytes_per_chip
 from gdn_core.jax_gdn.layer import gdn_layer
@@ -34,7 +35,7 @@ from gdn_core.testing import assert_close
 
 from .rule_inputs import RuleCase, make_inputs
 
-MODES = ("p2p", "all_gather", "log_scan", "ulysses")
+MODES = CP_MODES
 # s = 28, 14 (7 under slow): never a multiple of the 16-token chunk, at least the conv halo 3.
 CASE = RuleCase(1, 112, 4, 8, 16, 32, "mixed", 16)
 CFG = GDNConfig(hidden_size=32, num_k_heads=4, num_v_heads=8, head_k_dim=8, head_v_dim=16,

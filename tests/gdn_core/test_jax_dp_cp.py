@@ -94,8 +94,9 @@ STEP_CASES = [("log_scan", "dp2xcp2", "replicated")] + [
 def test_dp_cp_step_matches_single_chip(mode, mesh_name, sharding):
     mesh, dp = dp_mesh(mesh_name), replicas(mesh_name)
     train_cfg = dataclasses.replace(TRAIN, param_sharding=sharding)
-    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp", mode=mode,
-                                    batch_axis="dp")
+    program = compile_cp_train_step(MODEL, train_cfg, mesh=mesh, axis="cp",
+                                    cp=CPSettings(mode=mode, chips=mesh.devices.size,
+                                                  dp=dp), batch_axis="dp")
     inputs = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp", batch_axis="dp")
     assert inputs[2].shape == (dp * TRAIN.batch_size, TRAIN.seq_len)
     assert_matches_single_chip(dp, *jax.device_get(program.compiled(*inputs)))
@@ -115,10 +116,11 @@ def test_cp_bytes_per_chip_are_one_replicas(mode):
     # CP exchanges stay inside a replica, so each chip receives the same bytes, apart from the
     # loss sum, which spans all four chips instead of two. The gradient all-reduce spans all.
     with_replicas = compile_cp_train_step(MODEL, TRAIN, mesh=dp_mesh("dp2xcp2"), axis="cp",
-                                          mode=mode, batch_axis="dp")
+                                          cp=CPSettings(mode=mode, chips=4, dp=2),
+                                          batch_axis="dp")
     one_replica = compile_cp_train_step(MODEL, TRAIN, mesh=Mesh(np.array(jax.devices()[:2]),
-                                                                ("cp",)),
-                                        axis="cp", mode=mode)
+                                                                ("cp",)), axis="cp",
+                                        cp=CPSettings(mode=mode, chips=2))
     assert (with_replicas.cp_comm_bytes_per_step - loss_sum_bytes(4)
             == one_replica.cp_comm_bytes_per_step - loss_sum_bytes(2))
     assert one_replica.cp_comm_bytes_per_step == expected_cp_bytes(mode, 2, TRAIN.seq_len)
@@ -174,8 +176,8 @@ def test_verify_on_correlated_keys_over_the_global_batch(mode, sharding):
     mesh = dp_mesh("dp2xcp2")
     params, *_ = cp_training_inputs(MODEL, train_cfg, mesh=mesh, axis="cp", batch_axis="dp",
                                     params=from_state_dict(torch_model.state_dict()))
-    error = verify_against_single_chip(params, tokens_BT1, MODEL, train_cfg, mesh=mesh,
-                                       axis="cp", mode=mode, batch_axis="dp")
+    error = verify_against_single_chip(params, tokens_BT1, MODEL, train_cfg, mesh=mesh, axis="cp",
+                                       cp=CPSettings(mode=mode, chips=4, dp=2), batch_axis="dp")
     assert error < TOL, f"{mode} {sharding}: {error:.2e}"
 
 
@@ -210,13 +212,15 @@ def test_dp_settings_errors_name_the_numbers():
         CPSettings(mode="p2p", chips=4, dp=3)
     with pytest.raises(ValueError, match=r"batch_axis='data' must name one axis of the mesh "
                                          r"\('dp', 'cp'\)"):
-        make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp", mode="p2p", batch_axis="data")
+        make_cp_train_step(MODEL, TRAIN, mesh=mesh, axis="cp",
+                           cp=CPSettings(mode="p2p", chips=4, dp=2), batch_axis="data")
     with pytest.raises(ValueError, match=r"batch_axis='cp' is also a sequence axis"):
         cp_training_inputs(MODEL, TRAIN, mesh=mesh, axis="cp", batch_axis="cp")
     with pytest.raises(ValueError, match=r"tokens_BT1 has shape \(2, 121\); the global batch "
                                          r"is \(4, 121\): dp=2"):
-        verify_against_single_chip(None, synthetic_batch(MODEL, TRAIN), MODEL, TRAIN,
-                                   mesh=mesh, axis="cp", mode="p2p", batch_axis="dp")
+        verify_against_single_chip(None, synthetic_batch(MODEL, TRAIN), MODEL, TRAIN, mesh=mesh,
+                                   axis="cp", cp=CPSettings(mode="p2p", chips=4, dp=2),
+                                   batch_axis="dp")
 
 
 # HLO of a step on a 4-chip dp × CP mesh: collectives over the CP axis alone have one replica

@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from gdn_core import jax_gdn
 from gdn_core.config import GDNConfig
 from gdn_core.cp_layout import LAYOUTS, shard_order
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.jax_gdn.cp import chunk_gated_delta_rule_cp, gdn_layer_cp
 from gdn_core.jax_gdn.layer import gdn_layer
 from gdn_core.jax_gdn.params import init_layer_params
@@ -33,7 +34,7 @@ from gdn_core.testing import assert_close
 
 from .rule_inputs import RuleCase, make_inputs
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 CASE = RuleCase(1, 96, 2, 4, 16, 16, "weak", 16)
 CFG = GDNConfig(hidden_size=32, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8,

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.jax_gdn.hlo_flops import matmul_flops_per_chip
 from gdn_core.jax_gdn.plan import largest_fitting_seq_len, plan_cp_step, seq_len_granule
 from gdn_core.presets import get_preset

@@ -25,6 +25,7 @@ import pytest
 from jax.sharding import Mesh
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
+from gdn_core.cp_modes import CPSettings
 from gdn_core.jax_gdn.cp.param_sharding import REPLICATED, shard_dims
 from gdn_core.jax_gdn.cp.step import (_param_shapes, cp_step_shapes, cp_training_inputs,
                                       make_cp_train_step, sharded_init)
@@ -166,7 +167,8 @@ def test_init_is_never_the_trials_peak(sharding):
     cfg = train_cfg(sharding)
     init_peak = compiled_peak_bytes(compiled_init(MODEL, sharding))
     predicted = predict_step_memory(MODEL, cfg, mode="p2p", chips=D, framework="jax").total
-    step = make_cp_train_step(MODEL, cfg, mesh=mesh(), axis="cp", mode="p2p").lower(
+    step = make_cp_train_step(MODEL, cfg, mesh=mesh(), axis="cp",
+                              cp=CPSettings(mode="p2p", chips=D)).lower(
         *cp_step_shapes(MODEL, cfg, mesh=mesh(), axis="cp")).compile()
     print(f"{sharding}: init {init_peak} B, step XLA {compiled_peak_bytes(step)} B, "
           f"predicted {predicted} B per chip")

@@ -38,7 +38,7 @@ from gdn_core.jax_gdn.kernels import (REFERENCE_ATTENTION, attention_pair_kernel
                                       resolve_jax_attention_kernel)
 from gdn_core.jax_gdn.model import model_loss
 from gdn_core.jax_gdn.params import init_model_params
-from gdn_core.kernels import KernelUnavailable, resolve_kernels
+from gdn_core.kernels import KernelUnavailable, attention_kernel_name, resolve_kernels
 from gdn_core.presets import get_preset
 from gdn_core.testing import assert_close
 from gdn_core.train_config import TrainConfig
@@ -75,8 +75,11 @@ def test_only_the_switch_selects_interpreted_splash_on_a_cpu(monkeypatch, env):
     assert is_interpreted(cpu) == on
     assert attention_pair_kernel("fused", backend="cpu") == ("splash_interpreted" if on
                                                              else "xla")
-    assert resolve_kernels("jax", "fused", device_kind="cpu", dtype="float32", head_dim=16,
-                           has_attention=True).attention == cpu
+    assert attention_kernel_name("jax", "fused", device_kind="cpu", dtype="float32",
+                                 head_dim=16) == cpu
+    if on:  # the whole point: without the switch the Pallas GDN rule refuses a CPU
+        assert resolve_kernels("jax", "fused", device_kind="cpu", dtype="float32", head_dim=16,
+                               has_attention=True).attention == cpu
     # Interpreted, any head_dim and bf16 run (no TPU lanes to fill).
     assert resolve("fused", backend="cpu", dtype="bfloat16") == cpu
     assert resolve("fused", backend="tpu", dtype="bfloat16", head_dim=256) == (
@@ -97,8 +100,10 @@ def test_interpreted_splash_refuses_short_segments_and_documents(interpret):
         resolve_jax_attention_kernel("fused", backend="cpu", dtype="float32", head_dim=16,
                                      segment_len=64)
     mesh = Mesh(np.array(jax.devices()[:2]), ("cp",))
-    step = functools.partial(mesh_cp, TINY, mesh=mesh, axis="cp", mode="p2p", attn_cp="ring",
-                             kernels="fused")
+    def step(seq_len: int, layout: str):
+        return mesh_cp(TINY, seq_len, mesh=mesh, axis="cp", cp=CPSettings(
+            mode="p2p", chips=2, attn_cp="ring", layout=layout, kernels="fused"))
+
     with pytest.raises(KernelUnavailable, match=r"segment_len=64"):  # zigzag: 256 / 2 / 2
         step(256, layout="zigzag")
     cp = step(256, layout="contiguous")
@@ -113,11 +118,15 @@ def test_interpreted_splash_refuses_short_segments_and_documents(interpret):
             q, k, v, pair_kernel("splash_interpreted"), jnp.array([0, 50, 128]))).lower(q, k, v)
 
 
-def test_documents_stay_served_on_a_cpu_without_the_switch(monkeypatch):
+def test_a_fused_cpu_point_without_the_switch_is_refused_for_its_gdn_rule(monkeypatch):
+    """XLA's attention would serve packed documents, but the fused GDN rule (Pallas) runs on
+    a CPU only under the switch, so the whole point is refused, naming it."""
     monkeypatch.delenv(INTERPRET_ENV, raising=False)
-    assert resolve_kernels("jax", "fused", device_kind="cpu", dtype="float32", head_dim=16,
-                           has_attention=True, packed_documents=True).attention == (
-        f"{VERSION} dot_product_attention xla")
+    assert attention_kernel_name("jax", "fused", device_kind="cpu", dtype="float32",
+                                 head_dim=16) == f"{VERSION} dot_product_attention xla"
+    with pytest.raises(KernelUnavailable, match="the Pallas chunk rule needs a TPU or GPU"):
+        resolve_kernels("jax", "fused", device_kind="cpu", dtype="float32", head_dim=16,
+                        has_attention=True, packed_documents=True)
 
 
 # ---- one pair ------------------------------------------------------------------------------
@@ -258,8 +267,9 @@ def test_fused_training_step_interpreted_matches_reference(interpret):
     under the switch kernels="fused" runs splash interpreted (so named), and the CP training
     step's loss matches the one-chip reference model's."""
     mesh = Mesh(np.array(jax.devices()[:2]), ("cp",))
-    assert mesh_cp(TINY, TRAIN.seq_len, mesh=mesh, axis="cp", mode="p2p", attn_cp="ring",
-                   kernels="fused").resolved.attention == SPLASH
+    assert mesh_cp(TINY, TRAIN.seq_len, mesh=mesh, axis="cp",
+                   cp=CPSettings(mode="p2p", chips=mesh.devices.size, attn_cp="ring",
+                                 kernels="fused")).resolved.attention == SPLASH
     report = train_tiny("fused", steps=1, verify=False)
     assert_close("first loss", one_chip_loss(), report.losses[0], 1e-5)
 

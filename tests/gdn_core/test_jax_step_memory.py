@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import Mesh
 
 from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.cp_modes import CPSettings
 from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
 from gdn_core.jax_gdn.hlo_comm import received_bytes_per_chip
 from gdn_core.jax_gdn.model import model_loss
@@ -123,7 +124,8 @@ def cp_step(param_sharding, remat="full"):
     mesh = Mesh(np.array(jax.devices()[:FSDP_D]), ("cp",))
     train_cfg = TrainConfig(batch_size=1, seq_len=FSDP_D * FSDP_T_LOCAL,
                             param_sharding=param_sharding, remat=remat)
-    return make_cp_train_step(FSDP_MODEL, train_cfg, mesh=mesh, axis="cp", mode="p2p").lower(
+    return make_cp_train_step(FSDP_MODEL, train_cfg, mesh=mesh, axis="cp",
+                              cp=CPSettings(mode="p2p", chips=FSDP_D)).lower(
         *cp_step_shapes(FSDP_MODEL, train_cfg, mesh=mesh, axis="cp")).compile()
 
 

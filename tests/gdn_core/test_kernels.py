@@ -51,16 +51,26 @@ def test_reference_is_our_code_everywhere(framework, device_kind, has_attention)
     ("tpu", "float32", f"jax {JAX_V} splash attention"),
     ("tpu", "bfloat16", f"jax {JAX_V} splash attention"),
 ])
-def test_jax_fused_attention_and_reference_gdn_labelled(device_kind, dtype, attention):
+def test_jax_fused_attention_and_pallas_gdn_labelled(monkeypatch, device_kind, dtype,
+                                                     attention):
+    """The attention part alone (attention_kernel_name): on a CPU the whole point also needs
+    the Pallas GDN rule, which runs there only interpreted (test_jax_pallas_kernels.py)."""
+    monkeypatch.delenv(K.INTERPRET_ENV, raising=False)
+    assert K.attention_kernel_name("jax", "fused", device_kind=device_kind, dtype=dtype,
+                                   head_dim=128) == attention
+    if device_kind == "cpu":
+        with pytest.raises(KernelUnavailable, match="the Pallas chunk rule needs a TPU or GPU"):
+            _resolve("jax", device_kind=device_kind, dtype=dtype, head_dim=128)
+        return
     got = _resolve("jax", device_kind=device_kind, dtype=dtype, head_dim=128)
     assert got.attention == attention
-    assert got.gdn == "reference jax chunk rule (no library kernel composes with CP state)"
-    assert got.gdn == K.jax_fused_gdn_name()
+    assert got.gdn == f"gdn_core pallas chunk rule ({device_kind})"
+    assert got.gdn == K.jax_fused_gdn_name(device_kind)
 
 
-def test_jax_fused_gdn_only_runs_anywhere():
+def test_jax_fused_gdn_only_runs_on_any_chip():
     got = _resolve("jax", device_kind="gpu", dtype="float32", head_dim=None, has_attention=False)
-    assert got == ResolvedKernels(gdn=K.jax_fused_gdn_name(), attention=None)
+    assert got == ResolvedKernels(gdn=K.jax_fused_gdn_name("gpu"), attention=None)
 
 
 def test_jax_fused_cudnn_needs_half_precision():
@@ -153,7 +163,7 @@ def test_torch_on_tpu_has_no_attention_kernel():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(framework="mxnet"), r"framework='mxnet' is not one of: torch, jax"),
+    (dict(framework="mxnet"), r"framework='mxnet' is not one of: jax, torch"),
     (dict(kernels="bogus"), r"kernels='bogus' is not one of: reference, fused"),
     (dict(device_kind="npu"), r"device_kind='npu' is not one of: cpu, gpu, tpu"),
 ])
@@ -188,13 +198,12 @@ def test_jax_fused_attention_without_a_mask_refuses_packed_documents(device_kind
 
 def test_packed_documents_are_served_where_the_kernels_take_boundaries(fla):
     fla(True)
-    for framework in ("jax", "torch"):  # XLA attention (CPU), GDN-only JAX, SDPA flash
+    for framework in ("jax", "torch"):  # the references, GDN-only JAX, SDPA flash
         resolve_kernels(framework, "reference", device_kind="gpu", dtype="bfloat16",
                         head_dim=64, has_attention=True, packed_documents=True)
-    resolve_kernels("jax", "fused", device_kind="cpu", dtype="float32", head_dim=64,
-                    has_attention=True, packed_documents=True)
-    resolve_kernels("jax", "fused", device_kind="gpu", dtype="bfloat16", head_dim=None,
-                    has_attention=False, packed_documents=True)
+    for device_kind in ("gpu", "tpu"):  # the Pallas rule takes document starts
+        resolve_kernels("jax", "fused", device_kind=device_kind, dtype="bfloat16",
+                        head_dim=None, has_attention=False, packed_documents=True)
     # fla takes cu_seqlens, composed per segment (torch_gdn.cp.kernel_rule)
     got = resolve_kernels("torch", "fused", device_kind="gpu", dtype="bfloat16", head_dim=64,
                           has_attention=True, packed_documents=True)

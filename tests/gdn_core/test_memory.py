@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from torch.profiler import ProfilerActivity, profile
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
+from gdn_core.cp_modes import CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.jax_gdn.cp.step import cp_step_shapes, make_cp_train_step
 from gdn_core.jax_gdn.model import model_loss
@@ -199,7 +200,8 @@ def xla_bytes(point: Point) -> int:
     mesh = Mesh(np.array(jax.devices()[:point.chips]), ("cp",))
     model_cfg, train_cfg = point.model_cfg, point.train_cfg
     compiled = make_cp_train_step(model_cfg, train_cfg, mesh=mesh, axis="cp",
-                                  mode=point.mode, attn_cp=point.attn_cp).lower(
+                                  cp=CPSettings(mode=point.mode, chips=point.chips,
+                                                attn_cp=point.attn_cp)).lower(
         *cp_step_shapes(model_cfg, train_cfg, mesh=mesh, axis="cp")).compile()
     return compiled_peak_bytes(compiled)
 

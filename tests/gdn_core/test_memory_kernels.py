@@ -1,5 +1,6 @@
-"""The memory predictor's `kernels`: fused torch GDN adds fla-core's workspace (an estimate from
-its source, gdn_core/memory/kernel_workspace.py), and nothing else moves.
+"""The memory predictor's `kernels`: fused torch GDN adds fla-core's workspace, fused JAX GDN the
+Pallas chunk rule's (each counted from its source, gdn_core/memory/kernel_workspace.py), and
+nothing else moves.
 
 Counted here by hand from fla-core 0.6.0's chunk.py, independently of the module's helpers:
 per call, what its forward saves (q, k normed; their float32 rstd; g's float32 cumsum; A) and
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from gdn_core.config import GDNConfig, ModelConfig
-from gdn_core.memory.kernel_workspace import FLA_WORKSPACE_SOURCE
+from gdn_core.memory.kernel_workspace import FLA_WORKSPACE_SOURCE, PALLAS_WORKSPACE_SOURCE
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import TrainConfig
@@ -79,14 +80,49 @@ def test_sequence_sharded_modes_add_the_summary_call_at_width_k_plus_v(mode, sum
     assert (fused.kernel_workspace > one_call) == summary
 
 
-def test_jax_and_the_reference_kernels_add_nothing_and_unknown_kernels_are_refused():
+def pallas_by_hand(tokens: int, *, b: int, remat: str, summary: bool, gpu: bool) -> int:
+    """The Pallas chunk rule's workspace, counted from jax_gdn/pallas's custom_vjp: residuals
+    q, k, v heads-major, G and β float32 rows, the state entering each chunk (GPU: and w);
+    backward outputs dq, dk per value head, dv, dG, dβ in float32 (GPU: and c, dS per chunk)."""
+    chunks = tokens // C
+
+    def saved(width, nbytes):
+        return (tokens * ((2 * HK * K + HV * width) * nbytes + 2 * HV * 4 + (HV * K * 4 if gpu
+                                                                             else 0))
+                + chunks * HV * K * width * 4)
+
+    def transient(width):
+        return (tokens * (2 * HV * K + HV * width + 2 * HV) * 4
+                + (2 * chunks * HV * K * width * 4 if gpu else 0))
+
+    kept = saved(V, b) + (saved(K + V, 4) if summary else 0)
+    biggest = max([transient(V)] + ([transient(K + V)] if summary else []))
+    return (LAYERS if remat == "none" else 1) * kept + biggest
+
+
+@pytest.mark.parametrize("mode, chips, summary", [("p2p", 1, False), ("log_scan", 4, True),
+                                                  ("ulysses", 4, False)])
+@pytest.mark.parametrize("device_kind, gpu", [(None, True), ("gpu", True), ("tpu", False),
+                                              ("cpu", False)])
+def test_fused_jax_adds_the_pallas_rules_residuals(mode, chips, summary, device_kind, gpu):
+    train = TrainConfig(seq_len=chips * 256, dtype="bfloat16", remat="none")
+    reference, fused = (predict_step_memory(MODEL, train, mode=mode, chips=chips,
+                                            framework="jax", kernels=kernels,
+                                            device_kind=device_kind)
+                        for kernels in ("reference", "fused"))
+    assert fused.kernel_workspace == pallas_by_hand(256, b=2, remat="none", summary=summary,
+                                                    gpu=gpu) > 0
+    assert fused.total - reference.total == fused.kernel_workspace
+    assert fused.kernel_workspace_source == PALLAS_WORKSPACE_SOURCE
+    assert "Pallas" in PALLAS_WORKSPACE_SOURCE and "until measured on a chip" in \
+        PALLAS_WORKSPACE_SOURCE
+
+
+def test_the_reference_kernels_add_nothing_and_unknown_kernels_are_refused():
     train = TrainConfig(seq_len=512, dtype="bfloat16")
-    jax_reference = predict_step_memory(MODEL, train, mode="p2p", chips=1, framework="jax")
-    jax_fused = predict_step_memory(MODEL, train, mode="p2p", chips=1, framework="jax",
-                                    kernels="fused")
-    assert jax_fused.total == jax_reference.total and jax_fused.kernel_workspace == 0
-    default = predict_step_memory(MODEL, train, mode="p2p", chips=1, framework="torch")
-    assert default.kernels == "reference" and default.kernel_workspace == 0
+    for framework in ("jax", "torch"):
+        default = predict_step_memory(MODEL, train, mode="p2p", chips=1, framework=framework)
+        assert default.kernels == "reference" and default.kernel_workspace == 0
     with pytest.raises(ValueError, match="fast"):
         predict_step_memory(MODEL, train, mode="p2p", chips=1, framework="torch",
                             kernels="fast")

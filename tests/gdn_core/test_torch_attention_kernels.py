@@ -158,14 +158,14 @@ def test_kernel_names_are_checked():
     with pytest.raises(ValueError, match="kernel='flash' is not one of"):
         attention_cp(q, q[:, :, :1], q[:, :, :1], group=None, mode="ring", kernel="flash")
     with pytest.raises(ValueError, match="kernels='fast' is not one of: reference, fused"):
-        context_parallel(HybridLanguageModel(get_preset("tiny", layers="hybrid", num_layers=2)),
-                         group=None, mode="p2p", kernels="fast")
+        CPSettings(mode="p2p", chips=2, kernels="fast")
 
 
 @pytest.mark.parametrize("kernels, kernel", [("reference", "tiles"), ("fused", "sdpa")])
 def test_context_parallel_gives_attention_the_kernel_of_kernels(kernels, kernel):
     model = HybridLanguageModel(get_preset("tiny", layers="hybrid", num_layers=2))
-    context_parallel(model, group=None, mode="p2p", attn_cp="ring", kernels=kernels)
+    context_parallel(model, group=None,
+                     cp=CPSettings(mode="p2p", chips=2, attn_cp="ring", kernels=kernels))
     layers = [m for m in model.modules() if isinstance(m, ContextParallelGatedAttention)]
     assert layers and {m.kernel for m in layers} == {kernel}
 

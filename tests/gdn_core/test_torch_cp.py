@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from gdn_core.cp_modes import CP_MODES
 from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from gdn_core.torch_gdn.cp import chunk_gated_delta_rule_cp, count_comm, exchange_conv_halo
@@ -23,7 +24,7 @@ from gdn_core.torch_gdn.cp import chunk_gated_delta_rule_cp, count_comm, exchang
 from .rule_inputs import RuleCase, make_inputs
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 DS = [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)]
 CHUNK, T_LOCAL, B, DK, DV = 16, 24, 2, 16, 24  # t = 24: not a multiple of the chunk

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from gdn_core.cp_layout import LAYOUTS, local_positions
-from gdn_core.cp_modes import ATTN_CP_MODES
+from gdn_core.cp_modes import ATTN_CP_MODES, check_attention_cp_shape
 from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn.attention_kernels import attention_kernel, tile_pairs
 from gdn_core.torch_gdn.cp import count_comm
@@ -25,7 +25,6 @@ from gdn_core.torch_gdn.cp.attention import (
     _GatheredAttention,
     _visible_pairs,
     attention_cp,
-    check_attention_shape,
     ring_saved_bytes_bound,
 )
 
@@ -269,18 +268,18 @@ def test_ulysses_refuses_more_ranks_than_heads(D):  # 4-rank job the slow tier r
                "of " + ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
                for r in results(D))
     with pytest.raises(ValueError, match=r"query heads \(4\) divisible by chips=8"):
-        check_attention_shape(mode="ulysses", chips=8, seq_len=64, layout="contiguous",
-                              num_heads=4, num_kv_heads=2)
+        check_attention_cp_shape(attn_cp="ulysses", chips=8, num_heads=4,
+                                 num_kv_heads=2, seq_len=64, layout="contiguous")
     with pytest.raises(ValueError, match="seq_len=36 is not divisible by 8"):
-        check_attention_shape(mode="ring", chips=4, seq_len=36, layout="zigzag",
-                              num_heads=4, num_kv_heads=2)
+        check_attention_cp_shape(attn_cp="ring", chips=4, num_heads=4,
+                                 num_kv_heads=2, seq_len=36, layout="zigzag")
     with pytest.raises(ValueError, match=r"query heads \(6\) must be a multiple of key/value "
                        r"heads \(4\)"):
-        check_attention_shape(mode="ring", chips=2, seq_len=8, layout="contiguous",
-                              num_heads=6, num_kv_heads=4)
+        check_attention_cp_shape(attn_cp="ring", chips=2, num_heads=6,
+                                 num_kv_heads=4, seq_len=8, layout="contiguous")
     with pytest.raises(ValueError, match="attn_cp='flash' is not one of: all_gather_kv"):
-        check_attention_shape(mode="flash", chips=2, seq_len=8, layout="contiguous",
-                              num_heads=4, num_kv_heads=2)
+        check_attention_cp_shape(attn_cp="flash", chips=2, num_heads=4,
+                                 num_kv_heads=2, seq_len=8, layout="contiguous")
 
 
 @pytest.mark.slow  # the world-of-4 job (every D = 4 case with it): the slow tier's

@@ -85,8 +85,8 @@ def one_case(rank: int, D: int, mode: str, attn_cp: str, layout: str) -> dict:
     after one AdamW step; every rank: a checksum of its weights after the step."""
     cfg = train_cfg(D)
     model, optimizer = build_training(model_cfg(D), cfg)
-    same = context_parallel(slow_decay(model), group=None, mode=mode, attn_cp=attn_cp,
-                            layout=layout)
+    same = context_parallel(slow_decay(model), group=None,
+                            cp=CPSettings(mode=mode, chips=D, attn_cp=attn_cp, layout=layout))
     inputs, targets = shard_batch(tokens(D), rank=rank, chips=D, layout=layout)
     with torch.no_grad():
         logits = model(inputs)
@@ -237,21 +237,22 @@ def test_context_parallel_hybrid_in_place():
     refuses a second call and unknown attn_cp / layout, and sets the decoder's positions."""
     model = HybridLanguageModel(model_cfg(2))
     params, names = list(model.parameters()), list(model.state_dict())
-    context_parallel(model, group=None, mode="p2p", attn_cp="ring", layout="zigzag")
+    context_parallel(model, group=None,
+                     cp=CPSettings(mode="p2p", chips=2, attn_cp="ring", layout="zigzag"))
     assert [p is q for p, q in zip(params, model.parameters(), strict=True)] == [True] * len(params)
     assert list(model.state_dict()) == names
     assert isinstance(model.model.layers[1].self_attn, ContextParallelGatedAttention)
     assert model.model.sequence_positions is not None
     with pytest.raises(ValueError, match="already context-parallel"):
-        context_parallel(model, group=None, mode="p2p")
+        context_parallel(model, group=None, cp=CPSettings(mode="p2p", chips=2))
     fresh = HybridLanguageModel(model_cfg(2))
     with pytest.raises(ValueError, match="attn_cp='rings' is not one of"):
-        context_parallel(fresh, group=None, mode="p2p", attn_cp="rings")
+        context_parallel(fresh, group=None, cp=CPSettings(mode="p2p", chips=2, attn_cp="rings"))
     with pytest.raises(ValueError, match="layout='zig' is not one of"):
-        context_parallel(fresh, group=None, mode="p2p", layout="zig")
+        context_parallel(fresh, group=None, cp=CPSettings(mode="p2p", chips=2, layout="zig"))
     assert not any(isinstance(m, ContextParallelGatedAttention) for m in fresh.modules())
     alone = GatedAttention(AttentionConfig(num_heads=2, num_kv_heads=1, head_dim=8), 16, 1e-6)
-    cp = context_parallel(alone, group=None, mode="p2p", attn_cp="ulysses")
+    cp = context_parallel(alone, group=None, cp=CPSettings(mode="p2p", chips=2, attn_cp="ulysses"))
     assert isinstance(cp, ContextParallelGatedAttention) and cp.q_proj is alone.q_proj
     with pytest.raises(ValueError, match="contains no GatedDeltaNet"):
-        context_parallel(torch.nn.Linear(2, 2), group=None, mode="p2p")
+        context_parallel(torch.nn.Linear(2, 2), group=None, cp=CPSettings(mode="p2p", chips=2))

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gdn_core.config import GDNConfig, ModelConfig
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn import GatedDeltaNet, GDNLanguageModel, context_parallel
@@ -24,7 +25,7 @@ from gdn_core.torch_gdn.cp import ContextParallelGatedDeltaNet, count_comm
 
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 # D = 2 in the default tier; D = 4 and 8 in the slow tier (test_torch_cp.py keeps D = 4 at the
 # rule level: p2p's multi-hop wavefront and log_scan's second round).
 DS = [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)]
@@ -107,7 +108,7 @@ def run_layer(rank: int, D: int, mode: str, cfg: GDNConfig) -> dict:
     x, W = layer_data(D)
     seq = slice(rank * T_LOCAL, (rank + 1) * T_LOCAL)
     layer = make_layer(cfg)
-    cp = context_parallel(layer, group=None, mode=mode)
+    cp = context_parallel(layer, group=None, cp=CPSettings(mode=mode, chips=D))
     x_local = torch.tensor(x[:, seq]).requires_grad_()
     with count_comm() as comm:
         y = cp(x_local)
@@ -125,7 +126,7 @@ def run_model(rank: int, D: int, mode: str) -> dict:
                                                vocab_size=model_cfg(D).vocab_size)).long()
     model = GDNLanguageModel(model_cfg(D), seed=1)
     names = list(model.state_dict())
-    same = context_parallel(model, group=None, mode=mode)
+    same = context_parallel(model, group=None, cp=CPSettings(mode=mode, chips=D))
     with torch.no_grad():
         logits = model(tokens[:, rank * T_LOCAL:(rank + 1) * T_LOCAL])
     return {"logits": np32(logits), "in_place": same is model,
@@ -133,9 +134,9 @@ def run_model(rank: int, D: int, mode: str) -> dict:
             "cp_layers": sum(isinstance(m, ContextParallelGatedDeltaNet) for m in model.modules())}
 
 
-def error_of(cfg: GDNConfig, mode: str, t: int) -> str:
+def error_of(cfg: GDNConfig, mode: str, t: int, D: int) -> str:
     """The ValueError message of a CP layer's forward on a [1, t, hidden] shard."""
-    cp = context_parallel(GatedDeltaNet(cfg), group=None, mode=mode)
+    cp = context_parallel(GatedDeltaNet(cfg), group=None, cp=CPSettings(mode=mode, chips=D))
     try:
         cp(torch.zeros(1, t, cfg.hidden_size))
     except ValueError as e:
@@ -151,8 +152,8 @@ def layer_job(rank: int, D: int) -> dict:
     out.update({f"model-{m}": run_model(rank, D, m) for m in MODES})
     odd_heads = GDNConfig(hidden_size=16, num_k_heads=1, num_v_heads=D + 1, head_k_dim=4,
                           head_v_dim=4)
-    out["ulysses_heads"] = error_of(odd_heads, "ulysses", t=8)
-    out["short_shard"] = error_of(gdn_cfg(D), "p2p", t=gdn_cfg(D).conv_kernel_size - 2)
+    out["ulysses_heads"] = error_of(odd_heads, "ulysses", t=8, D=D)
+    out["short_shard"] = error_of(gdn_cfg(D), "p2p", t=gdn_cfg(D).conv_kernel_size - 2, D=D)
     return out
 
 
@@ -248,14 +249,15 @@ def test_cp_layer_shape_errors_name_the_numbers(D):
 def test_context_parallel_argument_errors():
     """Checked before any process group is touched, so no spawn is needed."""
     with pytest.raises(ValueError, match="mode='ring' is not one of: ulysses, p2p"):
-        context_parallel(GatedDeltaNet(gdn_cfg(2)), group=None, mode="ring")
+        context_parallel(GatedDeltaNet(gdn_cfg(2)), group=None, cp=CPSettings(mode="ring", chips=2))
     with pytest.raises(ValueError, match="Linear contains no GatedDeltaNet"):
-        context_parallel(nn.Linear(2, 2), group=None, mode="p2p")
-    cp = context_parallel(GatedDeltaNet(gdn_cfg(2)), group=None, mode="p2p")
+        context_parallel(nn.Linear(2, 2), group=None, cp=CPSettings(mode="p2p", chips=2))
+    cp = context_parallel(GatedDeltaNet(gdn_cfg(2)), group=None, cp=CPSettings(mode="p2p", chips=2))
     with pytest.raises(ValueError, match="already context-parallel"):
-        context_parallel(cp, group=None, mode="p2p")
+        context_parallel(cp, group=None, cp=CPSettings(mode="p2p", chips=2))
     model = GDNLanguageModel(model_cfg(2))
-    model.layers[0].gdn = context_parallel(model.layers[0].gdn, group=None, mode="p2p")
+    model.layers[0].gdn = context_parallel(model.layers[0].gdn, group=None,
+                                           cp=CPSettings(mode="p2p", chips=2))
     with pytest.raises(ValueError, match=r"has 1 layer\(s\) already context-parallel"):
-        context_parallel(model, group=None, mode="log_scan")
+        context_parallel(model, group=None, cp=CPSettings(mode="log_scan", chips=2))
     assert type(model.layers[1].gdn) is GatedDeltaNet  # nothing swapped by the failed call

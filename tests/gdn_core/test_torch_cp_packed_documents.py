@@ -25,6 +25,7 @@ import torch
 
 from gdn_core.config import GDNConfig
 from gdn_core.cp_layout import LAYOUTS, local_positions
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import (
     GatedDeltaNet,
@@ -38,7 +39,7 @@ from gdn_core.torch_gdn.gdn_kernels import ReferenceGDNKernel
 from .rule_inputs import RuleCase, make_inputs
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 CHUNK, T_LOCAL, DK, DV, TOL = 16, 24, 16, 16, 1e-4
 BOUNDARIES = ("spanning", "edges")
@@ -141,8 +142,9 @@ def run_layer(rank: int, D: int, case: Case, kernels: str = "reference") -> dict
     x, W = layer_data(D)
     pos = positions(rank, D, case.layout)
     stand_in = {"gdn_kernel": "reference"} if kernels == "fused" else {}
-    cp = context_parallel(make_layer(), group=None, mode=case.mode, layout=case.layout,
-                          kernels=kernels, **stand_in)
+    cp = context_parallel(make_layer(), group=None,
+                          cp=CPSettings(mode=case.mode, chips=D, layout=case.layout,
+                                        kernels=kernels), **stand_in)
     x_local = torch.tensor(x[:, pos]).requires_grad_()
     y = cp(x_local, torch.tensor(case.cu))
     (y * torch.tensor(W[:, pos])).sum().backward()

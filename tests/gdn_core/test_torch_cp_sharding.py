@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gdn_core.cp_modes import CPSettings
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import build_training, context_parallel, run_cp_training, train_step
@@ -40,7 +40,7 @@ from .torch_dist import run_in_process_group
 
 PAIRS = [(s, r) for s in PARAM_SHARDINGS for r in REMATS]
 MODE = "p2p"  # the step matrix; every other mode runs fsdp + full remat (slow: every pair)
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 GRAD_TOL = 1e-5
 # bf16: FSDP2 gathers bf16 weight copies (so the residual stream is bf16 too); one chip runs
 # autocast over fp32 weights. Measured max_verify_error at D = 2 (p2p, this init): one chip
@@ -76,7 +76,7 @@ class FSDPCollectiveSpy(TorchDispatchMode):
 def sharded_cp_model(D: int, cfg):
     """The CP model of build_cp_training, with slow decay set before sharding (see slow_decay)."""
     model = slow_decay(build_model(model_cfg(D), cfg))
-    context_parallel(model, group=None, mode=MODE)
+    context_parallel(model, group=None, cp=CPSettings(mode=MODE, chips=D))
     shard_parameters(model, cfg, group=None)
     return model, build_sharded_optimizer(model, cfg, group=None)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gdn_core.cp_modes import CPSettings
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.memory.verify import verify_reference_memory
@@ -35,7 +35,7 @@ from gdn_core.train_config import TrainConfig
 from .test_torch_cp_layer import layer_comm_bytes, model_cfg
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 # D = 2 in the default tier; D = 4 and 8 in the slow tier (test_torch_cp.py keeps D = 4 at the
 # rule level: p2p's multi-hop wavefront and log_scan's second round).
 DS = [2, pytest.param(4, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)]
@@ -77,7 +77,7 @@ def one_cp_step(rank: int, D: int, mode: str) -> dict:
     """One AdamW step under CP: the global loss and every weight afterwards (this rank)."""
     cfg = train_cfg(D)
     model, optimizer = build_training(model_cfg(D), cfg)
-    context_parallel(slow_decay(model), group=None, mode=mode)
+    context_parallel(slow_decay(model), group=None, cp=CPSettings(mode=mode, chips=D))
     tokens = torch.from_numpy(synthetic_tokens(batch_size=B, seq_len=cfg.seq_len,
                                                vocab_size=model_cfg(D).vocab_size)).long()
     inputs, targets = shard_batch(tokens, rank=rank, chips=D)
@@ -178,6 +178,9 @@ def test_run_cp_training_report(mode, D):
             assert (rep["mode"], rep["chips"]) == (mode, D)
             assert rep["peak_memory_bytes"] > 0 and rep["memory_source"] == "process_rss_peak"
             assert rep["comm_source"] == "counted_collectives"
+            # what ran, as the step resolved it (a trial's result stores these)
+            assert (rep["gdn_kernel"], rep["attention_kernel"]) == (
+                "reference torch chunk rule", None)
         losses = reports[0]["losses"]
         assert len(losses) == STEPS + WARMUP and all(math.isfinite(x) for x in losses)
         assert losses[-1] < losses[0], losses

@@ -20,6 +20,7 @@ import torch
 
 from gdn_core.config import GDNConfig
 from gdn_core.cp_layout import LAYOUTS, local_positions
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn import (
     GatedDeltaNet,
@@ -32,7 +33,7 @@ from gdn_core.torch_gdn.cp import chunk_gated_delta_rule_cp, count_comm
 from .rule_inputs import RuleCase, make_inputs
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 # D = 2 in the default tier; D = 4 and 8 in the slow tier (test_torch_cp.py keeps D = 4 at the
 # rule level: p2p's multi-hop wavefront and log_scan's second round).
@@ -143,7 +144,8 @@ def run_layer(rank: int, D: int, mode: str, layout: str, remat: bool, group) -> 
     `remat` the core (exchanges included) is recomputed in backward (remat 'gdn')."""
     x, W = layer_data(D)
     pos = positions(rank, D, D * T_LOCAL, layout)
-    cp = context_parallel(make_layer(gdn_cfg(D)), group=group, mode=mode, layout=layout)
+    cp = context_parallel(make_layer(gdn_cfg(D)), group=group,
+                          cp=CPSettings(mode=mode, chips=D, layout=layout))
     cp.recompute_core = remat
     x_local = torch.tensor(x[:, pos]).requires_grad_()
     with count_comm() as comm:
@@ -174,7 +176,8 @@ def rule_error(t: int, layout: str, group) -> str:
 
 
 def layer_error(D: int, t: int, group) -> str:
-    cp = context_parallel(GatedDeltaNet(gdn_cfg(D)), group=group, mode="p2p", layout="zigzag")
+    cp = context_parallel(GatedDeltaNet(gdn_cfg(D)), group=group,
+                          cp=CPSettings(mode="p2p", chips=D, layout="zigzag"))
     try:
         cp(torch.zeros(1, t, gdn_cfg(D).hidden_size))
     except ValueError as e:

@@ -92,8 +92,9 @@ def summed_gradients(rank: int, run: Run) -> dict[str, np.ndarray] | None:
     """One gradient-only step of build_cp_training's model on this rank's shard, summed over
     all 4 ranks (fsdp shards gathered); rank 0 returns them."""
     cfg = run.train_cfg()
-    model, _ = build_cp_training(MODEL, cfg, group=None, mode=run.mode, attn_cp=run.attn_cp,
-                                 layout=run.layout, dp=run.dp)
+    model, _ = build_cp_training(MODEL, cfg, group=None,
+                                 cp=CPSettings(mode=run.mode, chips=CHIPS, attn_cp=run.attn_cp,
+                                               layout=run.layout, dp=run.dp))
     inputs, targets = shard_batch(global_tokens_BT1(), rank=rank, chips=CHIPS,
                                   layout=run.layout, dp=run.dp)
     train_step(model, _GradientsOnly(model.parameters()), inputs, targets,
@@ -145,8 +146,9 @@ def dp_cp_job(rank: int, world_size: int, runs: tuple[Run, ...], checks: bool) -
     if checks:
         out["mesh"] = mesh_facts(rank)
         out["verified_length"] = {name: verified_length(
-            MODEL, PREFIX_CFG, group=None, mode="p2p", device=torch.device("cpu"),
-            budget_bytes=budget, dp=2) for name, budget in verify_budgets().items()}
+            MODEL, PREFIX_CFG, group=None, cp=CPSettings(mode="p2p", chips=CHIPS, dp=2),
+            device=torch.device("cpu"), budget_bytes=budget)
+            for name, budget in verify_budgets().items()}
         cfg = Run(2, "p2p", "all_gather_kv", "contiguous", "replicated").train_cfg()
         out["wrong_chips"] = error_message(lambda: run_cp_training(
             MODEL, cfg, group=None, cp=CPSettings(mode="p2p", chips=8, dp=2), steps=1))

@@ -22,6 +22,7 @@ import torch
 
 from gdn_core import kernels as rule_book
 from gdn_core.cp_layout import LAYOUTS
+from gdn_core.cp_modes import CPSettings
 from gdn_core.kernels import FLA_GDN, KernelUnavailable, resolve_kernels
 from gdn_core.testing import assert_close, rel_err
 from gdn_core.torch_gdn import HybridLanguageModel, context_parallel
@@ -115,8 +116,9 @@ def run_layer(rank: int, D: int, mode: str, layout: str, remat: bool) -> dict:
     reference kernel as fla's stand-in."""
     x, W = layer_data(D)
     pos = positions(rank, D, x.shape[1], layout)
-    cp = context_parallel(make_layer(gdn_cfg(D)), group=None, mode=mode, layout=layout,
-                          kernels="fused", gdn_kernel="reference")
+    cp = context_parallel(make_layer(gdn_cfg(D)), group=None,
+                          cp=CPSettings(mode=mode, chips=D, layout=layout,
+                                        kernels="fused"), gdn_kernel="reference")
     chosen = type(cp.gdn_kernel).__name__
     cp.gdn_kernel = kernel = CountingKernel(cp.gdn_kernel)
     cp.recompute_core = remat
@@ -150,7 +152,6 @@ def run_bf16(rank: int, D: int, mode: str) -> dict:
 def refusals(D: int) -> dict:
     """What kernels="fused" does on CPU without a stand-in: run_cp_training refuses before any
     collective; a layer given fla's kernel raises rather than running anything else."""
-    from gdn_core.cp_modes import CPSettings
     from gdn_core.presets import get_preset
     from gdn_core.torch_gdn.cp.train import run_cp_training
     from gdn_core.train_config import TrainConfig
@@ -162,8 +163,8 @@ def refusals(D: int) -> dict:
         out["run"] = "no error"
     except KernelUnavailable as err:
         out["run"] = str(err)
-    cp = context_parallel(make_layer(gdn_cfg(D)), group=None, mode="all_gather",
-                          kernels="fused")
+    cp = context_parallel(make_layer(gdn_cfg(D)), group=None,
+                          cp=CPSettings(mode="all_gather", chips=D, kernels="fused"))
     out["layer_kernel"] = type(cp.gdn_kernel).__name__
     try:
         cp(torch.zeros(1, 16, gdn_cfg(D).hidden_size))
@@ -346,9 +347,10 @@ def test_context_parallel_gives_gdn_layers_the_kernel_of_kernels():
     reference → none (this package's CP rule, unchanged)."""
     from gdn_core.presets import get_preset
 
-    def kernels_of(**kwargs):
+    def kernels_of(kernels, **kwargs):
         model = HybridLanguageModel(get_preset("tiny", layers="hybrid", num_layers=2))
-        context_parallel(model, group=None, mode="p2p", **kwargs)
+        context_parallel(model, group=None, cp=CPSettings(mode="p2p", chips=2, kernels=kernels),
+                         **kwargs)
         return [m.gdn_kernel for m in model.modules()
                 if isinstance(m, ContextParallelGatedDeltaNet)]
 

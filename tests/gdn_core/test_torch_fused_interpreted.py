@@ -28,6 +28,7 @@ import torch
 
 from gdn_core.config import GDNConfig
 from gdn_core.cp_layout import LAYOUTS, local_positions
+from gdn_core.cp_modes import CP_MODES, CPSettings
 from gdn_core.interpreted_kernels import INTERPRET_ENV
 from gdn_core.testing import assert_close
 from gdn_core.torch_gdn import GatedDeltaNet, chunk_gated_delta_rule, recurrent_gated_delta_rule
@@ -39,7 +40,7 @@ from .rule_inputs import RuleCase, make_inputs
 from .test_torch_cp_packed_documents import make_layer as seeded_slow_decay_layer
 from .torch_dist import run_in_process_group
 
-MODES = ("ulysses", "p2p", "all_gather", "log_scan")
+MODES = CP_MODES
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 DOCUMENTS = ("single", "spanning", "edges")
 CHUNK, T_LOCAL, HK, HV, DK, DV, TOL = 16, 64, 1, 2, 32, 32, 1e-4
@@ -252,8 +253,9 @@ def run_layer(rank: int, case: Case) -> dict:
     """One rank of a GatedDeltaNet under kernels="fused" (the switch on: fla interpreted)."""
     x, W = layer_data(case.T)
     pos = positions(rank, case.D, case.layout)
-    cp = context_parallel(make_layer(), group=None, mode=case.mode, layout=case.layout,
-                          kernels="fused")
+    cp = context_parallel(make_layer(), group=None,
+                          cp=CPSettings(mode=case.mode, chips=case.D, layout=case.layout,
+                                        kernels="fused"))
     x_local = torch.tensor(x[:, pos]).requires_grad_()
     y = cp(x_local, cu_tensor(case.cu))
     (y * torch.tensor(W[:, pos])).sum().backward()
@@ -420,7 +422,8 @@ def one_chip_job(rank: int, world: int) -> dict:
     out = {}
     for kernels in ("fused", "reference"):
         plain = make_layer()
-        cp = context_parallel(make_layer(), group=None, mode="p2p", kernels=kernels)
+        cp = context_parallel(make_layer(), group=None,
+                              cp=CPSettings(mode="p2p", chips=1, kernels=kernels))
         calls = []
         if kernels == "fused":
             inner = cp.gdn_kernel
@@ -455,7 +458,6 @@ def hybrid_step_job(rank: int, world: int, mode: str = "p2p",
     (the reference model on the whole batch)."""
     import dataclasses as dc
 
-    from gdn_core.cp_modes import CPSettings
     from gdn_core.presets import get_preset
     from gdn_core.torch_gdn.cp.train import run_cp_training
     from gdn_core.train_config import TrainConfig

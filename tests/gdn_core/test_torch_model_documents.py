@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gdn_core.cp_layout import local_positions
+from gdn_core.cp_modes import CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.presets import get_preset
 from gdn_core.testing import assert_close, rel_err
@@ -65,8 +66,9 @@ def _cp_job(rank: int, world_size: int) -> dict:
 
     tokens, out = _tokens(), {}
     for mode, attn_cp, layout in CP_CASES:
-        model = context_parallel(_model(), group=None, mode=mode, attn_cp=attn_cp,
-                                 layout=layout)
+        model = context_parallel(_model(), group=None,
+                                 cp=CPSettings(mode=mode, chips=world_size, attn_cp=attn_cp,
+                                               layout=layout))
         positions = torch.from_numpy(local_positions(chip=rank, chips=world_size, seq_len=T,
                                                      layout=layout))
         inputs, targets = tokens[:, :-1][:, positions], tokens[:, 1:][:, positions]

@@ -26,6 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from gdn_core.config import AttentionConfig, GDNConfig, ModelConfig
+from gdn_core.cp_modes import CPSettings
 from gdn_core.data import synthetic_tokens
 from gdn_core.memory.parameters import parameter_count
 from gdn_core.memory.step import predict_step_memory
@@ -80,7 +81,8 @@ def build_and_step(rank: int, world_size: int, shardings) -> dict:
     for sharding in shardings:
         cfg = train_cfg(sharding)
         (model, optimizer), build_peak, resident = profiled(
-            lambda: build_cp_training(MODEL, cfg, group=None, mode=MODE))
+            lambda: build_cp_training(MODEL, cfg, group=None,
+                                      cp=CPSettings(mode=MODE, chips=world_size)))
         names, params = zip(*model.named_parameters())
         weights = {name: t.detach().numpy().copy()
                    for name, t in zip(names, full_tensors(list(params)))}
@@ -188,7 +190,8 @@ def hybrid_model(tied: bool) -> ModelConfig:
 
 
 def hybrid_weights(rank: int, world_size: int, tied: bool) -> dict:
-    model, _ = build_cp_training(hybrid_model(tied), train_cfg("fsdp"), group=None, mode=MODE)
+    model, _ = build_cp_training(hybrid_model(tied), train_cfg("fsdp"), group=None,
+                                 cp=CPSettings(mode=MODE, chips=world_size))
     names, params = zip(*model.named_parameters())
     return {name: t.detach().numpy().copy()
             for name, t in zip(names, full_tensors(list(params)))}

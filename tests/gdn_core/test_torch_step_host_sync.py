@@ -113,8 +113,7 @@ def _cp_step_job(rank: int, D: int, mode: str, documents: str) -> list[str]:
                                                             num_v_heads=2))
     train_cfg = TrainConfig(batch_size=1, seq_len=8 * D, documents=documents)
     cp = CPSettings(mode=mode, chips=D, attn_cp="all_gather_kv", layout="zigzag")
-    model, optimizer = build_cp_training(cfg, train_cfg, group=None, mode=cp.mode,
-                                         attn_cp=cp.attn_cp, layout=cp.layout)
+    model, optimizer = build_cp_training(cfg, train_cfg, group=None, cp=cp)
     inputs, targets = shard_batch(_tokens(cfg, train_cfg), rank=rank, chips=D,
                                   layout=cp.layout)
     step = dict(global_tokens=train_cfg.seq_len, dtype="float32",

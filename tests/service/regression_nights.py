@@ -13,10 +13,10 @@ import datetime as dt
 import numpy as np
 
 from service.db import crud
-from service.db.schemas import ScheduleCreate
 from service.runs.db_sink import record_result
 from service.runs.schedule_firing import fire_due
 from service.runs.sweep_run import finish
+from service.schemas.schedules import ScheduleCreate
 from workers.result import TrialMetrics, TrialResult
 
 FIRST_NIGHT = dt.datetime(2026, 11, 1, 2, 0, tzinfo=dt.UTC)
@@ -33,9 +33,9 @@ def nightly_schedule(session_factory, *, name: str = "nightly", webhook_url: str
                      spec: dict | None = None) -> int:
     """A schedule due at 02:00 UTC every night from FIRST_NIGHT on; its id."""
     with session_factory() as session:
-        return crud.create_schedule(session=session, schedule_create=ScheduleCreate(
+        return crud.create_schedule(session=session, **ScheduleCreate(
             name=name, cron=NIGHTLY, spec={**(spec or SPEC), "name": name},
-            webhook_url=webhook_url), now=FIRST_NIGHT - dt.timedelta(hours=1)).id
+            webhook_url=webhook_url).columns(), now=FIRST_NIGHT - dt.timedelta(hours=1)).id
 
 
 def fire_night(session_factory, night: int) -> int:

@@ -131,6 +131,23 @@ def test_a_read_command_without_a_database_says_where_it_looked_and_creates_noth
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [*READ_COMMANDS, ["plan", "--preset", "tiny", "--seq-len",
+                                     "1024", "--accelerator", "v5p"], ["db", "upgrade"]],
+                         ids=" ".join)
+def test_every_database_command_says_in_one_line_when_the_database_is_unreachable(
+        capsys, command):
+    """One way to open the database, one way to fail (service/cli/database.py): exit 1 and a
+    line naming the driver's error, no traceback."""
+    from workers.process_probe import free_port
+
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/none"  # nothing listens
+    assert gdn_sweep([*command, "--db", url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("database unreachable: OperationalError: ") and \
+        len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.timeout(60)
 def test_a_plan_without_a_database_answers_from_the_datasheets_and_creates_nothing(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

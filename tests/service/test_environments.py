@@ -44,7 +44,7 @@ def _sweep(session_factory, **changes) -> tuple[int, list]:
 def _trial_ids(session_factory, sweep_id: int) -> dict[str, int]:
     with session_factory() as session:
         trials, _ = crud.list_trials(session=session, sweep_id=sweep_id)
-    return {t.key: t.id for t in trials}
+    return {t.columns["key"]: t.columns["id"] for t in trials}
 
 
 @pytest.fixture

@@ -15,8 +15,12 @@ from tests.layout_rules import find_circles
 ROOT = Path(service.__file__).parent
 
 # Top to bottom: a module may import its own folder and the folders below it, never above.
-LAYERS = ["cli", "bench", "demo", "main", "api", "dashboard", "planner", "runs", "regressions",
-          "db", "core"]
+# runs sits above planner: the planner reads stored results and never runs or records a sweep
+# (recording `plan --fit`'s compiles is runs/fit_record.py's job). schemas, the API's models,
+# sit below everything that builds them (routes, CLI, planner, regressions report) and above the
+# database, whose rows they are built from: the database never imports an API model.
+LAYERS = ["cli", "bench", "demo", "main", "api", "dashboard", "runs", "planner", "regressions",
+          "schemas", "db", "core"]
 
 
 def _module_name(path: Path) -> str:
@@ -70,3 +74,21 @@ def test_the_checks_see_a_circle_and_an_upward_import():
     assert find_circles({"a": {"b"}, "b": set()}) == []
     assert "service.runs.run_command" in GRAPH["service.cli.main"]  # imported inside a function
     assert _layer("service.db.crud") > _layer("service.api.routes.sweeps")
+    assert _layer("service.planner.capacity") > _layer("service.runs.sweep_run")  # issue 38
+    assert _layer("service.api.routes.sweeps") < _layer("service.schemas.sweeps") \
+        < _layer("service.db.crud")  # issue 38: the API models' own floor
+
+
+def test_api_models_live_in_schemas_and_the_database_imports_none():
+    """Every pydantic model of the service is in service/schemas (API models) or outside the
+    database layer; crud and the queries return rows, never an API model."""
+    db_models = [f"{m}.{node.name}" for m, path in MODULES.items()
+                 if _layer(m) == LAYERS.index("db")
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ClassDef)
+                 and any(getattr(b, "id", getattr(b, "attr", "")) == "BaseModel"
+                         for b in node.bases)]
+    assert not db_models, f"pydantic models in service/db (API models: service/schemas): " \
+                          f"{db_models}"
+    assert not [dep for m, deps in GRAPH.items() if m.startswith("service.db")
+                for dep in deps if dep.startswith("service.schemas")]

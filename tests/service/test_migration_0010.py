@@ -14,6 +14,7 @@ from service.db import crud
 from service.db.engine import alembic_config, current_revision, head_revision, make_engine, \
     make_session_factory
 from service.db.models import Sweep, Trial
+from service.schemas.trials import TrialPublic
 from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
 
@@ -61,7 +62,7 @@ def test_0010_old_rows_are_one_replica_and_downgrade_guards_dp(empty_url):  # no
     with make_session_factory(engine)() as session:
         stored_spec = crud.stored_spec(session.get(Sweep, 1000).spec)
         keys = set(session.scalars(select(Trial.key)))
-        public = crud.get_trial(session=session, trial_id=1001)
+        public = TrialPublic.from_row(crud.get_trial(session=session, trial_id=1001))
     engine.dispose()
     assert stored_spec.dp == [1]
     assert {t.key for t in expand_trials(stored_spec)} == keys

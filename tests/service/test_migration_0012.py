@@ -13,6 +13,7 @@ from service.db.engine import alembic_config, current_revision, head_revision, m
     make_session_factory
 from service.db.models import Trial
 from service.runs.db_sink import record_result
+from service.schemas.trials import TrialPublic
 from workers.result import TrialMetrics, TrialResult
 
 from .test_migration_0008 import _columns, _sql
@@ -36,7 +37,8 @@ def test_0012_old_results_have_no_environment_and_downgrade_keeps_them(empty_url
     engine = make_engine(empty_url)
     session_factory = make_session_factory(engine)
     with session_factory() as session:
-        assert crud.get_trial(session=session, trial_id=1001).environment_id is None
+        old = crud.get_trial(session=session, trial_id=1001)
+        assert TrialPublic.from_row(old).environment_id is None
         pending = crud.sweep_trials(session=session, sweep_id=1000)
         spec = next(t for t in pending if session.get(Trial, 1000).key == t.key)
     version = _results_version(empty_url)
@@ -45,7 +47,7 @@ def test_0012_old_results_have_no_environment_and_downgrade_keeps_them(empty_url
         trial=spec, status="succeeded", attempts=1, environment=body,
         metrics=TrialMetrics(tokens_per_s_per_chip=10.0)))
     with session_factory() as session:
-        stored = crud.get_trial(session=session, trial_id=1000)
+        stored = TrialPublic.from_row(crud.get_trial(session=session, trial_id=1000))
     engine.dispose()
     assert stored.environment_id is not None
     assert _results_version(empty_url) == version + 1  # 0005's trigger survived the ALTER

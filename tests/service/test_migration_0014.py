@@ -12,6 +12,7 @@ from service.db import crud
 from service.db.engine import alembic_config, current_revision, head_revision, make_engine, \
     make_session_factory
 from service.db.models import PROFILE_COLUMNS
+from service.schemas.trials import TrialPublic
 from workers.grid import expand_trials
 
 from .profile_seed import seed_profiled_sweep
@@ -35,7 +36,7 @@ def test_0014_old_results_are_unprofiled_and_the_columns_go_down_and_up(empty_ur
     engine = make_engine(empty_url)
     sessions = make_session_factory(engine)
     with sessions() as session:
-        old = crud.get_trial(session=session, trial_id=1001)
+        old = TrialPublic.from_row(crud.get_trial(session=session, trial_id=1001))
         stored = crud.stored_spec(crud.get_sweep(session=session, sweep_id=1000).spec)
         runnable = crud.sweep_trials(session=session, sweep_id=1000)
     assert old.profile is None and old.tokens_per_s_per_chip == 50.0
@@ -45,7 +46,8 @@ def test_0014_old_results_are_unprofiled_and_the_columns_go_down_and_up(empty_ur
 
     ids = seed_profiled_sweep(sessions, tmp_path / "artifacts")  # written at head
     with sessions() as session:
-        assert crud.get_trial(session=session, trial_id=ids["profiled"]).profile.url
+        profiled = crud.get_trial(session=session, trial_id=ids["profiled"])
+        assert TrialPublic.from_row(profiled).profile.url
     engine.dispose()
     # down to 0013: the references go (the files stay where they are), the rows stay
     command.downgrade(config, "0013_regression_alerts")

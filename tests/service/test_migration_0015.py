@@ -12,6 +12,7 @@ from service.db import crud
 from service.db.engine import alembic_config, current_revision, head_revision, make_engine, \
     make_session_factory
 from service.db.models import Sweep, Trial
+from service.schemas.trials import TrialPublic
 from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
 
@@ -36,7 +37,7 @@ def test_0015_old_rows_are_single_document_and_downgrade_guards_packed_ones(empt
     with make_session_factory(engine)() as session:
         stored_spec = crud.stored_spec(session.get(Sweep, 1000).spec)
         keys = set(session.scalars(select(Trial.key)))
-        public = crud.get_trial(session=session, trial_id=1001)
+        public = TrialPublic.from_row(crud.get_trial(session=session, trial_id=1001))
         runnable = crud.sweep_trials(session=session, sweep_id=1000)
     engine.dispose()
     # the stored spec still expands to the stored keys: a resume finds every trial

@@ -10,6 +10,7 @@ from alembic import command
 from service.db import crud
 from service.db.engine import alembic_config, current_revision, head_revision, make_engine, \
     make_session_factory
+from service.schemas.trials import TrialPublic
 
 from .test_migration_0008 import _columns, _sql
 from .test_migration_0010 import _insert_0009_sweep
@@ -21,7 +22,7 @@ def _status_after_upgrade(url: str, config) -> tuple:
     (stored,) = _sql(url, "SELECT profile_status FROM results WHERE trial_id = 1001")
     engine = make_engine(url)
     with make_session_factory(engine)() as session:
-        profile = crud.get_trial(session=session, trial_id=1001).profile
+        profile = TrialPublic.from_row(crud.get_trial(session=session, trial_id=1001)).profile
     engine.dispose()
     command.downgrade(config, "0016_interpreted_kernels")
     assert "profile_status" not in _columns(url, "results")

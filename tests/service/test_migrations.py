@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -23,6 +26,8 @@ from service.db.engine import (
     make_session_factory,
 )
 from service.db.models import Base, Trial
+from service.schemas.sweeps import SweepPublic
+from service.schemas.trials import TrialPublic
 from workers.grid import expand_trials
 from workers.sweep_spec import SweepSpec
 
@@ -178,10 +183,10 @@ def test_0003_keeps_old_rows_readable_and_true(empty_url):
     engine = make_engine(empty_url)
     with make_session_factory(engine)() as session:
         sweep = crud.get_sweep(session=session, sweep_id=1)
-        spec = crud.sweep_public(sweep=sweep, counts={}).spec
+        spec = SweepPublic.from_row(sweep, counts={}, queue_position=None).spec
         stored = {t.key: t.baseline_key for t in session.scalars(select(Trial))}
-        trial = crud.get_trial(session=session, trial_id=1)
-        two_chips = crud.get_trial(session=session, trial_id=2)
+        trial = TrialPublic.from_row(crud.get_trial(session=session, trial_id=1))
+        two_chips = TrialPublic.from_row(crud.get_trial(session=session, trial_id=2))
     engine.dispose()
     assert (spec.one_chip_baseline, spec.repeats) == (False, 1)
     # a resume runs the same trials, and old rows name their mode's one-chip trial
@@ -232,3 +237,25 @@ def test_downgrading_past_0006_refuses_to_lose_plan_trials(empty_url):
     with pytest.raises(RuntimeError, match="plan trials"):
         command.downgrade(alembic_config(empty_url), "0005_cache_versions")
     assert current_revision(empty_url) == "0006_plan_trials"
+
+
+def test_the_revision_scripts_share_one_view_loader():
+    """Issue 38: the capacity views are dropped, created and read from an earlier revision in
+    one place (migrations/views.py), not by a copy in each revision script."""
+    versions = Path(__file__).resolve().parents[2] / "migrations" / "versions"
+    copies = [path.name for path in sorted(versions.glob("*.py"))
+              for text in [path.read_text()]
+              if "spec_from_file_location" in text or "DROP VIEW" in text]
+    assert copies == []
+
+
+@pytest.mark.timeout(60)
+def test_the_revision_scripts_load_from_any_working_directory(tmp_path):
+    """They import migrations.views: alembic.ini's prepend_sys_path finds it wherever the
+    service (or `alembic -c`) runs, not only from the checkout."""
+    shown = subprocess.run(
+        [sys.executable, "-c", "from service.db.engine import head_revision; "
+                               "print(head_revision())"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == head_revision()

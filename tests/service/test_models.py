@@ -11,9 +11,9 @@ import pytest
 from pydantic import TypeAdapter
 from sqlalchemy import BigInteger, Float, Integer, String, Text
 
-from service.db.models import (METRIC_COLUMNS, PROFILE_COLUMNS, Result, Trial, result_for,
-                               trial_row, trial_spec, utcnow)
-from service.db.schemas import TrialPublic
+from service.db.models import (FACT_COLUMNS, METRIC_COLUMNS, PROFILE_COLUMNS, Result, Trial,
+                               result_for, trial_row, trial_spec, utcnow)
+from service.schemas.trials import TrialPublic
 from workers.result import TrialMetrics, TrialProfile
 from workers.grid import MAX_KEY_CHARS, expand_trials
 from workers.sweep_spec import Documents
@@ -132,3 +132,14 @@ def test_the_key_and_documents_columns_hold_what_the_workers_allow():
     documents_bound = TypeAdapter(Documents).json_schema()["maxLength"]
     assert Trial.__table__.c.documents.type.length == documents_bound
     assert Result.__table__.c.documents.type.length == documents_bound
+
+
+def test_a_result_copies_its_trials_grid_columns_as_they_are_defined():
+    """One definition (models.GridPoint) makes both tables' grid columns: same type, width,
+    nullability and server default, so a copied value always fits."""
+    for name in FACT_COLUMNS:
+        trial, result = Trial.__table__.c[name], Result.__table__.c[name]
+        assert (repr(trial.type), trial.nullable) == (repr(result.type), result.nullable), name
+        if name != "sweep_id":  # the trial's is a foreign key, the result's a plain copy
+            assert str(getattr(trial.server_default, "arg", None)) == \
+                str(getattr(result.server_default, "arg", None)), name

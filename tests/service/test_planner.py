@@ -20,7 +20,7 @@ from service.db.models import Result, Sweep
 from service.main import create_app
 from service.planner.capacity import EXTRAPOLATION_LIMIT, plan_capacity
 from service.planner.evidence import load_observations
-from service.planner.schemas import CapacityRequest
+from service.schemas.planner import CapacityRequest
 from service.runs.run_command import run_sweep_into_db
 
 from .conftest import api_settings, scratch_postgres_database
@@ -344,10 +344,33 @@ def test_capacity_of_a_gdn_shape_given_by_hand(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_capacity_plans_per_kernels_and_says_jax_gdn_is_reference_only(session_factory,
-                                                                       db_url):
+@pytest.mark.parametrize("accelerator, platform", [("h100", "gpu"), ("v5p", "tpu")])
+def test_fused_jax_gdn_is_the_pallas_rule_unmeasured_until_a_trial_is(tmp_path, accelerator,
+                                                                       platform):
+    """With no trial of it, every fused JAX candidate names the Pallas rule for the chip's
+    platform and marks its step time unmeasured; the reference's never are."""
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    upgrade_database(url)
+    query = {"preset": "qwen3.5-0.8b", "seq_len": 32768, "accelerator": accelerator,
+             "max_chips": 8, "layers": "gdn_only", "modes": "p2p", "remats": "full"}
+    with TestClient(create_app(api_settings(url))) as client:
+        answers = {k: client.get("/api/capacity", params={**query, "kernels": k}).json()
+                   for k in ("reference", "fused")}
+    fused, reference = answers["fused"]["candidates"], answers["reference"]["candidates"]
+    assert fused and reference
+    for c in fused:
+        assert c["gdn_kernel"] == f"gdn_core pallas chunk rule ({platform})"
+        assert c["gdn_kernel_unmeasured"] and not c["step_time_s"]["trial_ids"]
+        assert c["step_time_s"]["note"].startswith("unmeasured: no measured (non-interpreted) "
+                                                   "trial of the Pallas chunk rule")
+    assert not any(c["gdn_kernel_unmeasured"] for c in reference)
+    assert not any("unmeasured" in c["step_time_s"]["note"] for c in reference)
+
+
+@pytest.mark.timeout(60)
+def test_capacity_plans_per_kernels_and_names_jax_fused_gdn(session_factory, db_url):
     """Reference and fused trials are never fitted together; every candidate names what its
-    GDN layers run, and JAX's is the reference under both values."""
+    GDN layers run: JAX's fused GDN is the Pallas chunk rule."""
     from .seed import seed_sweep
 
     seed_sweep(session_factory, name="k", frameworks=["jax"], modes=["p2p"], chips=[1, 2],
@@ -368,11 +391,15 @@ def test_capacity_plans_per_kernels_and_says_jax_gdn_is_reference_only(session_f
         (two,) = [c for c in answer["candidates"] if c["chips"] == 2 and c["dp"] == 1]
         assert two["kernels"] == kernels and two["step_time_s"]["basis"] == "measured"
         assert set(two["step_time_s"]["trial_ids"]) <= ids[kernels]
-        assert two["gdn_kernel"].startswith("reference jax chunk rule")
-        assert any("JAX's GDN layers run the reference chunk rule" in c
-                   for c in answer["caveats"])
+        assert not two["gdn_kernel_unmeasured"]  # a fused trial measured it (seeded)
+        assert "unmeasured" not in two["step_time_s"]["note"]
+    assert answers["reference"]["candidates"][0]["gdn_kernel"] == "reference jax chunk rule"
+    # JAX's fused GDN is the Pallas chunk rule; on CPU chips it runs only interpreted.
     assert answers["fused"]["candidates"][0]["gdn_kernel"] == (
-        "reference jax chunk rule (no library kernel composes with CP state)")
+        "gdn_core pallas chunk rule (interpreted), only under GDN_SWEEP_INTERPRET_KERNELS=1")
+    assert any("JAX's fused GDN layers run this project's Pallas chunk rule" in c
+               for c in answers["fused"]["caveats"])
+    assert not any("Pallas" in c for c in answers["reference"]["caveats"])
 
 
 @pytest.mark.timeout(60)

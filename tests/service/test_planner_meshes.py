@@ -64,7 +64,7 @@ def _synthetic(seq_lens=(256, 512), extra=lambda chips: 0.0) -> list:
     LATENCY_S (+ extra(chips) × the compute, to break it); CP bytes grow as p2p's do (one
     state at 2 chips, two beyond), gradient bytes as (N − 1)/N over all N chips; memory is the
     prediction + an affine residual in the local shard (what the fits assume)."""
-    from gdn_core.flops.hardware import hardware_flops_per_step
+    from gdn_core.flops.executed import hardware_flops_per_step
     from gdn_core.memory.step import predict_step_memory
     from gdn_core.presets import get_preset
     from gdn_core.train_config import TrainConfig

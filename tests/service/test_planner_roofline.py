@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from gdn_core.flops.model import model_flops_per_step
-from gdn_core.hardware import peak_flops_per_chip
+from gdn_core.datasheets import peak_flops_per_chip
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.presets import get_preset
 from gdn_core.train_config import TrainConfig
@@ -25,7 +25,7 @@ from service.planner.evidence import load_observations
 from service.planner.points import Point, model_for
 from service.planner.published_runs import MAXTEXT_GDN_CP
 from service.planner.roofline import comm_bytes, roofline
-from service.planner.schemas import CapacityRequest
+from service.schemas.planner import CapacityRequest
 
 from .conftest import api_settings
 from .seed import seed_sweep
@@ -294,7 +294,7 @@ def test_every_chip_has_a_datasheet_bandwidth_in_bytes_per_second():
     """The roofline's HBM roof: each chip's bf16 peak ÷ its bandwidth lands where datasheet
     ridge points do (~150–600 FLOPs per byte), which a GB-for-Gb or TB-for-GB slip would not;
     aliases read the same part."""
-    from gdn_core.hardware import CHIP_SPECS, hbm_bandwidth_per_chip
+    from gdn_core.datasheets import CHIP_SPECS, hbm_bandwidth_per_chip
 
     for name, spec in CHIP_SPECS.items():
         assert 100 <= spec.bf16_dense_flops / spec.hbm_bytes_per_s <= 600, name

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.presets import get_preset
 from service.planner.capacity import EXTRAPOLATION_LIMIT, plan_capacity
 from service.planner.evidence import Observation
@@ -26,7 +26,7 @@ from service.planner.fits import (
     fitted_exponent,
     time_curve,
 )
-from service.planner.schemas import CapacityRequest
+from service.schemas.planner import CapacityRequest
 from service.planner.validate import STEP_TIME_GOAL, STEP_TIME_MEDIAN_GOAL, summary, validate
 
 MODEL = get_preset("tiny", num_layers=1)

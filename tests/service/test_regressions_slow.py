@@ -15,8 +15,8 @@ import pytest
 
 from service.db import crud
 from service.db.engine import make_engine, make_session_factory, upgrade_database
-from service.db.schemas import ScheduleUpdate
 from service.regressions.report import regressions_report
+from service.schemas.schedules import ScheduleUpdate
 from workers.sweep_spec import SweepSpec
 
 from .regression_nights import RealNights, nightly_schedule
@@ -56,7 +56,7 @@ def test_four_layers_from_night_6_is_one_regression_at_night_6(local_ray, real_d
                     with session_factory() as session:
                         crud.update_schedule(session=session, schedule=crud.get_schedule(
                             session=session, schedule_id=schedule_id),
-                            schedule_update=ScheduleUpdate(spec=deeper))
+                            changes=ScheduleUpdate(spec=deeper).changes())
                 sweeps.append(nights.night(night))
             hook.wait_for(1, timeout_s=60)
         time.sleep(2)  # any later POST (none expected) has arrived

@@ -20,8 +20,8 @@ from service.db import crud
 from service.db.engine import alembic_config, make_engine, make_session_factory
 from service.db.errors import is_transient
 from service.db.models import Schedule, ScheduleRun, Sweep, Trial
-from service.db.schemas import ScheduleCreate, ScheduleUpdate
 from service.runs.schedule_firing import ScheduleLoop, fire_due, sweep_name
+from service.schemas.schedules import SchedulePublic, ScheduleCreate, ScheduleUpdate
 from workers.sweep_spec import SweepSpec
 
 from .conftest import TINY_SWEEP
@@ -43,9 +43,9 @@ def factory(db_url):
 def add_schedule(factory, *, cron="0 2 * * *", timezone="UTC", now=T0, spec=SKIPPED_ONLY,
                  **fields) -> int:
     with factory() as session:
-        return crud.create_schedule(session=session, now=now, schedule_create=ScheduleCreate(
+        return crud.create_schedule(session=session, now=now, **ScheduleCreate(
             name="nightly", cron=cron, timezone=timezone, spec=SweepSpec(**spec),
-            **fields)).id
+            **fields).columns()).id
 
 
 def counts(factory) -> tuple[int, int]:
@@ -134,8 +134,9 @@ def test_a_due_schedule_creates_one_sweep_named_for_its_due_time(factory):
         assert sweep.spec["name"] == sweep.name
         trials = session.scalars(select(Trial).where(Trial.sweep_id == sweep.id)).all()
         assert [t.status for t in trials] == ["skipped"]
-        (shown,) = crud.schedules_public(session=session,
-                                         schedules=[session.get(Schedule, schedule_id)])
+        (shown,) = SchedulePublic.from_rows(
+            [session.get(Schedule, schedule_id)],
+            crud.schedule_activity(session=session, schedule_ids=[schedule_id]))
     assert as_utc(shown.last_run_at) == due and shown.sweeps_created == 1
     assert shown.next_run_at == due + dt.timedelta(days=1)
     assert [(r.outcome, r.sweep_id) for r in shown.runs] == [("created", fired.sweep_id)]
@@ -201,7 +202,7 @@ def test_paused_creates_nothing_and_resume_skips_what_was_missed(factory):
     assert fire_due(session_factory=factory, now=T0 + dt.timedelta(days=3)) == []
     with factory() as session:
         crud.update_schedule(session=session, schedule=session.get(Schedule, schedule_id),
-                             schedule_update=ScheduleUpdate(paused=False),
+                             changes=ScheduleUpdate(paused=False).changes(),
                              now=T0 + dt.timedelta(hours=5, minutes=1))
     assert fire_due(session_factory=factory, now=T0 + dt.timedelta(hours=5, minutes=2)) == []
     (fired,) = fire_due(session_factory=factory, now=T0 + dt.timedelta(hours=5, minutes=10))

@@ -141,12 +141,12 @@ def test_serve_logs_sweep_and_trial_events_with_ids_then_stops_cleanly(tmp_path,
         key = serve.api.get(f"/api/sweeps/{sweep_id}/trials").json()["data"][0]["key"]
         log = serve.log()
         ids, trial = rf"sweep_id={sweep_id}\b", re.escape(json.dumps(key))  # quoted: it holds =
-        for event in (rf"INFO service\.scheduler sweep {sweep_id}: claimed .*{ids}",
-                      rf"INFO service\.scheduler sweep {sweep_id}: running .*{ids}",
+        for event in (rf"INFO service\.runs\.sweep_queue sweep {sweep_id}: claimed .*{ids}",
+                      rf"INFO service\.runs\.sweep_queue sweep {sweep_id}: running .*{ids}",
                       rf"INFO service\.sweeps trial started {ids} trial={trial} ",
                       rf"INFO service\.sweeps trial finished {ids} trial={trial} "
                       r"status=succeeded duration_s=\d+\.\d+",
-                      rf"INFO service\.scheduler sweep {sweep_id}: finished .*{ids}"
+                      rf"INFO service\.runs\.sweep_queue sweep {sweep_id}: finished .*{ids}"
                       r".* status=finished"):
             assert re.search(event, log), f"no line matching {event!r} in:\n{log}"
         sigterm_and_check_clean_exit(serve)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from gdn_core.cp_modes import CP_MODES
 from workers.driver import run_sweep, run_trials
 from workers.events import SweepFinished, TrialFinished, TrialStarted
 from workers.result_sink import JsonLinesSink
@@ -14,7 +15,7 @@ from workers.grid import expand_trials
 
 from .conftest import MemorySink, assert_consistent_metrics, assert_no_leaks, tiny_spec
 
-ALL_MODES = ["ulysses", "p2p", "all_gather", "log_scan"]
+ALL_MODES = list(CP_MODES)
 DEFAULT_SETTINGS = "/dtype=float32/param_sharding=replicated/remat=none"
 
 

@@ -1,5 +1,6 @@
 """The trial grid's CP settings (workers.grid): what gdn_core runs for each trial, decided in
-one function, trial_cp_settings; and the kernels dimension's keys, expansion and checks."""
+one function, gdn_core.cp_modes.cp_settings_for_trial; and the kernels dimension's keys,
+expansion and checks."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gdn_core.cp_modes import CPSettings
-from workers.grid import (ONE_CHIP_ATTN_CP, ONE_CHIP_CP_MODE, TrialSpec, expand_trials,
-                          trial_cp_settings)
+from gdn_core.cp_modes import (ONE_CHIP_ATTN_CP, ONE_CHIP_CP_MODE, CPSettings,
+                               cp_settings_for_trial, trial_mode)
+from workers.grid import TrialSpec, expand_trials
 from workers.sweep_spec import SweepSpec
 
 WORKERS = Path(__file__).parents[2] / "workers"
@@ -38,21 +39,23 @@ def test_cp_settings_round_trip_to_the_trial_names():
         cp = trial.cp_settings()
         assert cp.chips == trial.chips and cp.layout == trial.layout
         assert trial.mode == ("none" if trial.chips == 1 else cp.mode)
+        assert trial.mode == trial_mode(cp.mode, cp_chips=cp.cp_chips)  # the inverse
         assert trial.attn_cp == (None if trial.layers == "gdn_only" or trial.chips == 1
                                  else cp.attn_cp)
     for layers in MIXED.layers:
         points = {(t.mode, t.attn_cp, t.layout, t.chips) for t in trials
                   if t.layers == layers and t.chips > 1}
-        assert len({trial_cp_settings(mode=m, attn_cp=a, layout=lay, chips=d)
+        assert len({cp_settings_for_trial(mode=m, attn_cp=a, layout=lay, chips=d)
                     for m, a, lay, d in points}) == len(points) > 1
-    assert trial_cp_settings(mode="none", attn_cp=None, layout="contiguous", chips=1) == \
-        CPSettings(mode=ONE_CHIP_CP_MODE, chips=1, attn_cp=ONE_CHIP_ATTN_CP)
+    assert cp_settings_for_trial(mode="none", attn_cp=None, layout="contiguous", chips=1) == \
+        CPSettings(mode=ONE_CHIP_CP_MODE, chips=1, attn_cp=ONE_CHIP_ATTN_CP) == \
+        CPSettings.one_chip()
 
 
 def test_the_trial_names_become_gdn_cores_in_one_function():
     """ONE_CHIP_CP_MODE / ONE_CHIP_ATTN_CP (the "none" → p2p and None → all_gather_kv renames)
-    are read nowhere in workers/ but in grid.trial_cp_settings, and no module there names
-    gdn_core's one-chip modes itself."""
+    are read nowhere in workers/ (gdn_core.cp_modes.cp_settings_for_trial and trial_mode
+    translate both ways), and no module there names gdn_core's one-chip modes itself."""
     readers, literals = [], []
     for path in sorted(WORKERS.glob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -65,9 +68,31 @@ def test_the_trial_names_become_gdn_cores_in_one_function():
                 readers.append((path.name, tuple(inside)))
             if isinstance(node, ast.Constant) and node.value in ("p2p", "all_gather_kv"):
                 literals.append((path.name, node.lineno))
-    assert readers and set(readers) == {("grid.py", ("trial_cp_settings",))}
+    assert readers == []
     # all_gather_kv as SweepSpec.attn_cps' default (the one-chip names are gdn_core.cp_modes')
     assert [name for name, _ in literals] == ["sweep_spec.py"]
+
+
+def test_no_module_rederives_the_one_chip_trial_mode():
+    """The trial mode "none" ↔ gdn_core's one-chip mode is translated by cp_modes alone
+    (cp_settings_for_trial, gdn_mode, trial_mode): no module compares a mode with "none" or
+    picks "none" by a chip count itself (issue 38: it was re-derived in four places)."""
+    root = WORKERS.parent
+    copies = []
+    for package in ("gdn_core", "workers", "service"):
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Compare):
+                    sides = [node.left, *node.comparators]
+                    if any(isinstance(x, ast.Constant) and x.value == "none" for x in sides) \
+                            and any("mode" in ast.unparse(x) for x in sides):
+                        copies.append(f"{path.relative_to(root)}:{node.lineno}")
+                if isinstance(node, ast.IfExp) and any(
+                        isinstance(x, ast.Constant) and x.value == "none"
+                        for x in (node.body, node.orelse)) and "chips" in ast.unparse(node.test):
+                    copies.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert copies == []
 
 
 # ---------------------------------------------------------------- kernels (issue 23)
@@ -106,8 +131,8 @@ def test_fused_points_are_a_dimension_with_their_own_baseline():
     (two,) = [t for t in fused if t.framework == "torch" and t.chips == 2]
     assert two.baseline_key == DEFAULT_KEYS[0] + "/kernels=fused"
     assert two.cp_settings() == CPSettings(mode="p2p", chips=2, kernels="fused")
-    assert trial_cp_settings(mode="none", attn_cp=None, layout="contiguous", chips=1,
-                             kernels="fused").kernels == "fused"
+    assert cp_settings_for_trial(mode="none", attn_cp=None, layout="contiguous", chips=1,
+                                 kernels="fused").kernels == "fused"
     assert all(t.skip_reason is None for t in trials)  # resolved on the worker, not here
 
 

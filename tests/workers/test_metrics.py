@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from gdn_core.flops.hardware import hardware_flops_per_step
+from gdn_core.calibration import PeakMeasurement
+from gdn_core.flops.executed import hardware_flops_per_step
 from gdn_core.flops.model import model_flops_per_step
-from gdn_core.hardware import PeakMeasurement
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.packing import document_boundaries
 from gdn_core.presets import get_preset
@@ -248,3 +248,13 @@ def test_a_packed_trials_model_flops_count_attention_per_document():
     assert m_single.model_flops_per_step - m_packed.model_flops_per_step == difference > 0
     assert m_packed.mfu < m_single.mfu <= 1
     assert m_packed.hfu >= m_packed.mfu
+
+
+def test_ratios_to_the_one_chip_baseline_are_derived_beside_the_metrics():
+    """workers.result derives both (TrialPublic reads them there): 4 chips at 150 tokens/s
+    each against one chip at 200 tokens/s is 75% scaling and a 3× speed-up."""
+    from workers.result import scaling_efficiency, speedup_vs_one_chip
+
+    assert scaling_efficiency(150.0, 200.0) == 0.75
+    assert speedup_vs_one_chip(150.0, 4, 200.0) == 3.0
+    assert speedup_vs_one_chip(200.0, 1, 200.0) == scaling_efficiency(200.0, 200.0) == 1.0

@@ -8,7 +8,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from gdn_core import hardware
+from gdn_core import datasheets
 from gdn_core.device_memory import CUDA_CONTEXT_RESERVE_BYTES, JAX_GPU_MEMORY_FRACTION
 from gdn_core.memory.step import predict_step_memory
 from gdn_core.cp_modes import CPSettings
@@ -71,7 +71,7 @@ def test_over_memory_point_is_skipped_naming_prediction_and_chip():
     predicted = predict_step_memory(
         get_preset("qwen3.5-27b"), TrainConfig(seq_len=2 ** 24, dtype="bfloat16"),
         mode="all_gather", chips=8, framework="jax").total
-    assert predicted > hardware.hbm_bytes_per_chip("h100")
+    assert predicted > datasheets.hbm_bytes_per_chip("h100")
     assert f"({predicted} bytes," in trial.skip_reason
     assert f"{predicted / 2 ** 30:.1f} GiB per chip" in trial.skip_reason
     assert "the 80.0 GiB HBM of one h100 chip" in trial.skip_reason
@@ -158,7 +158,7 @@ def test_gdn_only_keys_stay_as_stored_and_hybrid_keys_name_attn_cp_and_layout():
     # 4 tokens a chip are a contiguous shard, but two zigzag segments of 2 are shorter than
     # tiny's conv halo of 3
     (dict(layouts=["zigzag"], chips=[4], seq_lens=[16]),
-     "layout='zigzag' segment of 2 tokens"),
+     "zigzag segment of 2 tokens"),
 ], ids=["ulysses-D-over-heads", "zigzag-indivisible", "zigzag-segment-under-halo"])
 def test_points_a_mode_or_layout_cannot_serve_are_skipped_with_the_numbers(changes, needle):
     spec = SweepSpec(**{"name": "s", "frameworks": ["torch"], "modes": ["p2p"],
@@ -237,8 +237,8 @@ def test_gpu_admission_reads_the_device_where_it_can_and_names_the_datasheet_oth
         monkeypatch):
     h100 = AcceleratorSpec(kind="gpu", type="h100")
     datasheet, what = chip_memory_bytes(h100, 8, "torch")
-    assert datasheet == hardware.hbm_bytes_per_chip("h100") - CUDA_CONTEXT_RESERVE_BYTES
-    assert "(datasheet, gdn_core.hardware.CHIP_SPECS" in what  # this host has no GPU in use
+    assert datasheet == datasheets.hbm_bytes_per_chip("h100") - CUDA_CONTEXT_RESERVE_BYTES
+    assert "(datasheet, gdn_core.datasheets.CHIP_SPECS" in what  # this host has no GPU in use
     # A card reports less than its datasheet's round 80 GiB (an H100 80GB: about 79.6).
     reported = 85_470_085_120 - CUDA_CONTEXT_RESERVE_BYTES
     asked = []
@@ -252,7 +252,7 @@ def test_gpu_admission_reads_the_device_where_it_can_and_names_the_datasheet_oth
     assert "as this process's device reports it (torch.cuda.mem_get_info total 79.6" in what
     assert "datasheet" not in what
     # Without a framework (the nominal figure), and on a TPU, the device is not asked.
-    assert chip_memory_bytes(h100, 8)[0] == hardware.hbm_bytes_per_chip("h100")
+    assert chip_memory_bytes(h100, 8)[0] == datasheets.hbm_bytes_per_chip("h100")
     chip_memory_bytes(AcceleratorSpec(kind="tpu", type="v5p"), 8, "jax")
     assert asked == [("torch", "h100")]
 

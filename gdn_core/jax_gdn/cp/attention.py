@@ -100,16 +100,6 @@ from .common import AxisName, chip_count, permute
 from .ulysses import key_heads_for_chips
 
 
-def check_attention_shape(*, attn_cp: str, chips: int, seq_len: int, num_heads: int,
-                          num_kv_heads: int, layout: str = "contiguous") -> None:
-    """Raise ValueError naming the numbers when `attn_cp` cannot split this attention over
-    `chips` (cp_modes.check_attention_cp_shape: ulysses needs query heads divisible by chips)
-    or `layout` cannot split seq_len (cp_layout.check_layout)."""
-    check_attention_cp_shape(attn_cp=attn_cp, chips=chips, num_heads=num_heads)
-    check_layout(layout, chips=chips, seq_len=seq_len)
-    del num_kv_heads  # any G: KV heads are replicated when G < chips
-
-
 # ---- ulysses: the whole sequence for H/D heads, one causal pair ----------------------------
 
 def ulysses_attention(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, layout: Layout,
@@ -313,12 +303,11 @@ def attention_cp(q_BtHE, k_BtGE, v_BtGE, *, axis: AxisName, mode: AttnCPMode,
     Raises ValueError naming the numbers (unknown mode, layout or kernel, ulysses query heads
     not divisible by the chips, malformed cu_seqlens) and kernels.KernelUnavailable for a
     fused kernel that cannot take documents (cudnn, splash, splash_interpreted)."""
-    check_attn_cp(mode)
-    check_layout(layout)
     check_pair_kernel(kernel)
     D = chip_count(axis)
-    check_attention_shape(attn_cp=mode, chips=D, seq_len=D * q_BtHE.shape[1],
-                          num_heads=q_BtHE.shape[2], num_kv_heads=k_BtGE.shape[2], layout=layout)
+    # Any KV heads: they are replicated when there are fewer than chips.
+    check_attention_cp_shape(attn_cp=mode, chips=D, num_heads=q_BtHE.shape[2],
+                             seq_len=D * q_BtHE.shape[1], layout=layout)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, seq_len=D * q_BtHE.shape[1])
         return ATTENTION_CP[mode](q_BtHE, k_BtGE, v_BtGE, axis=axis, layout=layout,

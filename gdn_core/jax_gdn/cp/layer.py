@@ -9,13 +9,19 @@ torch_gdn.cp.layer):
   sequence-sharded (p2p, all_gather, log_scan): the single-chip layer's pieces, each of the
     chip's segments convolved after its own halo (halo.segment_halos: the last K−1 pre-conv
     tokens of the segment before it, wherever it is), rule = chunk_gated_delta_rule_cp_shard
+    (rule_kernel given: kernel_rule.kernel_cp_rule_shard, every rule step a kernel call)
   ulysses (head-sharded rule):
     project → one all-to-all of the pre-conv q, k, v channels and a, b: [B, t, all heads] →
     [B, T, value heads of chip j and the key heads they use (cp_modes.UlyssesHeads: copies
     when Hk < D)] → (zigzag: segments into sequence order, locally) → causal conv with the
     conv weight of those channels (no halo: the chip holds the whole sequence) → split_heads
-    with A_log, dt_bias of those heads → the single-chip rule → (zigzag: back to shard order)
-    → all-to-all o back → output (z never moves)
+    with A_log, dt_bias of those heads → the single-chip rule (or rule_kernel) → (zigzag:
+    back to shard order) → all-to-all o back → output (z never moves)
+
+rule_kernel: None runs this package's reference chunk rule; otherwise a one-chip rule kernel
+with the state in and out (kernel_rule.StateKernel: the Pallas chunk rule under
+kernels="fused", jax_gdn.kernels.jax_gdn_rule_kernel). A Pallas kernel needs the enclosing
+shard_map's check_vma=False, as the CP train step runs it.
 
 Parameters are replicated; under jax.grad each chip gets its own contribution to a parameter's
 gradient when the enclosing shard_map has check_vma=False (the CP train step sums them with
@@ -46,26 +52,9 @@ from ..documents import check_cu_seqlens, tokens_since_start
 from .common import (AxisName, batch_as_segments, chip_count, chip_index, mesh_chip_count,
                      place_on_mesh, segment_positions, segments_as_batch, vary_like)
 from .halo import segment_halos
+from .kernel_rule import StateKernel, kernel_cp_rule_shard
 from .rule import cp_rule_shard_unchecked
 from .ulysses import key_heads_for_chips, segments_in_sequence_order
-
-
-def check_layer_shape(cfg: GDNConfig, *, mode: str, chips: int, seq_len: int,
-                      layout: Layout = "contiguous") -> None:
-    """Raise ValueError naming the numbers when `mode` cannot split the layer's seq_len tokens
-    (global) over `chips` under `layout`: check_cp_shape with the conv halo, and under zigzag
-    2D segments each at least as long as the halo."""
-    check_layout(layout)
-    check_cp_shape(mode=mode, chips=chips, seq_len=seq_len,
-                   num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads,
-                   conv_kernel_size=cfg.conv_kernel_size)
-    check_layout(layout, chips=chips, seq_len=seq_len)
-    halo = cfg.conv_kernel_size - 1
-    if layout == "zigzag" and seq_len // (2 * chips) < halo:
-        raise ValueError(
-            f"zigzag segment of {seq_len // (2 * chips)} tokens (seq_len={seq_len} / "
-            f"(2 × chips={chips})) is shorter than the conv halo of {halo} tokens "
-            f"(conv_kernel_size={cfg.conv_kernel_size})")
 
 
 def _local_heads(params: Params, cfg: GDNConfig, me, plan: UlyssesHeads):
@@ -95,7 +84,8 @@ def _segmented_conv(conv_weight, mixed_BtC, halos_SBKC, since_start_Ss=None):
 
 
 def _sequence_sharded_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
-                            mode: CPMode, layout: Layout, dtype, cu_seqlens=None):
+                            mode: CPMode, layout: Layout, dtype, cu_seqlens=None,
+                            rule_kernel: StateKernel | None = None):
     """layer.gdn_layer's pieces with each segment's own conv halo and the CP rule."""
     params = cast_floating(params, dtype)
     mixed_BtC, z_BtHV, b_BtH, a_BtH = project(params, x_BtD.astype(dtype))
@@ -106,13 +96,15 @@ def _sequence_sharded_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: Axis
     conv_BtC = _segmented_conv(params["conv1d"]["weight"], mixed_BtC, halos_SBKC, since_Ss)
     q, k, v, g, beta = split_heads(params, conv_BtC, a_BtH, b_BtH, cfg)
     documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+    rule = (cp_rule_shard_unchecked if rule_kernel is None
+            else partial(kernel_cp_rule_shard, kernel=rule_kernel))
     o_BtHV = run_rule(q, k, v, g, beta, cfg, rule=partial(
-        cp_rule_shard_unchecked, axis=axis, mode=mode, layout=layout, **documents))
+        rule, axis=axis, mode=mode, layout=layout, **documents))
     return output(params, o_BtHV, z_BtHV, cfg)
 
 
 def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, layout: Layout,
-                   dtype, cu_seqlens=None):
+                   dtype, cu_seqlens=None, rule_kernel: StateKernel | None = None):
     """The ulysses layout (module docstring) on this chip's shard; [B, t, D] -> [B, t, D]."""
     D, me = chip_count(axis), chip_index(axis)
     plan = UlyssesHeads(num_k_heads=cfg.num_k_heads, num_v_heads=cfg.num_v_heads, chips=D)
@@ -148,8 +140,9 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, lay
     h0_BHKV = vary_like(jnp.zeros((B, Hl, Dk, cfg.head_v_dim), jnp.float32),
                         g[:, 0, :, None, None])
     documents = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+    one_chip_rule = chunk_gated_delta_rule if rule_kernel is None else rule_kernel
     o_BTHV = run_rule(q, k, v, g, beta, local_cfg,
-                      rule=partial(chunk_gated_delta_rule, initial_state=h0_BHKV, **documents))
+                      rule=partial(one_chip_rule, initial_state=h0_BHKV, **documents))
     o_BtHV = lax.all_to_all(segments_in_sequence_order(o_BTHV, chips=D, layout=layout,
                                                        inverse=True),
                             axis, split_axis=1, concat_axis=2, tiled=True)
@@ -157,7 +150,8 @@ def _ulysses_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, lay
 
 
 def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode: CPMode,
-                 layout: Layout = "contiguous", dtype=jnp.float32, cu_seqlens=None):
+                 layout: Layout = "contiguous", dtype=jnp.float32, cu_seqlens=None,
+                 rule_kernel: StateKernel | None = None):
     """Run one GDN layer on this chip's sequence shard; call inside a shard_map binding `axis`.
 
     Args:
@@ -170,30 +164,33 @@ def cp_gdn_layer(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName, mode:
         cu_seqlens: None, or the GLOBAL packed-document boundaries (int [N+1], 0 … T, all rows),
             replicated: each document mixed as if alone (the halo, exchanged as ever, is
             masked past a document start; the state resets at each start).
+        rule_kernel: None (this package's chunk rule) or a one-chip rule kernel with the state
+            in and out (module docstring: the Pallas chunk rule under kernels="fused").
     Returns: [B, T/D, hidden] in dtype — this chip's shard of the single-chip gdn_layer output.
     Raises ValueError naming the numbers: unknown mode or layout, ulysses value heads not
         divisible by D, a local shard (zigzag: a segment) shorter than the conv halo (K−1
         tokens), T not divisible by 2D under zigzag.
     """
-    check_mode(mode)
     D = chip_count(axis)
-    check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BtD.shape[1] * D, layout=layout)
+    check_cp_shape(mode=mode, chips=D, seq_len=x_BtD.shape[1] * D, num_k_heads=cfg.num_k_heads,
+                   num_v_heads=cfg.num_v_heads, conv_kernel_size=cfg.conv_kernel_size,
+                   layout=layout)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, seq_len=x_BtD.shape[1] * D)
     return cp_gdn_layer_unchecked(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
-                                  dtype=dtype, cu_seqlens=cu_seqlens)
+                                  dtype=dtype, cu_seqlens=cu_seqlens, rule_kernel=rule_kernel)
 
 
 def cp_gdn_layer_unchecked(params: Params, x_BtD, cfg: GDNConfig, *, axis: AxisName,
                            mode: CPMode, layout: Layout = "contiguous", dtype=jnp.float32,
-                           cu_seqlens=None):
+                           cu_seqlens=None, rule_kernel: StateKernel | None = None):
     """cp_gdn_layer without its checks: for a step that validated mode, layout and shape once
     (cp/step.py's mesh_cp), so its layers do not check them again at every trace."""
     if mode == "ulysses":
         return _ulysses_layer(params, x_BtD, cfg, axis=axis, layout=layout, dtype=dtype,
-                              cu_seqlens=cu_seqlens)
+                              cu_seqlens=cu_seqlens, rule_kernel=rule_kernel)
     return _sequence_sharded_layer(params, x_BtD, cfg, axis=axis, mode=mode, layout=layout,
-                                   dtype=dtype, cu_seqlens=cu_seqlens)
+                                   dtype=dtype, cu_seqlens=cu_seqlens, rule_kernel=rule_kernel)
 
 
 def cp_layer_fn(*, axis: AxisName, mode: CPMode, layout: Layout = "contiguous") -> GDNLayerFn:
@@ -214,10 +211,11 @@ def gdn_layer_cp(params: Params, x_BTD, cfg: GDNConfig, *, mesh, axis: AxisName,
     Raises ValueError naming the numbers (unknown mode, layout or axis, T not divisible by D
     (2D under zigzag), …).
     """
-    check_mode(mode)
     D = mesh_chip_count(mesh, axis)
     axis = axis if isinstance(axis, str) else tuple(axis)
-    check_layer_shape(cfg, mode=mode, chips=D, seq_len=x_BTD.shape[1], layout=layout)
+    check_cp_shape(mode=mode, chips=D, seq_len=x_BTD.shape[1], num_k_heads=cfg.num_k_heads,
+                   num_v_heads=cfg.num_v_heads, conv_kernel_size=cfg.conv_kernel_size,
+                   layout=layout)
     seq_spec = P(None, axis)
     layer = partial(cp_gdn_layer_unchecked, cfg=cfg, axis=axis, mode=mode, layout=layout,
                     dtype=dtype)  # checked above, once

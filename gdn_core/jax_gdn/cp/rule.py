@@ -2,7 +2,7 @@
 
 `chunk_gated_delta_rule_cp_shard` runs inside an enclosing shard_map (the CP layer and model run
 the whole model in one); `chunk_gated_delta_rule_cp` wraps it in a shard_map over `mesh` for
-global arrays. Both validate (check_cp_rule_shape); `cp_rule_shard_unchecked` is the per-shard
+global arrays. Both validate (cp_modes.check_cp_shape); `cp_rule_shard_unchecked` is the per-shard
 rule past those checks, for a CP layer whose caller validated the trial's settings once.
 """
 
@@ -14,7 +14,7 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from ...cp_layout import Layout, check_layout
+from ...cp_layout import Layout
 from ...cp_modes import CP_MODES, check_cp_shape, check_mode
 from ...shapes import check_rule_args
 from ..chunk import chunk_gated_delta_rule, initial_state_or_zeros
@@ -41,16 +41,6 @@ def _state_shape(initial_state):
     return None if initial_state is None else initial_state.shape
 
 
-def check_cp_rule_shape(*, mode: str, layout: str, chips: int, seq_len: int, num_k_heads: int,
-                        num_v_heads: int) -> None:
-    """Raise ValueError naming the numbers when `mode` under `layout` cannot split seq_len
-    tokens (global) over `chips`."""
-    check_layout(layout)
-    check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=num_k_heads,
-                   num_v_heads=num_v_heads)
-    check_layout(layout, chips=chips, seq_len=seq_len)
-
-
 def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: str,
                                     initial_state=None, output_final_state=False,
                                     use_qk_l2norm=False, chunk_size=64,
@@ -72,12 +62,11 @@ def chunk_gated_delta_rule_cp_shard(q, k, v, g, beta, *, axis: AxisName, mode: s
         o [B, T/D, Hv, Dv] in q's dtype, and the float32 state after the global sequence
         [B, Hv, Dk, Dv] (replicated) if asked.
     """
-    check_mode(mode)
     _, T_local, Hk, Hv, _, _ = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
                                                _state_shape(initial_state), chunk_size)
     D = chip_count(axis)
-    check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T_local * D,
-                        num_k_heads=Hk, num_v_heads=Hv)
+    check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv,
+                   layout=layout)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, seq_len=T_local * D)
     return cp_rule_shard_unchecked(q, k, v, g, beta, axis=axis, mode=mode,
@@ -145,8 +134,8 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, mesh, axis: AxisName, mode: s
     axis = axis if isinstance(axis, str) else tuple(axis)
     _, T, Hk, Hv, _, _ = check_rule_args(q.shape, k.shape, v.shape, g.shape, beta.shape,
                                          _state_shape(initial_state), chunk_size)
-    check_cp_rule_shape(mode=mode, layout=layout, chips=D, seq_len=T, num_k_heads=Hk,
-                        num_v_heads=Hv)
+    check_cp_shape(mode=mode, chips=D, seq_len=T, num_k_heads=Hk, num_v_heads=Hv,
+                   layout=layout)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, seq_len=T)
     seq_spec = P(None, axis)

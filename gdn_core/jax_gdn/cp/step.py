@@ -16,8 +16,9 @@ A hybrid model (params.is_hf_tree, ModelConfig.layers "hybrid") runs its GDN lay
 GDN `mode` and its attention layers with `attn_cp` (cp/attention.py), on the same chips, the
 rotary embedding at each token's global position.
 
-The settings (mode, attn_cp, layout, the shape they split) are validated once, by mesh_cp,
-which every public entry point calls first; what it returns, a MeshCP, is what the step's
+The settings (a CPSettings: mode, attn_cp, layout, kernels, dp; the shape they split) are
+checked against the mesh and the model once, by mesh_cp, which every public entry point
+calls first; what it returns, a MeshCP, is what the step's
 internals take, and the layers they bind (cp_gdn_layer_unchecked, attention.ATTENTION_CP) do
 not check again at every trace.
 Fresh weights and AdamW state are created in that layout (sharded_init: jit with
@@ -44,19 +45,20 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ...config import FULL_ATTENTION, ModelConfig
-from ...cp_layout import Layout, check_layout, shard_order
-from ...cp_modes import AttnCPMode, CPMode, check_attn_cp, check_mode
-from ...kernels import DEFAULT_KERNELS, Kernels, ResolvedKernels, check_kernels
+from ...cp_layout import Layout, shard_order
+from ...cp_modes import AttnCPMode, CPMode, CPSettings
+from ...kernels import ResolvedKernels
 from ...data import synthetic_tokens
 from ...train_config import TrainConfig
 from ..params import init_model_params
 from ..train import StepFn, build_step_fn, make_optimizer
 from ..attention_pairs import PairKernelName
-from ..kernels import REFERENCE_GDN, attention_pair_kernel, resolve_jax_kernels
-from .attention import (ATTENTION_CP, check_attention_shape, local_token_positions,
+from ..kernels import (REFERENCE_GDN, attention_pair_kernel, jax_gdn_rule_kernel,
+                       resolve_jax_kernels)
+from .attention import (ATTENTION_CP, local_token_positions,
                         segment_table)
 from .common import AxisName, axis_names, mesh_chip_count
-from .layer import check_layer_shape, cp_gdn_layer_unchecked
+from .layer import cp_gdn_layer_unchecked
 from .param_sharding import WeightLayout, weight_layout
 
 
@@ -67,21 +69,38 @@ class MeshCP:
     mesh: Any
     axis: str | tuple[str, ...]
     """The mesh axis (or axes, flattened major-to-minor) the sequence is split over."""
-    chips: int
-    """D: the product of the axes' sizes."""
-    mode: CPMode
-    attn_cp: AttnCPMode
-    layout: Layout
-    kernels: Kernels = DEFAULT_KERNELS
-    """The `kernels` setting (gdn_core.kernels)."""
+    settings: CPSettings
+    """The trial's CP settings (mode, attn_cp, layout, kernels, dp, chips), checked against
+    the mesh and the shape by mesh_cp."""
     attention_kernel: PairKernelName = "reference"
     """The attention segment pairs' kernel `kernels` runs on this mesh (jax_gdn.kernels)."""
     resolved: ResolvedKernels = ResolvedKernels(gdn=REFERENCE_GDN, attention=None)
-    """What the step runs, named with versions (attention None: no attention layers)."""
+    """What the step runs, named with versions (attention None: no attention layers); the
+    step's report carries it to the trial's result (run_cp_training)."""
     batch_axis: str | None = None
     """The mesh axis of the data-parallel replicas; None: one replica."""
-    dp: int = 1
-    """Replicas: batch_axis's size (1 without one)."""
+
+    @property
+    def chips(self) -> int:
+        """D: the chips of one replica's CP group (the product of `axis`'s sizes)."""
+        return self.settings.cp_chips
+
+    @property
+    def dp(self) -> int:
+        """Replicas: batch_axis's size (1 without one)."""
+        return self.settings.dp
+
+    @property
+    def mode(self) -> CPMode:
+        return self.settings.mode
+
+    @property
+    def attn_cp(self) -> AttnCPMode:
+        return self.settings.attn_cp
+
+    @property
+    def layout(self) -> Layout:
+        return self.settings.layout
 
     @property
     def weight_axis(self) -> AxisName:
@@ -92,7 +111,7 @@ class MeshCP:
     @property
     def mesh_chips(self) -> int:
         """dp × D: the chips the weights are laid out over."""
-        return self.dp * self.chips
+        return self.settings.chips
 
     @property
     def token_spec(self) -> P:
@@ -100,44 +119,42 @@ class MeshCP:
         return P(self.batch_axis, self.axis)
 
 
-def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, mode: str,
-            attn_cp: str = "all_gather_kv", layout: str = "contiguous",
-            kernels: str = DEFAULT_KERNELS, dtype: str = "float32",
-            batch_axis: str | None = None) -> MeshCP:
-    """Validate a CP step's settings for model_cfg at seq_len global tokens, once per trial.
+def mesh_cp(model_cfg: ModelConfig, seq_len: int, *, mesh, axis: AxisName, cp: CPSettings,
+            dtype: str = "float32", batch_axis: str | None = None) -> MeshCP:
+    """Check `cp` against the mesh and model_cfg at seq_len global tokens, once per trial, and
+    resolve its kernels here (the one resolver's answer, jax_gdn.kernels.resolve_jax_kernels).
 
-    batch_axis: the mesh axis of the data-parallel replicas (replica_count), or None.
-    Raises ValueError naming the numbers: an axis the mesh lacks, an unknown mode, attn_cp,
-    layout or kernels, or a shape they cannot split (the GDN layers:
-    cp/layer.check_layer_shape; a hybrid's attention layers:
-    cp/attention.check_attention_shape); KernelUnavailable with
-    the reason when kernels="fused" has no attention kernel for the mesh's backend, `dtype`
-    (the compute dtype) or the shape (jax_gdn.kernels).
+    batch_axis: the mesh axis of the cp.dp data-parallel replicas (replica_count), or None
+    (then cp.dp must be 1). Raises ValueError naming the numbers: an axis the mesh lacks,
+    `axis` not spanning cp.cp_chips chips or batch_axis not cp.dp, or a shape the settings
+    cannot split (CPSettings.check_shape); KernelUnavailable with the reason when
+    kernels="fused" has no attention kernel for the mesh's backend, `dtype` (the compute
+    dtype) or the shape (jax_gdn.kernels).
     """
-    check_mode(mode)
-    check_attn_cp(attn_cp)
-    check_layout(layout)
-    check_kernels(kernels)
+    if cp.dp > 1 and batch_axis is None:
+        raise ValueError(f"cp.dp={cp.dp} needs batch_axis: the mesh axis of the {cp.dp} "
+                         "data-parallel replicas")
     chips = mesh_chip_count(mesh, axis)
     dp = replica_count(mesh, batch_axis, axis=axis)
-    check_layer_shape(model_cfg.gdn, mode=mode, chips=chips, seq_len=seq_len, layout=layout)
+    if dp != cp.dp:
+        raise ValueError(f"cp.dp={cp.dp} but batch_axis {batch_axis!r} spans {dp} chips")
+    if chips != cp.cp_chips:
+        per_replica = "" if cp.dp == 1 else f" / cp.dp={cp.dp} = {cp.cp_chips} CP chips,"
+        raise ValueError(f"cp.chips={cp.chips}{per_replica} but mesh axis {axis!r} spans "
+                         f"{chips} chips")
+    cp.check_shape(model_cfg, seq_len)
     backend = mesh.devices.flat[0].platform
     attention_kernel, head_dim, pair_len = "reference", None, None
     if FULL_ATTENTION in model_cfg.layer_pattern:
-        check_attention_shape(attn_cp=attn_cp, chips=chips, seq_len=seq_len,
-                              num_heads=model_cfg.attention.num_heads,
-                              num_kv_heads=model_cfg.attention.num_kv_heads, layout=layout)
-        attention_kernel = attention_pair_kernel(kernels, backend=backend)
+        attention_kernel = attention_pair_kernel(cp.kernels, backend=backend)
         head_dim = model_cfg.attention.head_dim
         # Ulysses attends the whole sequence as one pair; the others a chip's segments.
-        pair_len = seq_len if attn_cp == "ulysses" else seq_len // (
-            chips * segment_table(chips, layout).shape[1])
-    resolved = resolve_jax_kernels(kernels, backend=backend, dtype=dtype, head_dim=head_dim,
+        pair_len = seq_len if cp.attn_cp == "ulysses" else seq_len // (
+            chips * segment_table(chips, cp.layout).shape[1])
+    resolved = resolve_jax_kernels(cp.kernels, backend=backend, dtype=dtype, head_dim=head_dim,
                                    segment_len=pair_len)
-    return MeshCP(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis),
-                  chips=chips, mode=mode, attn_cp=attn_cp, layout=layout, kernels=kernels,
-                  attention_kernel=attention_kernel, resolved=resolved, batch_axis=batch_axis,
-                  dp=dp)
+    return MeshCP(mesh=mesh, axis=axis if isinstance(axis, str) else tuple(axis), settings=cp,
+                  attention_kernel=attention_kernel, resolved=resolved, batch_axis=batch_axis)
 
 
 def replica_count(mesh, batch_axis: str | None, *, axis: AxisName) -> int:
@@ -164,12 +181,23 @@ def model_hooks(cp: MeshCP, seq_len: int) -> dict:
     """The CP layers of build_step_fn / model_loss: GDN under cp.mode, attention under
     cp.attn_cp with cp.attention_kernel's segment pairs (unchecked: mesh_cp validated them),
     and this chip's global token positions (rotary)."""
-    return {"gdn_layer_fn": functools.partial(cp_gdn_layer_unchecked, axis=cp.axis,
-                                              mode=cp.mode, layout=cp.layout),
+    return {"gdn_layer_fn": gdn_layer_fn(cp),
             "attend_fn": functools.partial(ATTENTION_CP[cp.attn_cp], axis=cp.axis,
                                            layout=cp.layout, kernel=cp.attention_kernel),
             "positions_fn": lambda: local_token_positions(cp.axis, seq_len // cp.chips,
                                                           cp.layout)}
+
+
+def gdn_layer_fn(cp: MeshCP):
+    """The GDN layer the step runs for cp.settings.kernels: the one place the JAX step picks
+    its GDN implementation. reference: this package's chunk rule through the CP layers; fused:
+    the Pallas chunk rule for the mesh's backend as the layers' rule kernel
+    (jax_gdn.kernels.jax_gdn_rule_kernel; its name, resolve_jax_gdn_kernel's, is
+    cp.resolved.gdn, which the report carries). The step's shard_map runs with
+    check_vma=False, which the Pallas kernel needs."""
+    kernel = jax_gdn_rule_kernel(cp.settings.kernels, backend=cp.mesh.devices.flat[0].platform)
+    return functools.partial(cp_gdn_layer_unchecked, axis=cp.axis, mode=cp.mode,
+                             layout=cp.layout, rule_kernel=kernel)
 
 
 @functools.lru_cache(maxsize=16)
@@ -189,14 +217,11 @@ def weight_specs(model_cfg: ModelConfig, train_cfg: TrainConfig, axis,
 
 
 def build_cp_step_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                     mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                     layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
-                     batch_axis: str | None = None) -> StepFn:
+                     cp: CPSettings, batch_axis: str | None = None) -> StepFn:
     """The un-jitted, shard_mapped step; see make_cp_train_step."""
-    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
-                 batch_axis=batch_axis)
-    return _shard_mapped_step(model_cfg, train_cfg, cp)
+    return _shard_mapped_step(model_cfg, train_cfg, mesh_cp(
+        model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, cp=cp, dtype=train_cfg.dtype,
+        batch_axis=batch_axis))
 
 
 LOSS_SUM_SCOPE = "loss_sum"
@@ -225,31 +250,28 @@ def _shard_mapped_step(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshC
 
 
 def make_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                       axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                       layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
-                       batch_axis: str | None = None) -> StepFn:
+                       axis: AxisName, cp: CPSettings, batch_axis: str | None = None) -> StepFn:
     """Jitted step(params, opt_state, inputs_BT, targets_BT) -> (params, opt_state, loss).
 
     params, opt_state: global arrays laid out as cp_training_inputs makes them (per
     train_cfg.param_sharding; donated: do not reuse the passed-in ones). inputs_BT,
     targets_BT: int [B, T] global, T split over mesh axis `axis` (a name or a tuple flattened
-    major-to-minor; D = the product of their sizes), in cp_layout.shard_order(layout) (the
-    identity for contiguous). attn_cp: the attention layers' CP mode (hybrid models). loss:
-    the global mean loss (float32, replicated). kernels: the attention layers' kernels
-    (gdn_core.kernels; the GDN rule is the reference either way, jax_gdn.kernels).
-    batch_axis: the mesh axis of dp data-parallel replicas; inputs_BT, targets_BT are then
+    major-to-minor; D = the product of their sizes = cp.cp_chips), in
+    cp_layout.shard_order(cp.layout) (the identity for contiguous). cp: the CP settings
+    (GDN mode, the attention layers' attn_cp in hybrid models, layout, kernels, dp; checked
+    once, mesh_cp). loss: the global mean loss (float32, replicated).
+    batch_axis: the mesh axis of the cp.dp replicas; inputs_BT, targets_BT are then
     [dp·B, T], rows split over it (B = train_cfg.batch_size per replica), and the loss is the
     mean over all dp·B·T tokens. The update equals one chip's AdamW step on the summed
     gradients (of the whole global batch). The same arguments return
     the same jitted function, so `.lower(...).compile()` of equal shapes and shardings
     compiles once per process (compile_cp_train_step relies on it).
-    Raises ValueError naming the numbers when `mode` cannot split train_cfg's shape over D,
+    Raises ValueError naming the numbers when cp cannot split train_cfg's shape over D,
     KernelUnavailable with the reason when kernels="fused" cannot serve it.
     """
-    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
-                 batch_axis=batch_axis)
-    return jitted_step(model_cfg, train_cfg, cp)
+    return jitted_step(model_cfg, train_cfg, mesh_cp(
+        model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, cp=cp, dtype=train_cfg.dtype,
+        batch_axis=batch_axis))
 
 
 @functools.lru_cache(maxsize=32)

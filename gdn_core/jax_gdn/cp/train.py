@@ -18,9 +18,7 @@ import numpy as np
 
 from ... import device_memory
 from ...config import FULL_ATTENTION, ModelConfig
-from ...cp_layout import Layout
-from ...cp_modes import AttnCPMode, CPMode, CPSettings
-from ...kernels import DEFAULT_KERNELS, Kernels
+from ...cp_modes import CPSettings
 from ...memory.verify import verify_seq_len
 from ...train_config import CPTrainReport, TrainConfig
 from ..hlo_comm import received_bytes_per_chip
@@ -56,11 +54,8 @@ class CompiledCPStep:
 
 
 def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                          axis: AxisName, mode: CPMode,
+                          axis: AxisName, cp: CPSettings,
                           compiler_options: dict | None = None,
-                          attn_cp: AttnCPMode = "all_gather_kv",
-                          layout: Layout = "contiguous",
-                          kernels: Kernels = DEFAULT_KERNELS,
                           batch_axis: str | None = None) -> CompiledCPStep:
     """Compile the CP step without allocating anything, and read its memory and bytes.
 
@@ -70,10 +65,9 @@ def compile_cp_train_step(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mes
     One compile: the bytes are read from this program (comm_bytes_per_chip). batch_axis: the
     mesh axis of data-parallel replicas (step.make_cp_train_step).
     """
-    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
-                 batch_axis=batch_axis)
-    return _compile(model_cfg, train_cfg, cp, compiler_options)
+    return _compile(model_cfg, train_cfg, mesh_cp(
+        model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, cp=cp, dtype=train_cfg.dtype,
+        batch_axis=batch_axis), compiler_options)
 
 
 def _compile(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP,
@@ -172,19 +166,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
     if not isinstance(steps, int) or not isinstance(warmup_steps, int) or steps < 1 \
             or warmup_steps < 0:
         raise ValueError(f"steps={steps!r} must be >= 1 and warmup_steps={warmup_steps!r} >= 0")
-    if cp.dp > 1 and batch_axis is None:
-        raise ValueError(f"cp.dp={cp.dp} needs batch_axis: the mesh axis of the {cp.dp} "
-                         "data-parallel replicas")
-    step_cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=cp.mode,
-                      attn_cp=cp.attn_cp, layout=cp.layout, kernels=cp.kernels,
-                      dtype=train_cfg.dtype, batch_axis=batch_axis)  # the trial's one validation
+    step_cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, cp=cp,
+                      dtype=train_cfg.dtype, batch_axis=batch_axis)  # the trial's one check
     D, dp = step_cp.chips, step_cp.dp
-    if dp != cp.dp:
-        raise ValueError(f"cp.dp={cp.dp} but batch_axis {batch_axis!r} spans {dp} chips")
-    if D != cp.cp_chips:
-        per_replica = "" if cp.dp == 1 else f" / cp.dp={cp.dp} = {cp.cp_chips} CP chips,"
-        raise ValueError(f"cp.chips={cp.chips}{per_replica} but mesh axis {axis!r} spans "
-                         f"{D} chips")
     devices = _local_devices(mesh)
     baseline = device_memory.jax_reset_peak(devices)
     params, opt_state, inputs_BT, targets_BT = cp_training_inputs(
@@ -199,9 +183,7 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
         global_cfg = dataclasses.replace(train_cfg, batch_size=dp * train_cfg.batch_size)
         verified_seq_len = train_cfg.seq_len if budget is None else verify_seq_len(
             model_cfg, global_cfg, mode=cp.mode, chips=D, framework="jax", budget_bytes=budget,
-            dp=dp)
-        if verified_seq_len is not None and cp.layout == "zigzag":  # 2D segments of the prefix
-            verified_seq_len = verified_seq_len - verified_seq_len % (2 * D) or None
+            attn_cp=cp.attn_cp, layout=cp.layout, dp=dp)  # a prefix cp's layout can split
         if verified_seq_len is not None:
             # A valid CP length by construction (verify_seq_len): the settings hold for it too.
             prefix_cfg = dataclasses.replace(train_cfg, seq_len=verified_seq_len)
@@ -227,4 +209,5 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh, axi
         cp_comm_bytes_per_step=program.cp_comm_bytes_per_step,
         grad_sync_bytes_per_step=program.grad_sync_bytes_per_step,
         comm_source=COMM_SOURCE, max_rel_err=max_rel_err, verified_seq_len=verified_seq_len,
-        attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=cp.layout)
+        attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=cp.layout,
+        gdn_kernel=step_cp.resolved.gdn, attention_kernel=step_cp.resolved.attention)

@@ -20,9 +20,8 @@ from jax.sharding import PartitionSpec as P
 
 from ... import device_memory
 from ...config import ModelConfig
-from ...cp_layout import Layout, shard_order
-from ...cp_modes import AttnCPMode, CPMode
-from ...kernels import DEFAULT_KERNELS, Kernels
+from ...cp_layout import shard_order
+from ...cp_modes import CPSettings
 from ...testing import max_verify_error
 from ...train_config import TrainConfig
 from ..model import model_loss
@@ -33,10 +32,7 @@ from .step import MeshCP, mesh_cp, global_arrays, host_copy, model_hooks, weight
 
 def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
                                train_cfg: TrainConfig, *, mesh, axis: AxisName,
-                               mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                               layout: Layout = "contiguous",
-                               kernels: Kernels = DEFAULT_KERNELS,
-                               batch_axis: str | None = None) -> float:
+                               cp: CPSettings, batch_axis: str | None = None) -> float:
     """Max relative error of the CP loss and summed gradients against one chip, same data.
 
     params: global arrays as cp_training_inputs lays them out; tokens_BT1: host int [B, T+1]
@@ -49,10 +45,9 @@ def verify_against_single_chip(params, tokens_BT1, model_cfg: ModelConfig,
     tokens_BT1 is the global batch [dp·B, T+1] (step.synthetic_batch(…, dp)), rows over
     batch_axis on the CP side; the one chip runs all dp·B sequences.
     """
-    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
-                 batch_axis=batch_axis)
-    return verify_error(params, tokens_BT1, model_cfg, train_cfg, cp)[0]
+    return verify_error(params, tokens_BT1, model_cfg, train_cfg, mesh_cp(
+        model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, cp=cp, dtype=train_cfg.dtype,
+        batch_axis=batch_axis))[0]
 
 
 def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -93,16 +88,13 @@ def verify_error(params, tokens_BT1, model_cfg: ModelConfig, train_cfg: TrainCon
 
 
 def cp_loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, *, mesh,
-                         axis: AxisName, mode: CPMode, attn_cp: AttnCPMode = "all_gather_kv",
-                         layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
-                         batch_axis: str | None = None):
+                         axis: AxisName, cp: CPSettings, batch_axis: str | None = None):
     """The step's loss and reduced gradients, without the update: a shard_mapped
     f(params, inputs_BT, targets_BT) -> (global mean loss, gradients laid out as the step's
     reduced ones: WeightLayout.grad_specs). Arguments as make_cp_train_step's."""
-    cp = mesh_cp(model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, mode=mode,
-                 attn_cp=attn_cp, layout=layout, kernels=kernels, dtype=train_cfg.dtype,
-                 batch_axis=batch_axis)
-    return _loss_and_grads_fn(model_cfg, train_cfg, cp)
+    return _loss_and_grads_fn(model_cfg, train_cfg, mesh_cp(
+        model_cfg, train_cfg.seq_len, mesh=mesh, axis=axis, cp=cp, dtype=train_cfg.dtype,
+        batch_axis=batch_axis))
 
 
 def _loss_and_grads_fn(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: MeshCP):

@@ -60,7 +60,7 @@ import torch
 import torch.distributed as dist
 
 from ...attention_documents import cu_seqlens_values
-from ...cp_layout import Layout, check_layout
+from ...cp_layout import Layout
 from ...cp_modes import (
     AttnCPMode,
     UlyssesHeads,
@@ -80,18 +80,6 @@ from .comm import nbytes, no_deprecation_warning, rank_size, record, send_recv
 from .ulysses import heads_to_seq, key_heads_for_chips, seq_to_heads
 
 _TAG = 80  # ring: K/V forward 80, K/V backward 81, dK/dV backward 82; all_gather_kv dK/dV 83
-
-
-def check_attention_shape(*, mode: str, chips: int, seq_len: int, layout: str,
-                          num_heads: int, num_kv_heads: int) -> None:
-    """Raise ValueError naming the numbers when `mode` cannot split this attention over chips:
-    cp_modes.check_attention_cp_shape (the mode; ulysses' query heads), the layout's sequence
-    split, and GQA (query heads a multiple of key/value heads)."""
-    check_attention_cp_shape(attn_cp=mode, chips=chips, num_heads=num_heads)
-    check_layout(layout, chips=chips, seq_len=seq_len)
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a multiple of key/value heads "
-                         f"({num_kv_heads})")
 
 
 def ulysses_kv_heads_per_chip(*, num_heads: int, num_kv_heads: int, chips: int) -> int:
@@ -139,8 +127,8 @@ def attention_cp(q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tenso
     attn_kernel = attention_kernel(kernel, block=block)
     D = rank_size(group)[1]
     _, t, H, E = q_BtHE.shape
-    check_attention_shape(mode=mode, chips=D, seq_len=t * D, layout=layout, num_heads=H,
-                          num_kv_heads=k_BtGE.shape[2])
+    check_attention_cp_shape(attn_cp=mode, chips=D, num_heads=H, num_kv_heads=k_BtGE.shape[2],
+                             seq_len=t * D, layout=layout)
     scale = E ** -0.5 if scale is None else scale
     cu = None if cu_seqlens is None else cu_seqlens_values(cu_seqlens, seq_len=t * D)
     if mode == "all_gather_kv":

@@ -93,31 +93,37 @@ def send_recv(send: torch.Tensor | None, send_to: int | None, recv: torch.Tensor
         work.wait()
 
 
+def _peer(rank: int, step: int, D: int) -> int | None:
+    """rank + step when it is a rank of the group (0 … D−1), else None."""
+    return rank + step if 0 <= rank + step < D else None
+
+
 class _Shift(torch.autograd.Function):
-    """y_r = x_{r−d} (zeros for r < d); backward: dx_r = dy_{r+d} (zeros for r ≥ D−d)."""
+    """y_r = x_{r−d} (zeros where r − d is no rank); backward: dx_r = dy_{r+d} (zeros where
+    r + d is none). d may be negative: d < 0 shifts down the ranks (y_r = x_{r+|d|})."""
 
     @staticmethod
     def forward(ctx, x, offset, group, tag, op):
         rank, D = rank_size(group)
         ctx.offset, ctx.group, ctx.tag, ctx.op = offset, group, tag, op
         y = torch.zeros_like(x, memory_format=torch.contiguous_format)
-        send_recv(x, rank + offset if rank + offset < D else None,
-                  y, rank - offset if rank >= offset else None,
+        send_recv(x, _peer(rank, offset, D), y, _peer(rank, -offset, D),
                   group=group, tag=tag, op=op, backward=False)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         rank, D = rank_size(ctx.group)
-        d = ctx.offset
         dx = torch.zeros_like(dy, memory_format=torch.contiguous_format)
-        send_recv(dy, rank - d if rank >= d else None, dx, rank + d if rank + d < D else None,
+        send_recv(dy, _peer(rank, -ctx.offset, D), dx, _peer(rank, ctx.offset, D),
                   group=ctx.group, tag=ctx.tag + 1, op=ctx.op, backward=True)
         return dx, None, None, None, None
 
 
 def shift(x: torch.Tensor, offset: int, *, group, tag: int, op: str) -> torch.Tensor:
-    """Differentiably receive rank (r − offset)'s `x` (zeros where r < offset); same shape as x.
+    """Differentiably receive rank (r − offset)'s `x` (zeros where there is no such rank); same
+    shape as x. offset > 0: from an earlier rank (p2p's and log_scan's scans up the ranks);
+    offset < 0: from a later one (log_scan's scan down zigzag's second segments).
 
     `tag` (forward; backward uses tag+1) keeps different exchanges between one pair apart on gloo.
     """

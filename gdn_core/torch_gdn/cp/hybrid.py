@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ...cp_layout import Layout, check_layout, local_positions
-from ...cp_modes import AttnCPMode, check_attn_cp
+from ...cp_modes import AttnCPMode, check_attention_cp_shape, check_attn_cp
 from ..attention import GatedAttention
 from ..attention_kernels import AttentionKernelName, attention_kernel
-from .attention import attention_cp, check_attention_shape
+from .attention import attention_cp
 from .comm import rank_size
 
 
@@ -55,9 +55,9 @@ class ContextParallelGatedAttention(GatedAttention):
         """Every rank of the group must call it, with the same B and t (it exchanges)."""
         _, D = rank_size(self.group)
         # Validate before any exchange, so every rank raises and none waits on a peer.
-        check_attention_shape(mode=self.attn_cp, chips=D, seq_len=hidden_BtD.shape[1] * D,
-                              layout=self.layout, num_heads=self.cfg.num_heads,
-                              num_kv_heads=self.cfg.num_kv_heads)
+        check_attention_cp_shape(attn_cp=self.attn_cp, chips=D, num_heads=self.cfg.num_heads,
+                                 num_kv_heads=self.cfg.num_kv_heads,
+                                 seq_len=hidden_BtD.shape[1] * D, layout=self.layout)
         return super().forward(hidden_BtD, cos_BtR, sin_BtR, cu_seqlens)
 
     def attend(self, q_BtHE: torch.Tensor, k_BtGE: torch.Tensor, v_BtGE: torch.Tensor,

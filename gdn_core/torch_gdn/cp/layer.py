@@ -1,6 +1,6 @@
 """Context-parallel GatedDeltaNet: the layer's own pieces around a CP exchange.
 
-`context_parallel(module, *, group, mode)` turns a GatedDeltaNet (or every GatedDeltaNet inside
+`context_parallel(module, *, group, cp)` turns a GatedDeltaNet (or every GatedDeltaNet inside
 a model) into a layer whose forward maps this rank's sequence shard [B, t, D] to [B, t, D]
 (t = T/D; `layout` as in gdn_core.cp_layout: contiguous, rank order = sequence order, or
 zigzag, segments r and 2D−1−r of 2D). Two ways of running the rule, as in docs/architecture.md:
@@ -28,15 +28,7 @@ import torch
 from torch import nn
 
 from ...cp_layout import Layout, check_layout
-from ...cp_modes import (
-    AttnCPMode,
-    CPMode,
-    UlyssesHeads,
-    check_attn_cp,
-    check_cp_shape,
-    check_mode,
-)
-from ...kernels import DEFAULT_KERNELS, Kernels, check_kernels
+from ...cp_modes import CPMode, CPSettings, UlyssesHeads, check_cp_shape, check_mode
 from ..attention import GatedAttention
 from ..attention_kernels import ATTENTION_KERNEL_FOR
 from ..gdn_kernels import FUSED_GDN_KERNEL, GDNKernelName, GDNRuleKernel, gdn_rule_kernel
@@ -90,14 +82,8 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         """Raise ValueError naming the numbers when this mode cannot split t·D tokens."""
         cfg, (_, D) = self.cfg, rank_size(self.group)
         check_cp_shape(mode=self.mode, chips=D, seq_len=t * D, num_k_heads=cfg.num_k_heads,
-                       num_v_heads=cfg.num_v_heads, conv_kernel_size=cfg.conv_kernel_size)
-        check_layout(self.layout, chips=D, seq_len=t * D)
-        halo = cfg.conv_kernel_size - 1
-        if self.layout == "zigzag" and self.mode != "ulysses" and D > 1 and t // 2 < halo:
-            raise ValueError(
-                f"zigzag segment of {t // 2} tokens (seq_len={t * D} / (2 × chips={D})) is "
-                f"shorter than the conv halo of {halo} tokens "
-                f"(conv_kernel_size={cfg.conv_kernel_size})")
+                       num_v_heads=cfg.num_v_heads, conv_kernel_size=cfg.conv_kernel_size,
+                       layout=self.layout)
 
     def forward(self, hidden_BtD: torch.Tensor,
                 cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,15 +177,13 @@ class ContextParallelGatedDeltaNet(GatedDeltaNet):
         return heads_to_seq(o_BTHV, group=self.group, layout=self.layout)
 
 
-def context_parallel(module: nn.Module, *, group, mode: CPMode,
-                     attn_cp: AttnCPMode = "all_gather_kv",
-                     layout: Layout = "contiguous",
-                     kernels: Kernels = DEFAULT_KERNELS,
+def context_parallel(module: nn.Module, *, group, cp: CPSettings,
                      gdn_kernel: GDNKernelName | None = None) -> nn.Module:
-    """Make `module` run on this rank's sequence shard (in `layout`) over `group`: GDN layers
-    under CP `mode`, gated full-attention layers under `attn_cp` (cp.attention) with the
-    attention kernel of `kernels` (attention_kernels.ATTENTION_KERNEL_FOR: reference → tiles,
-    fused → sdpa). GDN layers under kernels="reference" run this package's CP rule; under
+    """Make `module` run on this rank's sequence shard (in cp.layout) over `group`, one CP
+    group of cp.cp_chips ranks (a replica's, under cp.dp > 1): GDN layers under CP cp.mode,
+    gated full-attention layers under cp.attn_cp (cp.attention) with the attention kernel of
+    cp.kernels (attention_kernels.ATTENTION_KERNEL_FOR: reference → tiles, fused → sdpa).
+    GDN layers under kernels="reference" run this package's CP rule; under
     "fused" the rule kernel `gdn_kernel` (gdn_kernels: default fla-core's, "fla"; "reference"
     is its CPU stand-in through the same composition), built per layer at its chunk size and
     composed with the exchanges (cp.kernel_rule). Which kernel can serve a device and dtype
@@ -212,15 +196,12 @@ def context_parallel(module: nn.Module, *, group, mode: CPMode,
     by its CP version (same parameter names, same Parameter objects, so an optimizer built
     before or after the call is the same), and a hybrid decoder takes its rotary at the tokens'
     global positions (HybridDecoder.sequence_positions); returns `module`. Per-token modules
-    (norms, MLP, embeddings, LM head) run unchanged on the shard. Raises ValueError for an
-    unknown mode, attn_cp, layout or kernels, a module without such layers, or one already made
-    context-parallel. Shapes are checked at each forward (the sequence length is known only
-    then).
+    (norms, MLP, embeddings, LM head) run unchanged on the shard. Raises ValueError for a
+    module without such layers, or one already made context-parallel (the settings
+    themselves were checked when `cp` was built); the group is not touched here. Shapes are
+    checked at each forward over `group`'s ranks (the sequence length is known only then).
     """
-    check_mode(mode)
-    check_attn_cp(attn_cp)
-    check_layout(layout)
-    check_kernels(kernels)
+    mode, attn_cp, layout, kernels = cp.mode, cp.attn_cp, cp.layout, cp.kernels
     if kernels == "reference" and gdn_kernel is not None:
         raise ValueError(f"gdn_kernel={gdn_kernel!r} is for kernels='fused'; kernels='reference' "
                          "runs this package's CP rule")

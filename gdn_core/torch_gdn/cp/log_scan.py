@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .comm import broadcast, keep_in_backward, rank_size, send_recv, shift
+from .comm import broadcast, keep_in_backward, rank_size, shift
 from .common import apply_pair, compose_pairs, sequence_sharded
 
 _TAG = 40  # round i uses tags _TAG + 2i (forward) and _TAG + 2i + 1 (backward)
@@ -57,31 +57,6 @@ def log_scan_exchange(P_BHKW: torch.Tensor, h0_BHKV: torch.Tensor, *, group,
     return h_in_BHKV, broadcast(final_BHKV, src=D - 1, group=group, op="log_scan_final_state")
 
 
-
-class _ShiftDown(torch.autograd.Function):
-    """y_r = x_{r+d} (zeros for r ≥ D−d); backward: dx_r = dy_{r−d} (zeros for r < d).
-    `comm.shift`'s mirror image (the scan down the second segments of the zigzag layout)."""
-
-    @staticmethod
-    def forward(ctx, x, offset, group, tag):
-        rank, D = rank_size(group)
-        ctx.offset, ctx.group, ctx.tag = offset, group, tag
-        y = torch.zeros_like(x, memory_format=torch.contiguous_format)
-        send_recv(x, rank - offset if rank >= offset else None,
-                  y, rank + offset if rank + offset < D else None,
-                  group=group, tag=tag, op="log_scan", backward=False)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        rank, D = rank_size(ctx.group)
-        d = ctx.offset
-        dx = torch.zeros_like(dy, memory_format=torch.contiguous_format)
-        send_recv(dy, rank + d if rank + d < D else None, dx, rank - d if rank >= d else None,
-                  group=ctx.group, tag=ctx.tag + 1, op="log_scan", backward=True)
-        return dx, None, None, None
-
-
 def _scan(P_BHKW: torch.Tensor, *, up: bool, keep_inclusive: bool, received: list, group):
     """One Hillis–Steele scan over the ranks, in rank order (`up`) or reversed: (exclusive pair
     or None, inclusive pair). Appends what arrives to `received`; each round's send is tied to
@@ -93,10 +68,8 @@ def _scan(P_BHKW: torch.Tensor, *, up: bool, keep_inclusive: bool, received: lis
     d, round_idx = 1, 0
     while d < D:
         send = keep_in_backward(I_BHKW, received[-1]) if received else I_BHKW
-        if up:
-            R_BHKW = shift(send, d, group=group, tag=_TAG + 2 * round_idx, op="log_scan")
-        else:
-            R_BHKW = _ShiftDown.apply(send, d, group, _TAG_DOWN + 2 * round_idx)
+        R_BHKW = shift(send, d if up else -d, group=group,
+                       tag=(_TAG if up else _TAG_DOWN) + 2 * round_idx, op="log_scan")
         received.append(R_BHKW)
         if position >= d:  # else nothing arrived (zeros)
             E_BHKW = R_BHKW if E_BHKW is None else compose_pairs(R_BHKW, E_BHKW)

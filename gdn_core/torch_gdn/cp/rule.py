@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...cp_layout import Layout, check_layout
-from ...cp_modes import CPMode, check_cp_shape, check_mode
+from ...cp_layout import Layout
+from ...cp_modes import CPMode, check_cp_shape
 from ...kernels import KernelUnavailable
 from ...shapes import check_rule_args
 from ..chunk import chunk_gated_delta_rule, initial_state_or_zeros
@@ -63,14 +63,12 @@ def chunk_gated_delta_rule_cp(q, k, v, g, beta, *, group, mode: CPMode,
     through o, and through final_state on all ranks or on none: a rank whose loss skips it
     would skip a collective its peers wait for.
     """
-    check_mode(mode)
-    check_layout(layout)
     B, T_local, Hk, Hv, Dk, Dv = check_rule_args(
         q.shape, k.shape, v.shape, g.shape, beta.shape,
         None if initial_state is None else initial_state.shape, chunk_size)
     _, D = rank_size(group)
-    check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv)
-    check_layout(layout, chips=D, seq_len=T_local * D)
+    check_cp_shape(mode=mode, chips=D, seq_len=T_local * D, num_k_heads=Hk, num_v_heads=Hv,
+                   layout=layout)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, seq_len=T_local * D)
     if D == 1:  # the whole sequence, in order under either layout: the one-chip rule

@@ -19,10 +19,8 @@ Legend: B batch per replica, T global tokens, t = T/D tokens per rank.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import time
 from collections.abc import Callable
 
 import torch
@@ -31,10 +29,10 @@ from torch import nn
 
 from ... import device_memory
 from ...config import FULL_ATTENTION, ModelConfig
-from ...cp_layout import Layout, check_layout, local_positions
-from ...cp_modes import AttnCPMode, CPMode, CPSettings, check_attn_cp, check_cp_shape
+from ...cp_layout import Layout, local_positions
+from ...cp_modes import CPSettings
 from ...data import synthetic_tokens
-from ...kernels import DEFAULT_KERNELS, Kernels
+from ...kernels import ResolvedKernels
 from ...memory.verify import verify_seq_len
 from ...testing import max_verify_error
 from ...train_config import CPTrainReport, TrainConfig
@@ -42,8 +40,8 @@ from ..attention_kernels import resolve_torch_attention_kernel
 from ..gdn_kernels import GDNKernelName, resolve_torch_gdn_kernel
 from ..init import materialise
 from ..model import set_remat
+from ..timed_steps import one_more_step, run_timed_steps
 from ..train import language_model, packed_boundaries, train_step
-from .attention import check_attention_shape
 from .comm import count_comm, rank_size
 from .grad_sync import GRAD_SYNC_OP, OverlappedGradientSum
 from .layer import context_parallel
@@ -65,16 +63,16 @@ def gradient_sync(param_sharding: str, *, group):
     return None if param_sharding == "fsdp" else OverlappedGradientSum(group=group)
 
 
-def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
-                      device: str | torch.device = "cpu", attn_cp: AttnCPMode = "all_gather_kv",
-                      layout: Layout = "contiguous", kernels: Kernels = DEFAULT_KERNELS,
-                      gdn_kernel: GDNKernelName | None = None, dp: int = 1):
+def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp: CPSettings,
+                      device: str | torch.device = "cpu",
+                      gdn_kernel: GDNKernelName | None = None):
     """Return (model, optimizer) of this rank: the seeded model (checked equal on every rank),
-    made context-parallel (GDN layers `mode` with the rule kernel of `kernels` / `gdn_kernel`,
-    attention layers `attn_cp` with the attention kernel of `kernels`, shards in `layout`:
-    layer.context_parallel), train_cfg.remat set, laid out per train_cfg.param_sharding.
-    `group` holds all ranks; with dp > 1 replicas the CP layers run on this rank's replica's
-    CP group (mesh.dp_cp_mesh), the weight layout stays over the whole group.
+    made context-parallel under `cp` (GDN layers cp.mode with the rule kernel of cp.kernels /
+    `gdn_kernel`, attention layers cp.attn_cp with the attention kernel of cp.kernels, shards
+    in cp.layout: layer.context_parallel), train_cfg.remat set, laid out per
+    train_cfg.param_sharding. `group` holds all cp.chips ranks; with cp.dp > 1 replicas the CP
+    layers run on this rank's replica's CP group (mesh.dp_cp_mesh), the weight layout stays
+    over the whole group.
 
     Initialised sharded (init.py): built on the meta device, made context-parallel and laid
     out there, then only this rank's part of the seeded weights is materialised on `device`
@@ -85,10 +83,9 @@ def build_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, 
     """
     with torch.device("meta"):  # shapes only: the seeded draws of reset_parameters are no-ops
         model = set_remat(language_model(model_cfg, seed=train_cfg.seed), train_cfg.remat)
-    cp_group = dp_cp_mesh(group, dp=dp, device_type=torch.device(device).type).cp_group
+    cp_group = dp_cp_mesh(group, dp=cp.dp, device_type=torch.device(device).type).cp_group
     # In place, before FSDP2 wraps the blocks.
-    context_parallel(model, group=cp_group, mode=mode, attn_cp=attn_cp, layout=layout,
-                     kernels=kernels, gdn_kernel=gdn_kernel)
+    context_parallel(model, group=cp_group, cp=cp, gdn_kernel=gdn_kernel)
     shard_parameters(model, train_cfg, group=group, device=device)
     checksum = materialise(model, seed=train_cfg.seed, device=device)
     check_same_checksum(checksum, group=group, device=torch.device(device))
@@ -189,48 +186,51 @@ def verify_against_single_chip(model: nn.Module, inputs_Bt: torch.Tensor,
     return err.item()
 
 
-def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, mode: CPMode,
-                    device: torch.device, budget_bytes: int | None,
-                    dp: int = 1) -> int | None:
+def verified_length(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp: CPSettings,
+                    device: torch.device, budget_bytes: int | None) -> int | None:
     """Tokens per sequence the verify compares (memory.verify.verify_seq_len), decided by rank
     0, whose chip runs the reference, within budget_bytes (default: that chip's capacity,
     device_memory.torch_chip_capacity, on CPU shared over the group's ranks as an upper bound
     on those of its host), and broadcast so every rank runs the same CP verify step.
 
-    With dp replicas the reference runs the global batch (dp × train_cfg.batch_size
-    sequences) and the prefix must split over one replica's D = |group| / dp CP chips; rank 0's
-    resident state is laid out over all dp·D chips."""
+    With cp.dp replicas the reference runs the global batch (dp × train_cfg.batch_size
+    sequences) and the prefix must split over one replica's D = cp.cp_chips CP chips (GDN
+    mode cp.mode); rank 0's resident state is laid out over all dp·D chips."""
     rank, chips = rank_size(group)
-    D, global_cfg = chips // dp, dataclasses.replace(train_cfg,
-                                                     batch_size=dp * train_cfg.batch_size)
+    global_cfg = dataclasses.replace(train_cfg, batch_size=cp.dp * train_cfg.batch_size)
     length = torch.zeros(1, dtype=torch.int64, device=device)
     if rank == 0:
         if budget_bytes is None:
             budget_bytes, _ = device_memory.torch_chip_capacity(device, chips_on_host=chips)
         verified = train_cfg.seq_len if budget_bytes is None else verify_seq_len(
-            model_cfg, global_cfg, mode=mode, chips=D, framework="torch",
-            budget_bytes=budget_bytes, dp=dp)
+            model_cfg, global_cfg, mode=cp.mode, chips=cp.cp_chips, framework="torch",
+            attn_cp=cp.attn_cp, layout=cp.layout, budget_bytes=budget_bytes, dp=cp.dp)
         length.fill_(0 if verified is None else verified)
     dist.broadcast(length, group_src=0, group=group)
     return int(length.item()) or None
 
 
-def check_cp_training_shape(model_cfg: ModelConfig, *, chips: int, seq_len: int, mode: CPMode,
-                            attn_cp: AttnCPMode = "all_gather_kv",
-                            layout: Layout = "contiguous") -> None:
-    """Raise ValueError naming the numbers when the GDN `mode`, the attention layers' `attn_cp`
-    (hybrid decoder only) or `layout` cannot split seq_len tokens of this model over chips (one
-    replica's CP group: CPSettings.cp_chips)."""
-    gdn = model_cfg.gdn
-    check_attn_cp(attn_cp)
-    check_cp_shape(mode=mode, chips=chips, seq_len=seq_len, num_k_heads=gdn.num_k_heads,
-                   num_v_heads=gdn.num_v_heads, conv_kernel_size=gdn.conv_kernel_size)
-    check_layout(layout, chips=chips, seq_len=seq_len)  # zigzag: seq_len divisible by 2D
-    if model_cfg.layers == "hybrid":
-        attention = model_cfg.attention
-        check_attention_shape(mode=attn_cp, chips=chips, seq_len=seq_len, layout=layout,
-                              num_heads=attention.num_heads,
-                              num_kv_heads=attention.num_kv_heads)
+def resolve_step_kernels(model_cfg: ModelConfig, train_cfg: TrainConfig, cp: CPSettings, *,
+                         device: torch.device,
+                         gdn_kernel: GDNKernelName | None = None) -> ResolvedKernels:
+    """What this rank's step runs for cp.kernels, named with versions (the answer its report
+    carries to the trial's result): the GDN rule (resolve_torch_gdn_kernel; a caller-chosen
+    gdn_kernel under "fused" is named as such) and, in a decoder with attention layers, the
+    attention kernel (resolve_torch_attention_kernel). Raises kernels.KernelUnavailable with
+    the reason where a fused kernel cannot serve the point — on every rank alike, before any
+    collective."""
+    if cp.kernels == "fused" and gdn_kernel is not None:
+        gdn = f"gdn_kernel={gdn_kernel!r} under kernels='fused' (chosen by the caller)"
+    else:
+        gdn, _ = resolve_torch_gdn_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
+                                          chunk_size=model_cfg.gdn.chunk_size,
+                                          head_k_dim=model_cfg.gdn.head_k_dim)
+    attention = None
+    if FULL_ATTENTION in model_cfg.layer_pattern:
+        attention = resolve_torch_attention_kernel(cp.kernels, device=device,
+                                                   dtype=train_cfg.dtype,
+                                                   head_dim=model_cfg.attention.head_dim)
+    return ResolvedKernels(gdn=gdn, attention=attention)
 
 
 def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp: CPSettings,
@@ -251,8 +251,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     (cp.dp × batch_size sequences of train_cfg.seq_len tokens) in cp.layout (shard_batch), and
     packed as train_cfg.documents says (the same global boundaries on every rank), and runs
     warmup_steps untimed then `steps` timed steps
-    of train_step (grad_sync: gradient_sync). A step's time starts after a barrier (ranks
-    start together) and ends with the device synchronised. CP bytes are
+    of train_step (grad_sync: gradient_sync) through timed_steps.run_timed_steps: a step's
+    time starts after a barrier (ranks start together) and ends with the device
+    synchronised. CP bytes are
     counted over the first timed step (under remat they include the exchanges its backward
     re-issues); grad_sync_bytes_per_step adds to the counted gradient all-reduce the weight
     collectives of zero1 / fsdp (sharding.weight_sync_bytes, comm_source says so). verify=True
@@ -265,11 +266,12 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     allocator peak, on CPU the process's RSS high-water mark); torch has no compile-time
     estimate (estimated_memory_bytes None) and no compile (compile_time_s 0).
     Raises ValueError naming the numbers when the group is not cp.chips ranks, or when cp's
-    modes or layout cannot split the shape over cp.cp_chips (check_cp_training_shape); raises
+    modes or layout cannot split the shape over cp.cp_chips (CPSettings.check_shape); raises
     kernels.KernelUnavailable (every rank alike, before any collective) when cp.kernels is
-    'fused' and fla-core's GDN kernel cannot serve the point here (resolve_torch_gdn_kernel:
-    on CPU "fla-core's chunk_gated_delta_rule needs a CUDA device") or the fused attention
-    kernel cannot serve a hybrid decoder's attention (resolve_torch_attention_kernel).
+    'fused' and a fused kernel cannot serve the point here (resolve_step_kernels: on CPU
+    "fla-core's chunk_gated_delta_rule needs a CUDA device"), or when a kernel refuses it
+    from inside a step (timed_steps.run_step). The report names what ran (gdn_kernel,
+    attention_kernel: resolve_step_kernels' answer).
     gdn_kernel="reference" (tests) runs the reference rule kernel as fla's CPU stand-in through
     the same composition instead of resolving fla; only with cp.kernels 'fused'.
     after_timed_steps: called once after everything is measured with a callable that runs one
@@ -283,26 +285,13 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     if chips != cp.chips:
         raise ValueError(f"cp.chips={cp.chips} but the process group has {chips} ranks"
                          + replicas)
-    try:
-        check_cp_training_shape(model_cfg, chips=cp.cp_chips, seq_len=train_cfg.seq_len,
-                                mode=cp.mode, attn_cp=cp.attn_cp, layout=cp.layout)
-    except ValueError as error:
-        if cp.dp == 1:
-            raise
-        raise ValueError(f"{error}; each of dp={cp.dp} replicas splits the sequence over "
-                         f"cp_chips={cp.cp_chips} = chips={cp.chips} / dp={cp.dp}") from error
+    cp.check_shape(model_cfg, train_cfg.seq_len)  # the trial's one shape check
     device = torch.device(device)
-    if cp.kernels == "fused" and gdn_kernel is None:  # the fla kernel, or the reason it can't
-        resolve_torch_gdn_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
-                                 chunk_size=model_cfg.gdn.chunk_size,
-                                 head_k_dim=model_cfg.gdn.head_k_dim)
-    if FULL_ATTENTION in model_cfg.layer_pattern:
-        resolve_torch_attention_kernel(cp.kernels, device=device, dtype=train_cfg.dtype,
-                                       head_dim=model_cfg.attention.head_dim)
+    resolved = resolve_step_kernels(model_cfg, train_cfg, cp, device=device,
+                                    gdn_kernel=gdn_kernel)
     device_memory.torch_reset_peak(device)
-    model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, mode=cp.mode,
-                                         device=device, attn_cp=cp.attn_cp, layout=cp.layout,
-                                         kernels=cp.kernels, gdn_kernel=gdn_kernel, dp=cp.dp)
+    model, optimizer = build_cp_training(model_cfg, train_cfg, group=group, cp=cp,
+                                         device=device, gdn_kernel=gdn_kernel)
     # The global batch [dp·B, T+1]: every rank draws all of it and keeps its replica's rows.
     tokens_BT1 = torch.from_numpy(synthetic_tokens(
         batch_size=cp.dp * train_cfg.batch_size, seq_len=train_cfg.seq_len,
@@ -312,9 +301,9 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
     cu_seqlens = packed_boundaries(train_cfg)  # on the host, the same on every rank
     max_rel_err = verified_seq_len = None
     if verify:
-        verified_seq_len = verified_length(model_cfg, train_cfg, group=group, mode=cp.mode,
+        verified_seq_len = verified_length(model_cfg, train_cfg, group=group, cp=cp,
                                            device=device,
-                                           budget_bytes=verify_memory_budget_bytes, dp=cp.dp)
+                                           budget_bytes=verify_memory_budget_bytes)
         if verified_seq_len is not None:
             prefix_BT1 = tokens_BT1[:, :verified_seq_len + 1]
             max_rel_err = verify_against_single_chip(
@@ -327,41 +316,24 @@ def run_cp_training(model_cfg: ModelConfig, train_cfg: TrainConfig, *, group, cp
                                  global_tokens=tokens_BT1.shape[0] * train_cfg.seq_len,
                                  dtype=train_cfg.dtype, grad_sync=grad_sync,
                                  cu_seqlens=cu_seqlens)
-    shares, times, comm = [], [], None
-    for step in range(warmup_steps + steps):
-        dist.barrier(group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        counting = count_comm() if step == warmup_steps else contextlib.nullcontext()
-        with counting as counter:
-            start = time.perf_counter()
-            shares.append(one_step())
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - start
-        if step >= warmup_steps:
-            times.append(elapsed)
-        if step == warmup_steps:
-            comm = counter
+    barrier = functools.partial(dist.barrier, group=group)  # ranks start each step together
+    timed = run_timed_steps(one_step, steps=steps, warmup_steps=warmup_steps, device=device,
+                            before_each=barrier, measure_first=count_comm)
+    comm = timed.first_timed
     peak_bytes, source = device_memory.torch_peak_memory(device)
     # One all-reduce after the loop (outside the timed steps) turns the shares (device tensors)
     # into global losses, read back to the host only then.
-    losses = _global_sum(shares, group=group)
+    losses = _global_sum(timed.results, group=group)
     counted_grad_bytes = comm.bytes_of(GRAD_SYNC_OP)
     weight_bytes = weight_sync_bytes(model, optimizer, train_cfg, group=group)
     if after_timed_steps is not None:  # after every figure is read: the extra step is in none
-        def one_more_step() -> None:
-            dist.barrier(group=group)
-            one_step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-
-        after_timed_steps(one_more_step)
+        after_timed_steps(one_more_step(one_step, device=device, before_each=barrier))
     return CPTrainReport(
-        losses=losses, step_times_s=times, peak_memory_bytes=peak_bytes, memory_source=source,
-        mode=cp.mode, chips=chips, dp=cp.dp,
+        losses=losses, step_times_s=timed.step_times_s, peak_memory_bytes=peak_bytes,
+        memory_source=source, mode=cp.mode, chips=chips, dp=cp.dp,
         cp_comm_bytes_per_step=comm.bytes_received - counted_grad_bytes,
         grad_sync_bytes_per_step=counted_grad_bytes + weight_bytes,
         comm_source=COMM_SOURCE[train_cfg.param_sharding], max_rel_err=max_rel_err,
         verified_seq_len=verified_seq_len,
-        attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None, layout=cp.layout)
+        attn_cp=cp.attn_cp if FULL_ATTENTION in model_cfg.layer_pattern else None,
+        layout=cp.layout, gdn_kernel=resolved.gdn, attention_kernel=resolved.attention)

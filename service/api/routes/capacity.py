@@ -14,7 +14,7 @@ from service.db.read_cache import data_version
 from service.planner.capacity import plan_capacity
 from service.planner.evidence import evidence_for
 from service.planner.form_defaults import PlannerForm, form_defaults
-from service.planner.schemas import CapacityAnswer, CapacityRequest
+from service.schemas.planner import CapacityAnswer, CapacityRequest
 
 router = APIRouter(tags=["capacity"])
 

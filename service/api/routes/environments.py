@@ -14,7 +14,7 @@ from service.db import crud
 from service.db.bounds import DB_INT_MAX
 from service.db.environments import get_environment, trial_environment
 from service.db.models import Environment
-from service.db.schemas import EnvironmentDiffPublic, EnvironmentPublic, TrialEnvironmentRef
+from service.schemas.trials import EnvironmentDiffPublic, EnvironmentPublic, TrialEnvironmentRef
 
 router = APIRouter(prefix="/environments", tags=["environments"])
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from service.api.guards import RETRY_AFTER_S
 from service.db.engine import ping
-from service.db.schemas import ComponentHealth, HealthPublic, LivenessPublic
+from service.schemas.system import ComponentHealth, HealthPublic, LivenessPublic
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/health", tags=["health"])

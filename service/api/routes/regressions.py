@@ -13,7 +13,7 @@ from service.api.deps import ResultsCacheDep, SessionDep
 from service.db.bounds import DB_INT_MAX
 from service.db.read_cache import data_version
 from service.regressions.report import ScopeError, regressions_report, resolve_scope
-from service.regressions.schemas import Metric, RegressionsPublic
+from service.schemas.schedules import Metric, RegressionsPublic
 from workers.sweep_spec import PlainText
 
 router = APIRouter(tags=["regressions"])

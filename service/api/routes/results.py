@@ -9,8 +9,9 @@ from fastapi.responses import Response
 
 from service.api.deps import ResultsCacheDep, SessionDep
 from service.db.read_cache import data_version
-from service.db.results_query import ResultFilters, query_results, to_csv
-from service.db.schemas import TrialsPublic
+from service.db.results_query import query_results
+from service.schemas.results import ResultFilters, to_csv
+from service.schemas.trials import TrialPublic, TrialsPublic
 
 router = APIRouter(tags=["results"])
 
@@ -24,7 +25,8 @@ def read_results(filters: Annotated[ResultFilters, Query()], session: SessionDep
     the total before paging."""
     if filters.format == "csv":
         rows, count = query_results(session=session, filters=filters)
-        return Response(to_csv(rows), media_type="text/csv; charset=utf-8", headers={
+        csv = to_csv(TrialPublic.from_rows(rows))
+        return Response(csv, media_type="text/csv; charset=utf-8", headers={
             "Content-Disposition": 'attachment; filename="gdn-sweep-results.csv"',
             "X-Total-Count": str(count)})
     key = filters.model_dump_json()
@@ -32,6 +34,7 @@ def read_results(filters: Annotated[ResultFilters, Query()], session: SessionDep
     body = cache.get(key, version)
     if body is None:
         rows, count = query_results(session=session, filters=filters)
-        body = TrialsPublic(data=rows, count=count).model_dump_json().encode()
+        body = TrialsPublic(data=TrialPublic.from_rows(rows),
+                            count=count).model_dump_json().encode()
         cache.put(key, version, body)
     return Response(body, media_type="application/json")

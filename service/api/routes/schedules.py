@@ -11,7 +11,8 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from service.api.deps import SessionDep, SettingsDep, TokenDep
 from service.api.params import Offset, RowId
 from service.db import crud
-from service.db.schemas import ScheduleCreate, SchedulePublic, SchedulesPublic, ScheduleUpdate
+from service.schemas.schedules import (ScheduleCreate, SchedulePublic, SchedulesPublic,
+                                       ScheduleUpdate)
 from service.runs.admission import spec_errors
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
@@ -32,7 +33,14 @@ def _schedule_or_404(session, schedule_id: int):
 
 
 def _public(session, schedule) -> SchedulePublic:
-    return crud.schedules_public(session=session, schedules=[schedule])[0]
+    (public,) = _page(session, [schedule])
+    return public
+
+
+def _page(session, schedules) -> list[SchedulePublic]:
+    """SchedulePublic of each, with its latest runs and sweep count (two queries in all)."""
+    activity = crud.schedule_activity(session=session, schedule_ids=[s.id for s in schedules])
+    return SchedulePublic.from_rows(schedules, activity)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=SchedulePublic,
@@ -42,7 +50,7 @@ def create_schedule(schedule_in: ScheduleCreate, session: SessionDep,
     """Save a schedule; from its next due time on, each tick queues a sweep of `spec` named
     `<spec.name> <due time in the schedule's zone>`."""
     _checked_spec(schedule_in.spec, settings)
-    schedule = crud.create_schedule(session=session, schedule_create=schedule_in)
+    schedule = crud.create_schedule(session=session, **schedule_in.columns())
     return _public(session, schedule)
 
 
@@ -51,8 +59,7 @@ def list_schedules(session: SessionDep, offset: Offset = 0,
                    limit: Annotated[int, Query(ge=1, le=200)] = 50) -> SchedulesPublic:
     """Schedules, newest first, each with its latest ticks."""
     schedules, count = crud.list_schedules(session=session, offset=offset, limit=limit)
-    return SchedulesPublic(count=count,
-                           data=crud.schedules_public(session=session, schedules=schedules))
+    return SchedulesPublic(count=count, data=_page(session, schedules))
 
 
 @router.get("/{schedule_id}", response_model=SchedulePublic)
@@ -69,7 +76,7 @@ def update_schedule(schedule_id: RowId, schedule_in: ScheduleUpdate, session: Se
     if schedule_in.spec is not None:
         _checked_spec(schedule_in.spec, settings)
     schedule = crud.update_schedule(session=session, schedule=schedule,
-                                    schedule_update=schedule_in)
+                                    changes=schedule_in.changes())
     return _public(session, schedule)
 
 
@@ -78,7 +85,7 @@ def pause_schedule(schedule_id: RowId, session: SessionDep) -> SchedulePublic:
     """Stop firing (no next due time) until resumed."""
     schedule = _schedule_or_404(session, schedule_id)
     schedule = crud.update_schedule(session=session, schedule=schedule,
-                                    schedule_update=ScheduleUpdate(paused=True))
+                                    changes={"paused": True})
     return _public(session, schedule)
 
 
@@ -87,7 +94,7 @@ def resume_schedule(schedule_id: RowId, session: SessionDep) -> SchedulePublic:
     """Fire again from the next due time after now (ticks missed while paused are not run)."""
     schedule = _schedule_or_404(session, schedule_id)
     schedule = crud.update_schedule(session=session, schedule=schedule,
-                                    schedule_update=ScheduleUpdate(paused=False))
+                                    changes={"paused": False})
     return _public(session, schedule)
 
 

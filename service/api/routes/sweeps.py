@@ -12,7 +12,8 @@ from service.api.params import Offset, RowId
 from service.db import crud
 from service.db.bounds import DB_INT_MAX
 from service.db.models import FINAL_SWEEP_STATUSES
-from service.db.schemas import SweepCreate, SweepCreated, SweepPublic, SweepsPublic, TrialsPublic
+from service.schemas.sweeps import SweepCreate, SweepCreated, SweepPublic, SweepsPublic
+from service.schemas.trials import TrialPublic, TrialsPublic
 from service.runs.admission import grid_cap_error
 from workers.result import TrialStatus
 
@@ -58,14 +59,7 @@ def create_sweep(sweep_in: SweepCreate, session: SessionDep, settings: SettingsD
         return _replayed(earlier, sweep_in, response)
     if scheduler is not None:
         scheduler.wake()
-    return _created(sweep)
-
-
-def _created(sweep) -> SweepCreated:
-    """The 201 body. Status is the one every sweep is created with, so that a replay answers
-    exactly what the first request did."""
-    return SweepCreated(id=sweep.id, name=sweep.name, status="queued",
-                        trials=sweep.trials_total, skipped=sweep.trials_skipped)
+    return SweepCreated.from_row(sweep)
 
 
 def _replayed(earlier, sweep_in: SweepCreate, response: Response) -> SweepCreated:
@@ -77,7 +71,7 @@ def _replayed(earlier, sweep_in: SweepCreate, response: Response) -> SweepCreate
                             "for a new sweep")
     response.status_code = status.HTTP_200_OK
     response.headers["Idempotent-Replayed"] = "true"
-    return _created(earlier.sweep)
+    return SweepCreated.from_row(earlier.sweep)
 
 
 @router.get("", response_model=SweepsPublic)
@@ -90,8 +84,12 @@ def list_sweeps(session: SessionDep, offset: Offset = 0,
     sweeps, count = crud.list_sweeps(session=session, offset=offset, limit=limit,
                                      schedule_id=schedule_id)
     counts = crud.status_counts(session=session, sweep_ids=[s.id for s in sweeps])
-    return SweepsPublic(count=count, data=[crud.sweep_public(sweep=s, counts=counts[s.id])
-                                           for s in sweeps])
+    return SweepsPublic(count=count, data=[_public(session, s, counts[s.id]) for s in sweeps])
+
+
+def _public(session, sweep, counts: dict[str, int]) -> SweepPublic:
+    return SweepPublic.from_row(sweep, counts=counts,
+                                queue_position=crud.queue_position(session=session, sweep=sweep))
 
 
 def _sweep_or_404(session, sweep_id: int):
@@ -106,7 +104,7 @@ def read_sweep(sweep_id: RowId, session: SessionDep) -> SweepPublic:
     """A sweep's status, spec and trial counts per status."""
     sweep = _sweep_or_404(session, sweep_id)
     counts = crud.status_counts(session=session, sweep_ids=[sweep_id])[sweep_id]
-    return crud.sweep_public(sweep=sweep, counts=counts)
+    return _public(session, sweep, counts)
 
 
 @router.get("/{sweep_id}/trials", response_model=TrialsPublic)
@@ -118,7 +116,7 @@ def list_sweep_trials(sweep_id: RowId, session: SessionDep,
     _sweep_or_404(session, sweep_id)
     rows, count = crud.list_trials(session=session, sweep_id=sweep_id, status=status_ or (),
                                    offset=offset, limit=limit)
-    return TrialsPublic(count=count, data=rows)
+    return TrialsPublic(count=count, data=TrialPublic.from_rows(rows))
 
 
 @router.post("/{sweep_id}/cancel", status_code=status.HTTP_202_ACCEPTED,

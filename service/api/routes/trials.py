@@ -11,7 +11,8 @@ from service.api.params import RowId
 from service.db import crud
 from service.db.environments import get_environment
 from service.db.models import Result
-from service.db.schemas import SweepCreated, TrialDetailPublic
+from service.schemas.sweeps import SweepCreated
+from service.schemas.trials import TrialDetailPublic
 from service.runs.profile_trial import NotProfilable, queue_profile_sweep
 from workers.profile_store import artifact_path
 from workers.profiling import SUFFIX
@@ -24,13 +25,14 @@ def read_trial(trial_id: RowId, session: SessionDep) -> TrialDetailPublic:
     """One trial with its result, its one-chip baseline (ids and speed-up), every attempt
     it took (`attempt_history`: a retried trial keeps the reasons of the attempts that died)
     and the environment it measured in (`environment`, null before it ran)."""
-    trial = crud.get_trial(session=session, trial_id=trial_id)
-    if trial is None:
+    row = crud.get_trial(session=session, trial_id=trial_id)
+    if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {trial_id} not found")
-    environment = (None if trial.environment_id is None else
-                   get_environment(session=session, environment_id=trial.environment_id))
-    return TrialDetailPublic(**trial.model_dump(),
-                             environment=None if environment is None else environment.body)
+    trial = TrialDetailPublic.from_row(row)
+    if trial.environment_id is not None:
+        environment = get_environment(session=session, environment_id=trial.environment_id)
+        trial.environment = None if environment is None else environment.body
+    return trial
 
 
 @router.get("/{trial_id}/profile", response_class=FileResponse,
@@ -80,5 +82,4 @@ def profile_trial(trial_id: RowId, session: SessionDep,
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"trial {trial_id} not found")
     if scheduler is not None:
         scheduler.wake()
-    return SweepCreated(id=sweep.id, name=sweep.name, status="queued",
-                        trials=sweep.trials_total, skipped=sweep.trials_skipped)
+    return SweepCreated.from_row(sweep)

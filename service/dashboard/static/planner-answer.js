@@ -49,7 +49,15 @@ PlannerAnswer.split = (c) => (c.mode === "none" ? "no CP"
 PlannerAnswer.settings = (c) => `${c.framework} · ${c.layers} · ${PlannerAnswer.split(c)} · ` +
   `${c.chips} chip${c.chips === 1 ? "" : "s"}` + (c.dp > 1 ? ` (dp×cp ${PlannerAnswer.mesh(c)})` : "") +
   ` · ${c.param_sharding} · remat ${c.remat}` +
-  (c.gdn_kernel ? ` · GDN: ${c.gdn_kernel}` : "");
+  (c.gdn_kernel ? ` · GDN: ${c.gdn_kernel}` + (c.gdn_kernel_unmeasured ? " (speed unmeasured)" : "") : "");
+
+// JAX's fused GDN (the Pallas chunk rule) before any measured trial of it: its step time (and
+// what follows from it) is a prior or the roofline, never a measurement of the kernel.
+PlannerAnswer.UNMEASURED_TITLE = "no measured (non-interpreted) trial of this GDN kernel yet: " +
+  "the step time is the prior's or the roofline's";
+PlannerAnswer.unmeasured = (c, field) => (c.gdn_kernel_unmeasured && field === "step_time_s"
+  ? GS.el("span", { class: "basis b-unmeasured", title: PlannerAnswer.UNMEASURED_TITLE }, "unmeasured")
+  : null);
 
 PlannerAnswer.tooltip = (f) => [f.basis + (f.note ? ": " + f.note : ""),
   f.trial_ids.length ? "trials " + f.trial_ids.join(", ") : ""].filter(Boolean).join("\n");
@@ -88,7 +96,8 @@ PlannerAnswer.card = function (key, title, c, anyFits, whyNoSpeed) {
   const rows = PlannerAnswer.FIGURES.map(([field, label, format]) => {
     const f = c[field];
     return [GS.el("dt", {}, label), GS.el("dd", { title: PlannerAnswer.tooltip(f), "data-figure": field },
-      PlannerAnswer.value(f, format), " ", PlannerAnswer.badge(f), PlannerAnswer.trialLinks(f.trial_ids))];
+      PlannerAnswer.value(f, format), " ", PlannerAnswer.badge(f), PlannerAnswer.unmeasured(c, field),
+      PlannerAnswer.trialLinks(f.trial_ids))];
   });
   return GS.el("div", { class: "pick", "data-pick": key, "data-framework": c.framework, "data-mode": c.mode,
                         "data-layers": c.layers, "data-attn-cp": c.attn_cp || "", "data-layout": c.layout,
@@ -116,7 +125,8 @@ PlannerAnswer.table = function (table, candidates, frameworks) {
       const f = c[field];
       return GS.el("td", { class: "num", title: PlannerAnswer.tooltip(f), "data-figure": field,
                            "data-value": f.value === null ? "" : f.value, "data-basis": f.basis },
-                   PlannerAnswer.value(f, format), " ", PlannerAnswer.badge(f));
+                   PlannerAnswer.value(f, format), " ", PlannerAnswer.badge(f),
+                   PlannerAnswer.unmeasured(c, field));
     }),
     GS.el("td", { class: "num" }, GS.bytes(c.chip_memory_bytes)));
   table.replaceChildren(GS.el("thead", {}, GS.el("tr", {}, heads.map((h) => GS.el("th", {}, h)))),

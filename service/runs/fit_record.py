@@ -15,7 +15,7 @@ import dataclasses
 import socket
 from collections.abc import Sequence
 
-from gdn_core.hardware import canonical_accelerator_type
+from gdn_core.datasheets import canonical_accelerator_type
 from service.db import crud
 from service.db.models import utcnow
 from service.runs import sweep_run

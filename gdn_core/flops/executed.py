@@ -1,4 +1,4 @@
-"""hardware_flops_per_step: what a step really runs, beyond the model count.
+"""hardware_flops_per_step: the FLOPs a step executes, beyond the model count (HFU's numerator).
 
 model_flops_per_step (model.py) plus, as each framework and kernel runs them: the GDN rule as
 its kernel runs it in place of the model's standard form (rule.py: the reference rule's Dk×Dk

@@ -1,4 +1,5 @@
-"""What the capacity planner takes and answers (GET /api/capacity, `gdn-sweep plan`)."""
+"""What the capacity planner takes and answers (GET /api/capacity, `gdn-sweep plan`), and the
+planner form's choices and defaults (GET /api/capacity/defaults)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gdn_core import hardware
+from gdn_core import datasheets
 from gdn_core.config import GDNConfig, Layers, ModelConfig
 from gdn_core.cp_layout import Layout
 from gdn_core.cp_modes import ATTN_CP_MODES, CP_MODES, AttnCPMode, CPMode
 from gdn_core.kernels import DEFAULT_KERNELS, Kernels
 from gdn_core.presets import PRESETS, get_preset
-from gdn_core.train_config import PARAM_SHARDINGS, REMATS, ComputeDType, ParamSharding, Remat
+from gdn_core.train_config import (PARAM_SHARDINGS, REMATS, ComputeDType, Framework,
+                                   ParamSharding, Remat)
 from service.db.bounds import DbInt
-from service.planner.published_runs import Efficiency
-from workers.sweep_spec import MAX_CHIPS, MAX_SEQ_LEN, Framework, known_preset
+from workers.sweep_spec import MAX_CHIPS, MAX_SEQ_LEN, known_preset
 
 GDN_FIELDS = ("hidden_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
 SHAPE_FIELDS = (*GDN_FIELDS, "num_layers", "intermediate_size", "vocab_size")
@@ -55,8 +56,9 @@ class CapacityRequest(BaseModel):
     param_shardings: list[ParamSharding] = Field(default=list(PARAM_SHARDINGS), min_length=1)
     remats: list[Remat] = Field(default=list(REMATS), min_length=1)
     kernels: Kernels = Field(default=DEFAULT_KERNELS, description="the implementation to plan "
-                             "for; evidence only from trials of it (JAX's GDN is the reference "
-                             "chunk rule under both: no library kernel composes with CP state)")
+                             "for; evidence only from trials of it (JAX's fused GDN is the "
+                             "Pallas chunk rule, composed with every CP mode: its step times "
+                             "are unmeasured until a non-interpreted trial of it is)")
     num_layers: int | None = Field(default=None, ge=1, le=512)
     hidden_size: int | None = Field(default=None, ge=1, le=65536)
     num_k_heads: int | None = Field(default=None, ge=1, le=1024)
@@ -156,9 +158,28 @@ class CapacityRequest(BaseModel):
         if accelerator.strip().lower() == "cpu":
             return "cpu"
         try:
-            return hardware.canonical_accelerator_type(accelerator)
+            return datasheets.canonical_accelerator_type(accelerator)
         except ValueError as err:
             raise ValueError(f"{err}; or cpu (virtual CPU chips)") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Efficiency:
+    """The MFU a roofline estimate assumes on a chip type, and what it rests on."""
+
+    mfu: float
+    low: float
+    high: float
+    published: bool
+    """From a published run on this chip type (else the default range)."""
+    label: str
+    """How an answer names it: "MaxText's measured 27.6% MFU on v5p"."""
+    source: str
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.mfu <= self.high <= 1:
+            raise ValueError(f"efficiency {self.low} ≤ {self.mfu} ≤ {self.high} must lie in "
+                             "(0, 1]: no chip runs above its peak")
 
 
 class Figure(BaseModel):
@@ -174,8 +195,12 @@ class Candidate(BaseModel):
     framework: str
     kernels: str = DEFAULT_KERNELS
     gdn_kernel: str = ""
-    """What the GDN layers run under `kernels` in this framework (JAX: the reference chunk
-    rule under either value, labelled so)."""
+    """What the GDN layers run under `kernels` in this framework (JAX fused: the Pallas chunk
+    rule for the accelerator's platform)."""
+    gdn_kernel_unmeasured: bool = False
+    """No measured trial of this GDN kernel stands behind the step time: JAX's fused GDN (the
+    Pallas chunk rule) until a non-interpreted trial of it is measured; the step time is then
+    the prior's or the roofline's, and its note says so."""
     mode: str
     chips: int
     """All chips of the mesh: dp × cp_chips."""
@@ -244,3 +269,29 @@ class CapacityAnswer(BaseModel):
     variants_left_out: int = 0
     """attn_cp / layout variants left out as dominated (request.prunes_variants)."""
     caveats: list[str]
+
+
+class FormDefaults(BaseModel):
+    """A capacity request's fields as the stored trials suggest them (absent: none stored)."""
+
+    preset: str | None = None
+    accelerator: str | None = None
+    dtype: str | None = None
+    kernels: str | None = None
+    layers: list[str] | None = None
+    num_layers: int | None = None
+    frameworks: list[str] = []
+    seq_len: int | None = None
+    max_chips: int | None = None
+
+
+class PlannerForm(BaseModel):
+    """GET /api/capacity/defaults: the form's choices and its defaults, and what they rest on."""
+
+    layers: list[str]
+    attn_cps: list[str]
+    layouts: list[str]
+    defaults: FormDefaults
+    trials: int
+    """Succeeded measured trials of the defaults' settings."""
+    source: str
