@@ -28,7 +28,7 @@ from .attention import attention_cp_extra_flops
 from .conventions import (FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_chunk, check_positive,
                           sum_fields)
 from .model import ModelFlops, layer_counts, model_flops_per_step, model_forward_flops
-from .rule import (RuleFlops, check_gdn_kernel, fla_block_macs, gdn_kernel, rule_block_macs,
+from .rule import (RuleFlops, check_gdn_kernel, fused_block_macs, gdn_kernel, rule_block_macs,
                    rule_flops)
 
 
@@ -56,8 +56,9 @@ class CPOverheadFlops:
 
     fold: int
     """Each chip's (A, b) pair: reference, composing its chunk pairs, D·(n − 1) compositions;
-    fused, fla's summary call (values [0 | v] of width K+V from initial state [I | 0],
-    torch_gdn.cp.kernel_rule), D·n blocks at head_v_dim K+V as fla runs them."""
+    a fused kernel (fla, or the Pallas rule), its summary call (values [0 | v] of width K+V
+    from initial state [I | 0]: torch_gdn.cp.kernel_rule, jax_gdn.cp.kernel_rule), D·n blocks
+    at head_v_dim K+V as the kernel runs them."""
     prefix: int
     """Turning the exchanged pairs into each chip's incoming state (all_gather, log_scan)."""
     state_apply: int
@@ -67,8 +68,8 @@ class CPOverheadFlops:
     shard_padding_forward: int = 0
     """The forward part of shard_padding (what remat recomputes); not added to total."""
     fold_forward: int | None = None
-    """The forward part of fold where its backward is not two forwards (fused: fla's summary
-    call); None: fold / 3. Not added to total."""
+    """The forward part of fold where its backward is not two forwards (a fused kernel's
+    summary call); None: fold / 3. Not added to total."""
 
     @property
     def total(self) -> int:
@@ -111,9 +112,10 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
     computes A·h + b on every chip in each of its D − 1 rounds and discards all but one (not
     counted; Dk²·Dv each, small next to the fold). ulysses splits heads, not the sequence: no
     overhead. chips == 1 runs the single-chip rule: no overhead. The exchanges are ours under
-    either kernel; with kernel="fused" the fold is fla's summary call instead (one call per
-    chip at head_v_dim K+V, its discarded output included: fla has no state-only call), and
-    the incoming state feeds fla's call through initial_state (the shard's rule: not overhead).
+    either kernel; with a fused kernel ("fused": fla, "pallas": ours) the fold is its summary
+    call instead (one call per chip at head_v_dim K+V, its discarded output included: neither
+    has a state-only call), and the incoming state feeds the kernel's call through
+    initial_state (the shard's rule: not overhead).
     """
     check_mode(mode)
     check_gdn_kernel(kernel)
@@ -138,8 +140,8 @@ def cp_overhead_flops(mode: str, *, chips: int, batch: int, seq_len: int, num_v_
     per_row = FLOPS_PER_MAC * batch * num_v_heads * num_layers
     scale = FWD_BWD_MULTIPLIER * per_row
     fold, fold_forward = scale * D * (local_chunks - 1) * compose_macs, None
-    if kernel == "fused":
-        summary = fla_block_macs(C, K, K + V)
+    if kernel != "reference":
+        summary = fused_block_macs(kernel, C, K, K + V)
         fold = per_row * D * local_chunks * summary.total
         fold_forward = per_row * D * local_chunks * summary.forward
     return CPOverheadFlops(
@@ -197,7 +199,7 @@ class SolveFlops:
 
     total = ran − counted: what hardware FLOPs add to the dense-apply convention (negative for
     torch, whose triangular solve does less than a dense apply). All 0 under the fused
-    kernel, whose count holds its own inverse (rule.fla_block_macs).
+    kernels, whose counts hold their own inverse (rule.fused_block_macs).
     """
 
     framework: str
@@ -287,8 +289,8 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
     """Count a step's FLOPs as run under CP `mode` on `chips` chips (global batch, fwd + bwd),
     recomputation under `remat` and the chunked loss included (HFU rises with remat, MFU not),
     the GDN rule as `kernels` runs it on `framework` ("jax" or "torch", required: they run
-    different work; rule.gdn_kernel: fused only on torch), with the reference rule's
-    (I + L)⁻¹ as `framework` runs it; a hybrid decoder's attention layers under `attn_cp` in
+    different work; rule.gdn_kernel: fla's rule on torch, the Pallas rule on JAX), with the
+    reference rule's (I + L)⁻¹ as `framework` runs it; a hybrid decoder's attention layers under `attn_cp` in
     `layout`, counted alike for both kernels (the causal pairs plus what attention CP computes
     beyond them). The GDN CP work is counted for contiguous shards under either layout
     (zigzag's second segment per chip adds one state composition per chip and layer, not
@@ -323,8 +325,8 @@ def hardware_flops_per_step(model_cfg: ModelConfig, *, mode: str, chips: int, ba
                      chunk_size=gdn.chunk_size, num_layers=gdn_layers)
         rule = rule_flops(kernel, num_k_heads=gdn.num_k_heads, **shape)
         overhead = cp_overhead_flops(mode, chips=chips, kernel=kernel, **shape)
-        # fla's inverse and its apply are in its own count (rule.fla_block_macs)
-        solve = (no_solve if kernel == "fused" else
+        # a fused kernel's inverse and its apply are in its own count (rule.fused_block_macs)
+        solve = (no_solve if kernel != "reference" else
                  solve_flops(framework, mode=mode, chips=chips, remat=remat, **shape))
     recompute = recompute_flops(model_cfg, remat=remat, batch=batch, seq_len=seq_len,
                                 cp_overhead=overhead, rule_forward=rule.ran_forward,

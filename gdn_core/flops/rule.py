@@ -10,12 +10,16 @@ hardware work (executed.hardware_flops_per_step):
                pairs its CP modes exchange), on N = ceil(T / C) padded chunks. A step runs
                3 × its forward, with (I + L)⁻¹ at the dense-apply convention here and as each
                framework really runs it in executed.solve_flops.
-    fused      flash-linear-attention's chunk_gated_delta_rule (torch on a GPU), in the WY form:
+    fused      flash-linear-attention's chunk_gated_delta_rule (torch, kernels="fused"), WY form:
                its forward builds (I + L)⁻¹ blockwise (solve_tril), its backward recomputes
                w, u and the chunk states before its own gradient kernels (fla_block_macs).
 
-JAX has no fused GDN kernel that composes with CP state (docs/architecture.md, Kernels): a JAX step
-runs the reference rule whatever `kernels` says (gdn_kernel).
+    pallas     this project's Pallas chunk rule (jax_gdn.pallas: JAX under kernels="fused"), in
+               the WY form: (I + L)⁻¹ by blockwise merges from 1×1 blocks, and a backward that
+               recomputes each chunk's forward and differentiates it (pallas_block_macs).
+
+Both fused kernels compose with the CP exchanges through their state in and out; the extra
+summary call at width K+V is CP work (executed.cp_overhead_flops).
 Conventions and letters: the package docstring (gdn_core.flops).
 """
 
@@ -29,16 +33,19 @@ from ..train_config import check_framework
 from .conventions import FLOPS_PER_MAC, FWD_BWD_MULTIPLIER, check_chunk, check_positive, sum_fields
 from .model import gdn_rule_flops
 
-GDN_KERNELS = ("reference", "fused")
-"""The GDN rule implementations a step can run (gdn_kernel's answers)."""
+GDN_KERNELS = ("reference", "fused", "pallas")
+"""The GDN rule implementations a step can run (gdn_kernel's answers): ours, fla's, our Pallas
+rule."""
 
 
 def gdn_kernel(kernels: str, framework: str) -> str:
     """The GDN rule implementation a step of `framework` runs under the sweep's `kernels`:
-    "fused" only for kernels="fused" on torch; JAX's GDN stays "reference"."""
+    the reference rule, or under "fused" fla's rule (torch) or the Pallas rule (JAX)."""
     check_kernels(kernels)
     check_framework(framework)
-    return "fused" if kernels == "fused" and framework == "torch" else "reference"
+    if kernels == "reference":
+        return "reference"
+    return "fused" if framework == "torch" else "pallas"
 
 
 def check_gdn_kernel(kernel: str) -> None:
@@ -185,18 +192,70 @@ def fla_block_macs(chunk_size: int, head_k_dim: int, head_v_dim: int) -> FlaBloc
     )
 
 
-# --------------------------------------------------------------------------- either kernel
+# --------------------------------------------------------------------------- pallas (ours)
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PallasBlockMacs:
+    """MACs of one (batch row, value head, chunk) block of the Pallas chunk rule, as
+    jax_gdn.pallas.chunk_math writes it (chunk_forward, chunk_backward; the GPU
+    parameterisation groups the same products into its three calls a direction)."""
+
+    products: int
+    """Forward, every product but the inverse: β k kᵀ and q kᵀ (2·C²·Dk), w = T(β k e^G)
+    (C²·Dk), u = T(β v) (C²·Dv), attn · v_new (C²·Dv), w S, q̃ S and the state's kᵀ v_new
+    (3·C·Dk·Dv)."""
+    inverse: int
+    """Forward, (I + L)⁻¹ by merges from 1×1 blocks: 2·log2(C) products of C×C by C×C."""
+    recompute: int
+    """Backward: the chunk's forward again (products + inverse)."""
+    products_vjp: int
+    """Backward: each forward product's two operand cotangents (2 × products)."""
+    inverse_vjp: int
+    """Backward: dL = −Tᵀ dT Tᵀ, 2·C³."""
+
+    @property
+    def forward(self) -> int:
+        return self.products + self.inverse
+
+    @property
+    def total(self) -> int:
+        """Forward + backward."""
+        return sum_fields(self)
+
+
+def pallas_block_macs(chunk_size: int, head_k_dim: int, head_v_dim: int) -> PallasBlockMacs:
+    """Count one block of the Pallas chunk rule, forward and backward (see the class)."""
+    check_chunk(chunk_size)
+    check_positive(head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+    C, K, V = chunk_size, head_k_dim, head_v_dim
+    products = 3 * C * C * K + 2 * C * C * V + 3 * C * K * V
+    inverse = 2 * int(math.log2(C)) * C ** 3
+    return PallasBlockMacs(products=products, inverse=inverse, recompute=products + inverse,
+                           products_vjp=2 * products, inverse_vjp=2 * C ** 3)
+
+
+def fused_block_macs(kernel: str, chunk_size: int, head_k_dim: int,
+                     head_v_dim: int) -> FlaBlockMacs | PallasBlockMacs:
+    """The block count of a fused kernel ("fused": fla's, "pallas": ours)."""
+    counts = {"fused": fla_block_macs, "pallas": pallas_block_macs}
+    if kernel not in counts:
+        raise ValueError(f"kernel={kernel!r} is not a fused GDN kernel: one of "
+                         f"{', '.join(counts)}")
+    return counts[kernel](chunk_size, head_k_dim, head_v_dim)
+
+
+# --------------------------------------------------------------------------- any kernel
 
 def rule_block_macs(kernel: str, *, chunk_size: int, head_k_dim: int,
                     head_v_dim: int) -> tuple[int, int]:
     """(forward, forward + backward) MACs of one (batch row, value head, chunk) block as
-    `kernel` ("reference" or "fused") runs it; the reference's (I + L)⁻¹ at the dense-apply
-    convention, its backward 2 × its forward (executed.solve_flops adds each framework's own
-    solve work)."""
+    `kernel` (GDN_KERNELS) runs it; the reference's (I + L)⁻¹ at the dense-apply convention,
+    its backward 2 × its forward (executed.solve_flops adds each framework's own solve work);
+    a fused kernel's own inverse in its count."""
     check_gdn_kernel(kernel)
-    if kernel == "fused":
-        fla = fla_block_macs(chunk_size, head_k_dim, head_v_dim)
-        return fla.forward, fla.total
+    if kernel != "reference":
+        fused = fused_block_macs(kernel, chunk_size, head_k_dim, head_v_dim)
+        return fused.forward, fused.total
     forward = reference_macs_per_block(chunk_size, head_k_dim, head_v_dim)
     return forward, FWD_BWD_MULTIPLIER * forward
 
@@ -208,7 +267,7 @@ class RuleFlops:
     what splitting the sequence adds is CP work (executed.cp_overhead_flops)."""
 
     kernel: str
-    """The implementation that runs ("reference" or "fused")."""
+    """The implementation that runs (GDN_KERNELS)."""
     ran: int
     """Forward + backward as it runs (the reference's solve at the dense-apply convention)."""
     ran_forward: int
@@ -238,6 +297,7 @@ def rule_flops(kernel: str, *, batch: int, seq_len: int, num_k_heads: int, num_v
                      counted=FWD_BWD_MULTIPLIER * model * num_layers)
 
 
-__all__ = ["FlaBlockMacs", "GDN_KERNELS", "ReferenceRuleFlops", "RuleFlops",
-           "check_gdn_kernel", "fla_block_macs", "gdn_kernel", "reference_macs_per_block",
+__all__ = ["FlaBlockMacs", "GDN_KERNELS", "PallasBlockMacs", "ReferenceRuleFlops", "RuleFlops",
+           "check_gdn_kernel", "fla_block_macs", "fused_block_macs", "gdn_kernel",
+           "pallas_block_macs", "reference_macs_per_block",
            "reference_rule_flops", "rule_block_macs", "rule_flops"]

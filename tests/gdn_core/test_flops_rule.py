@@ -6,8 +6,9 @@ import pytest
 from gdn_core.config import GDNConfig, ModelConfig
 from gdn_core.flops.executed import cp_overhead_flops, hardware_flops_per_step
 from gdn_core.flops.model import gdn_rule_flops, model_flops_per_step
-from gdn_core.flops.rule import (fla_block_macs, gdn_kernel, reference_rule_flops,
-                                 rule_block_macs, rule_flops)
+from gdn_core.flops.rule import (fla_block_macs, fused_block_macs, gdn_kernel,
+                                 pallas_block_macs, reference_rule_flops, rule_block_macs,
+                                 rule_flops)
 from gdn_core.presets import get_preset
 
 
@@ -17,14 +18,48 @@ def tiny_model() -> ModelConfig:
     return ModelConfig(name="custom", gdn=gdn, num_layers=3, intermediate_size=48, vocab_size=100)
 
 
-def test_gdn_kernel_is_fused_only_on_torch():
+def test_gdn_kernel_is_fla_on_torch_and_pallas_on_jax():
     assert gdn_kernel("fused", "torch") == "fused"
-    assert gdn_kernel("fused", "jax") == "reference"  # no JAX GDN kernel composes with CP
+    assert gdn_kernel("fused", "jax") == "pallas"
     assert gdn_kernel("reference", "torch") == gdn_kernel("reference", "jax") == "reference"
     with pytest.raises(ValueError, match="kernels='triton' is not one of: reference, fused"):
         gdn_kernel("triton", "torch")
     with pytest.raises(ValueError, match="framework='tf'"):
         gdn_kernel("fused", "tf")
+
+
+def test_pallas_block_hand_count():
+    # C=64, Dk=8, Dv=4; the products chunk_math.chunk_forward runs, by name.
+    C, K, V = 64, 8, 4
+    got = pallas_block_macs(C, K, V)
+    kkt, qk, w, u, attn_v = C * C * K, C * C * K, C * C * K, C * C * V, C * C * V
+    w_s, q_s, k_v = C * K * V, C * K * V, C * K * V
+    inverse = 12 * C ** 3                       # T_2s = T_s − T_s L_s T_s, s = 1 … 32: 6 × 2
+    forward = kkt + qk + w + u + attn_v + w_s + q_s + k_v + inverse
+    assert got.forward == forward
+    # backward: the forward again, two cotangent products per product, dL = −Tᵀ dT Tᵀ
+    assert got.total == forward + forward + 2 * (forward - inverse) + 2 * C ** 3
+    assert fused_block_macs("pallas", C, K, V) == got
+    assert fused_block_macs("fused", C, K, V) == fla_block_macs(C, K, V)
+    with pytest.raises(ValueError, match="kernel='reference' is not a fused GDN kernel"):
+        fused_block_macs("reference", C, K, V)
+
+
+def test_jax_fused_counts_the_pallas_rule_and_its_summary_call_under_cp():
+    model = tiny_model()
+    shape = dict(chips=2, batch=1, seq_len=256)
+    jax_fused = hardware_flops_per_step(model, mode="p2p", framework="jax", kernels="fused",
+                                        **shape)
+    jax_reference = hardware_flops_per_step(model, mode="p2p", framework="jax", **shape)
+    assert jax_fused.rule.kernel == "pallas"
+    assert jax_fused.model == jax_reference.model  # the model count ignores the kernel
+    gdn = model.gdn
+    summary = pallas_block_macs(gdn.chunk_size, gdn.head_k_dim, gdn.head_k_dim + gdn.head_v_dim)
+    chips, local_chunks, flops_per_mac = 2, 256 // 2 // gdn.chunk_size, 2
+    # one summary call per chip and GDN layer (a gdn_only model: every layer), its blocks
+    assert jax_fused.cp_overhead.fold == (flops_per_mac * gdn.num_v_heads * model.num_layers
+                                          * chips * local_chunks * summary.total)
+    assert jax_fused.solve.ran_forward == 0  # its inverse is in its own count
 
 
 def test_fla_block_hand_count():
@@ -57,10 +92,11 @@ def test_reference_and_fused_trials_of_one_point_share_model_flops():
     assert fused.solve.total == 0  # fla's inverse is in its own count
     # both run more than the model counts; MFU ≤ HFU for either kernel
     assert model.total < fused.total and model.total < reference.total
-    # JAX's GDN stays the reference: a fused JAX point counts the reference rule
+    # a fused JAX point counts the Pallas rule, not fla's and not the reference
     jax_point = dict(point, framework="jax")
-    assert hardware_flops_per_step(cfg, kernels="fused", **jax_point) == \
-        hardware_flops_per_step(cfg, kernels="reference", **jax_point)
+    jax_fused = hardware_flops_per_step(cfg, kernels="fused", **jax_point)
+    assert jax_fused.rule.kernel == "pallas" and jax_fused.model == model
+    assert model.total < jax_fused.total != fused.total
 
 
 @pytest.mark.parametrize("mode,chips", [("p2p", 1), ("ulysses", 2), ("all_gather", 4)])

@@ -117,8 +117,9 @@ def test_cp_matches_single_chip(mode, layout):
 def expected_received_bytes(mode, D, T_local, case=CASE):
     """Per chip, fwd + bwd of the test program, by the docs/architecture.md table plus the state
     extras of this program: with initial_state and output_final_state the sequence-sharded
-    modes also all-reduce the final state (forward) and ∂L/∂h0 (backward); ulysses all-gathers
-    the final state over heads and all-reduces ∂L/∂h0. All-reduce = ring, 2(D−1)/D of the size.
+    modes also all-reduce the final state (forward) and ∂L/∂h0 (backward); ulysses all-reduces
+    the final state (each chip's heads, zero-padded: a transpose right with or without
+    shard_map's check_vma) and ∂L/∂h0. All-reduce = ring, 2(D−1)/D of the size.
     """
     state = case.B * case.Hv * case.Dk * case.Dv * 4
     ring = 2 * (D - 1) * state // D
@@ -130,7 +131,7 @@ def expected_received_bytes(mode, D, T_local, case=CASE):
         G = Hk // D if Hk % D == 0 else 1 if D % Hk == 0 else Hv // D
         channels = 2 * G * case.Dk + (Hv // D) * (2 * case.Dv + 2)
         tokens = 2 * (D - 1) * case.B * T_local * channels * 4
-        return [tokens + (D - 1) * state // D + ring] * D
+        return [tokens + 2 * ring] * D
     per_chip = {
         "p2p": lambda j: STATE_BYTES * ((j >= 1) + (j <= D - 2)),
         "all_gather": lambda j: 2 * (D - 1) * PAIR_BYTES,
@@ -286,3 +287,32 @@ def test_one_chip_is_the_one_chip_rule_bit_for_bit(layout):
         o, final = jax.jit(lambda *a: chunk_gated_delta_rule_cp(
             *a, mesh=mesh, axis="cp", mode=mode, layout=layout, **common))(*args)
         assert bool((o == o_1).all()) and bool((final == final_1).all()), mode
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", CP_MODES)
+def test_final_state_gradients_without_the_varying_check(mode):
+    # The CP step runs its shard_map with check_vma=False: there a final state gathered with
+    # all_gather(to="invarying") gave each chip D copies of its cotangent (ulysses did).
+    from jax.sharding import PartitionSpec as P
+
+    from gdn_core.jax_gdn.cp.rule import cp_rule_shard_unchecked
+
+    mesh, axis, _ = mesh_of("D2")
+    args, (w_o, w_h) = inputs()
+
+    def loss(q, k, v, g, beta, h0):
+        def shard(q, k, v, g, beta, h0):
+            return cp_rule_shard_unchecked(q, k, v, g, beta, axis=axis, mode=mode,
+                                           initial_state=h0, output_final_state=True,
+                                           use_qk_l2norm=True, chunk_size=CASE.chunk_size)
+
+        seq = P(None, axis)
+        o, h = jax.shard_map(shard, mesh=mesh, in_specs=(seq,) * 5 + (P(),),
+                             out_specs=(seq, P()), check_vma=False)(q, k, v, g, beta, h0)
+        return jnp.sum(o * w_o) + jnp.sum(h * w_h)
+
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(6))))(*args)
+    _, _, grads_ref = single_chip()
+    for name, ref, got in zip(NAMES, grads_ref, grads):
+        assert_close(f"d{name}", ref, got, TOL)

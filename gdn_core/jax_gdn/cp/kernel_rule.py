@@ -4,7 +4,8 @@ this package's CP exchanges through the kernel's call alone, as torch_gdn/cp/ker
 The kernel protocol (gdn_core.jax_gdn.pallas.chunk_gated_delta_rule_pallas, partially applied):
     kernel(q, k, v, g, beta, *, initial_state, output_final_state, use_qk_l2norm, doc_starts)
         -> (o, final_state)
-doc_starts: bool [B, T] or None, the tokens whose entering state is zero (token 0 included).
+doc_starts: bool [B, T] or None, the tokens whose entering state is zero (token 0 included);
+ulysses (cp/ulysses.py, the kernel as its one-chip rule) passes global cu_seqlens instead.
 
 The rule's state map over a segment is affine in the incoming state: h ↦ A h + b. So ONE call
 with values [0_K | v] (width K+V) from initial_state [I_K | 0] returns P = [A | b]
@@ -35,7 +36,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from ...cp_layout import Layout
-from ...cp_modes import UlyssesHeads
 from ..chunk import mm
 from ..documents import document_starts
 from .all_gather import all_gather_incoming
@@ -44,10 +44,12 @@ from .common import (AxisName, Exchange, Segments, batch_as_segments, chip_count
                      from_chip, segment_positions, segments_as_batch)
 from .log_scan import log_scan_incoming
 from .p2p import p2p_incoming
-from .ulysses import key_heads_for_chips, segments_in_sequence_order
+from .ulysses import ulysses_rule
 
 StateKernel = Callable[..., tuple]
-"""kernel(q, k, v, g, beta, *, initial_state, output_final_state, use_qk_l2norm, doc_starts)."""
+"""kernel(q, k, v, g, beta, *, initial_state, output_final_state, use_qk_l2norm, doc_starts)
+-> (o, final_state); under ulysses (one call on whole sequences) cu_seqlens instead of
+doc_starts."""
 
 EXCHANGES: dict[str, Exchange] = {
     "p2p": p2p_incoming,
@@ -131,42 +133,6 @@ def sequence_sharded_kernel_rule(kernel: StateKernel, q, k, v, g, beta, h0_BHKV,
     return o, from_chip(by_slot(h_out)[last_slot], last_chip, axis)
 
 
-def ulysses_kernel_rule(kernel: StateKernel, q, k, v, g, beta, h0_BHKV, *, axis: AxisName,
-                        output_final_state: bool, use_qk_l2norm: bool,
-                        layout: Layout = "contiguous", cu_seqlens=None):
-    """ulysses (cp/ulysses.py) with the kernel as the one-chip rule: one call per chip."""
-    D, me = chip_count(axis), chip_index(axis)
-    plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
-    Hv_local = plan.value_heads_per_chip
-
-    def to_heads(x):  # [B, T/D, D·H', ...] -> [B, T, H', ...] in sequence order
-        return segments_in_sequence_order(
-            lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True), chips=D,
-            layout=layout)
-
-    q, k = (key_heads_for_chips(x, plan) for x in (q, k))
-    xs = [to_heads(x) for x in (q, k, v, g, beta)]
-    T = xs[0].shape[1]
-    starts = None if cu_seqlens is None else document_starts(cu_seqlens, jnp.arange(T))[None]
-    h0_local = lax.dynamic_slice_in_dim(h0_BHKV, me * Hv_local, Hv_local, axis=1)
-    o_heads, final_local = kernel(*xs, initial_state=vary_like(h0_local, xs[2]),
-                                  output_final_state=True, use_qk_l2norm=use_qk_l2norm,
-                                  doc_starts=starts)
-    o = lax.all_to_all(segments_in_sequence_order(o_heads, chips=D, layout=layout,
-                                                  inverse=True),
-                       axis, split_axis=1, concat_axis=2, tiled=True).astype(q.dtype)
-    if not output_final_state:
-        return o, None
-    # Every chip's heads into one replicated state by a psum of zero-padded slices (as
-    # common.from_chip): its transpose is right with or without shard_map's check_vma, where
-    # all_gather(to="invarying") under check_vma=False hands each chip D copies of the
-    # final state's cotangent.
-    placed = lax.dynamic_update_slice_in_dim(
-        jnp.zeros((final_local.shape[0], Hv_local * D, *final_local.shape[2:]), jnp.float32),
-        final_local, me * Hv_local, axis=1)
-    return o, lax.psum(placed, axis)
-
-
 def kernel_rule_shard(kernel: StateKernel, q, k, v, g, beta, h0_BHKV, *, axis: AxisName,
                       mode: str, output_final_state: bool, use_qk_l2norm: bool,
                       layout: Layout = "contiguous", cu_seqlens=None):
@@ -177,8 +143,8 @@ def kernel_rule_shard(kernel: StateKernel, q, k, v, g, beta, h0_BHKV, *, axis: A
         raise ValueError(f"mode={mode!r} is not one of: {', '.join(KERNEL_CP_MODES)}")
     kwargs = dict(axis=axis, output_final_state=output_final_state, layout=layout,
                   use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)
-    if mode == "ulysses":
-        return ulysses_kernel_rule(kernel, q, k, v, g, beta, h0_BHKV, **kwargs)
+    if mode == "ulysses":  # one kernel call per chip on its heads: ulysses' own rule
+        return ulysses_rule(q, k, v, g, beta, h0_BHKV, rule=kernel, chunk_size=None, **kwargs)
     return sequence_sharded_kernel_rule(kernel, q, k, v, g, beta, h0_BHKV, mode=mode, **kwargs)
 
 

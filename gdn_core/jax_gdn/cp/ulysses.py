@@ -17,6 +17,7 @@ the same as contiguous and nothing else crosses chips.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -51,14 +52,17 @@ def segments_in_sequence_order(x_BT_, *, chips: int, layout: Layout, inverse: bo
 
 
 def ulysses_rule(q, k, v, g, beta, h0_BHKV, *, axis: AxisName, output_final_state: bool,
-                 use_qk_l2norm: bool, chunk_size: int, layout: Layout = "contiguous",
-                 cu_seqlens=None):
+                 use_qk_l2norm: bool, chunk_size: int | None, layout: Layout = "contiguous",
+                 cu_seqlens=None, rule=chunk_gated_delta_rule):
     """Per-shard rule. Shapes as sequence_sharded_rule; value heads must be divisible by D.
 
     Inside: q, k [B, T, G, Dk]; v [B, T, Hv/D, Dv]; g, beta [B, T, Hv/D]; state
     [B, Hv/D, Dk, Dv], the sequence put in order locally (segments_in_sequence_order). The
-    final state is all-gathered over heads into [B, Hv, Dk, Dv]. cu_seqlens (global, packed
+    final state is gathered over heads into [B, Hv, Dk, Dv]. cu_seqlens (global, packed
     documents) goes to the single-chip rule as it is: the chip holds the whole sequence.
+    rule: the single-chip rule, ours or a kernel with the state in and out
+    (kernel_rule.StateKernel; chunk_size None: the kernel has its own bound): one call per
+    chip either way.
     """
     D, me = chip_count(axis), chip_index(axis)
     plan = UlyssesHeads(num_k_heads=k.shape[2], num_v_heads=v.shape[2], chips=D)
@@ -69,15 +73,23 @@ def ulysses_rule(q, k, v, g, beta, h0_BHKV, *, axis: AxisName, output_final_stat
             lax.all_to_all(x, axis, split_axis=2, concat_axis=1, tiled=True), chips=D,
             layout=layout)
 
-    q, k = (key_heads_for_chips(x, plan) for x in (q, k))
+    q_keys, k_keys = (key_heads_for_chips(x, plan) for x in (q, k))
     h0_local_BHKV = lax.dynamic_slice_in_dim(h0_BHKV, me * Hv_local, Hv_local, axis=1)
-    o_heads, final_local_BHKV = chunk_gated_delta_rule(
-        *(to_heads(x) for x in (q, k, v, g, beta)), initial_state=h0_local_BHKV,
+    o_heads, final_local_BHKV = rule(
+        *(to_heads(x) for x in (q_keys, k_keys, v, g, beta)), initial_state=h0_local_BHKV,
         output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-        chunk_size=chunk_size, **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
+        **({} if chunk_size is None else {"chunk_size": chunk_size}),
+        **({} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}))
     o = lax.all_to_all(segments_in_sequence_order(o_heads, chips=D, layout=layout,
                                                   inverse=True),
-                       axis, split_axis=1, concat_axis=2, tiled=True)
+                       axis, split_axis=1, concat_axis=2, tiled=True).astype(q.dtype)
     if not output_final_state:
         return o, None
-    return o, lax.all_gather(final_local_BHKV, axis, axis=1, tiled=True, to="invarying")
+    # Every chip's heads into one replicated state by a psum of zero-padded slices (as
+    # common.from_chip): its transpose is right with or without shard_map's check_vma, where
+    # all_gather(to="invarying") under check_vma=False hands each chip D copies of the final
+    # state's cotangent.
+    placed = lax.dynamic_update_slice_in_dim(
+        jnp.zeros((final_local_BHKV.shape[0], Hv_local * D, *final_local_BHKV.shape[2:]),
+                  jnp.float32), final_local_BHKV.astype(jnp.float32), me * Hv_local, axis=1)
+    return o, lax.psum(placed, axis)
