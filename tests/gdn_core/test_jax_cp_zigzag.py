@@ -185,8 +185,8 @@ def log_scan_received(D, *, reverse: bool):
 def expected_received_bytes(mode, D):
     """Per chip, forward + backward of the rule program under zigzag, by the modes' designs
     (docs/architecture.md's exchanges over 2D segments), plus the state extras: the final state
-    and ∂L/∂h0 all-reduced (ring, 2(D−1)/D of the size) — ulysses all-gathers the final state
-    over heads and all-reduces ∂L/∂h0, as under the contiguous layout."""
+    and ∂L/∂h0 all-reduced (ring, 2(D−1)/D of the size), ulysses too (its final state summed
+    from each chip's zero-padded heads), as under the contiguous layout."""
     E, T_local = 2 * D, CASE.T // D
     ring = 2 * (D - 1) * STATE_BYTES // D
     if mode == "ulysses":  # the contiguous figure: the reordering is local
@@ -194,7 +194,7 @@ def expected_received_bytes(mode, D):
         G = Hk // D if Hk % D == 0 else 1 if D % Hk == 0 else Hv // D
         channels = 2 * G * CASE.Dk + (Hv // D) * (2 * CASE.Dv + 2)
         tokens = 2 * (D - 1) * CASE.B * T_local * channels * 4
-        return [tokens + (D - 1) * STATE_BYTES // D + ring] * D
+        return [tokens + 2 * ring] * D
     if mode == "all_gather":  # both pairs of every other chip, each direction
         return [2 * 2 * (D - 1) * PAIR_BYTES + 2 * ring] * D
     if mode == "p2p":  # the wavefront 0 → 1 → … → 2D−1 and back, one state per move
